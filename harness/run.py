@@ -21,6 +21,7 @@ from harness.closed_forms import client_minima, heterogeneity
 from harness.checkpoint import Checkpointer, load_resume
 from harness.engine import Engine, NetworkModel, RunOutcome
 from harness.executors import InlineExecutor, ReferenceExecutor
+from harness.masking import mask_secrets
 from harness.problems import build_problem
 from harness.reference import solve_reference
 from harness.reference_cache import cached_client_minima, cached_reference
@@ -109,9 +110,9 @@ def _run_row(cfg: dict[str, Any], status: str, rounds_done: int, started: str, e
         "study": cfg["study"], "experiment": cfg["experiment"], "algorithm": cfg["algorithm"]["name"],
         "dataset": cfg["dataset"]["name"], "partition": cfg["partition"]["name"], "model": cfg["model"]["name"],
         "seed": cfg["seed"], "n_replicas": cfg["replicas"], "status": status, "rounds_done": rounds_done,
-        "config_json": json.dumps(cfg, sort_keys=True, default=str), "git_sha": _git_sha(),
+        "config_json": json.dumps(mask_secrets(cfg), sort_keys=True, default=str), "git_sha": _git_sha(),
         "started_at": started, "finished_at": None if status == "running" else _now(),
-        "versions_json": _versions(), "host": platform.node(), "error": error, "trial": cfg.get("trial"),
+        "versions_json": _versions(), "host": platform.node(), "error": mask_secrets(error), "trial": cfg.get("trial"),
     }
 
 

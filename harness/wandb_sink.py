@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import require
+from harness.masking import mask_secrets
 
 MODES = ("auto", "online", "offline")
 INIT_TIMEOUT_S = 30.0
@@ -61,10 +62,16 @@ def resolve_mode(mode: str) -> str:
 
 
 def _init(mode: str, **kwargs):
-    """wandb.init that never blocks on the network for long: online failures fall back to offline."""
+    """wandb.init that never blocks on the network for long: online failures fall back to offline.
+
+    W&B would record the command line (which may hold `tune.storage` with its password), the git state and the
+    code; it gets none of them, and every string it is given has its URL passwords masked.
+    """
     import wandb
 
-    settings = wandb.Settings(init_timeout=INIT_TIMEOUT_S, console="off", silent=True)
+    settings = wandb.Settings(init_timeout=INIT_TIMEOUT_S, console="off", silent=True, x_disable_meta=True,
+                              disable_git=True, disable_code=True, save_code=False)
+    kwargs = mask_secrets(kwargs)
     try:
         return wandb.init(mode=mode, settings=settings, reinit="finish_previous", **kwargs), mode
     except Exception as err:

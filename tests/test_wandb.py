@@ -4,9 +4,11 @@ rows, the summary and the Parquet artifact; the report's figures and tables go t
 from __future__ import annotations
 
 import json
+import sys
 import struct
 from pathlib import Path
 
+import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 
@@ -159,3 +161,51 @@ def test_report_figures_and_tables_are_logged(run_config, offline, tmp_path):
     assert "tables/to_target_subopt_le_0.1" in keys and "tables/fit_subopt_le_0.1" in keys
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     assert run.job_type == "report" and run.run_group == "wbr"
+
+
+SECRET = "Pl4nted-S3cret-pw"
+
+
+def _leaks(root: Path, secret: str) -> list[str]:
+    """Files under root holding the secret: raw bytes, or the text of a Parquet file (compressed pages)."""
+    import pyarrow.parquet as pq
+
+    found = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        text = path.read_bytes()
+        if path.suffix == ".parquet":
+            text += repr(pq.read_table(path).to_pylist()).encode()
+        if secret.encode() in text:
+            found.append(str(path.relative_to(root)))
+    return found
+
+
+def test_a_storage_password_reaches_no_file_and_no_output(offline, tmp_path, monkeypatch, capfd):
+    """A tuning study on PostgreSQL (its password on the command line) with W&B on: the password is in no file
+    the trials' runs, the study's export or W&B write, nor in what the tuner prints; nor is a password in a
+    URL of the run config. The storage is SQLite behind
+    the PostgreSQL URL, so everything before the connection (argv, spec, messages) sees the real URL."""
+    import optuna
+
+    from harness import cli
+    from harness.tuning import study as study_mod
+
+    for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
+        monkeypatch.setenv(var, str(offline / var.lower()))  # artifact staging copies too
+    sqlite = f"sqlite:///{tmp_path}/optuna.db"  # stands in for the server: not a file the harness writes
+    monkeypatch.setattr(study_mod, "check_reachable", lambda spec: None)
+    monkeypatch.setattr(study_mod, "open_storage", lambda spec: optuna.storages.RDBStorage(sqlite))
+    args = ["tune", "tune=quadratic_lr", "tune.n_trials=2", "tune.budget.total=4", "tune.sampler.name=random",
+            f"tune.storage=postgresql+psycopg2://fh:{SECRET}@127.0.0.1:5432/optuna", f"results_dir={tmp_path / 'r'}",
+            f"+origin=https://fh:{SECRET}@example.org/data", "wandb.enabled=true", "wandb.project=fh-test"]
+    monkeypatch.setattr(sys, "argv", ["fedharness", *args])  # what W&B would record as the command line
+    assert cli.main(args) == 0
+    import wandb
+
+    wandb.teardown()
+    assert len(list(offline.glob("wandb/offline-run-*"))) == 2  # one W&B run per trial
+    out = capfd.readouterr()
+    assert "fh:***@127.0.0.1" in out.out and SECRET not in out.out + out.err
+    assert _leaks(tmp_path / "r", SECRET) == [] and _leaks(offline, SECRET) == []
+    config = json.loads(pd.read_parquet(tmp_path / "r" / "runs").config_json[0])
+    assert config["origin"] == "https://fh:***@example.org/data"  # the run's config, masked

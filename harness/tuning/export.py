@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from harness.masking import mask_secrets
 from harness.sinks import atomic_write_table
 
 TRIAL_COLUMNS = [  # `study` is the hive partition (trials/study=<name>/), as run_id is for runs/
@@ -57,7 +58,7 @@ def trial_rows(spec, trials) -> list[dict]:
         }
         for p in spec.params:
             row[f"param_{p.name}"] = t.params.get(p.name)
-        rows.append(row)
+        rows.append(mask_secrets(row))
     return rows
 
 
@@ -164,7 +165,7 @@ def export_study(spec, study) -> dict:
     best = best_trial(spec, trials)
     if best is not None:
         best_path = out_dir / "best.overrides"
-        atomic_text(best_path, "\n".join(best.user_attrs["overrides"]) + "\n")
+        atomic_text(best_path, "\n".join(mask_secrets(best.user_attrs["overrides"])) + "\n")
         params = ", ".join(f"{k}={v!r}" for k, v in best.params.items())
         lines[1:1] = [f"best: trial {best.number}: {spec.objective.name} = {best.value:.6g} ({params}; "
                       f"{best.user_attrs.get('rounds')} rounds)"]

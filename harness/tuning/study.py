@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError, require
+from harness.masking import mask_secrets
 from harness.tuning.budget import Budget
 from harness.tuning.objective import Objective
 from harness.tuning.space import Param, grid_space, parse_space
@@ -294,16 +295,8 @@ def resolve_storage(url: Any, results_dir: str) -> str:
     try:
         make_url(url)
     except ArgumentError as err:
-        raise ConfigError("tune.storage", url, f"not an SQLAlchemy URL ({err})") from None
+        raise ConfigError("tune.storage", mask_secrets(url), f"not an SQLAlchemy URL ({err})") from None
     return url
-
-
-def _masked(url: str) -> str:
-    if url.startswith("journal:"):
-        return url
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
 
 
 def _engine_kwargs(url: str) -> dict:
@@ -332,7 +325,7 @@ def check_reachable(spec: TuneSpec) -> None:
         engine.dispose()
     except Exception as err:  # driver missing, host down, bad credentials, unwritable file ...
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError("tune.storage", _masked(spec.storage), f"cannot connect: {first}") from None
+        raise ConfigError("tune.storage", mask_secrets(spec.storage), f"cannot connect: {mask_secrets(first)}") from None
 
 
 def open_storage(spec: TuneSpec, attempts: int = 5):
@@ -409,7 +402,7 @@ def open_study(spec: TuneSpec, worker: int = 0, create: bool = False):
             study.set_user_attr("fedharness", spec.describe())
         elif held != spec.describe():
             raise ConfigError("tune.study", spec.study,
-                              f"exists in {_masked(spec.storage)} with {held}; a continued study keeps its "
+                              f"exists in {mask_secrets(spec.storage)} with {held}; a continued study keeps its "
                               "objective and budget: use another tune.study")
         return study
     return optuna.load_study(study_name=spec.study, storage=storage, sampler=make_sampler(spec, worker),
@@ -648,7 +641,7 @@ def tune(spec: TuneSpec) -> dict:
     check_reachable(spec)
     open_study(spec, create=True)
     print(f"[{spec.study}] {spec.n_trials} trials of {spec.sampler} ({spec.objective.name}, "
-          f"{spec.objective.direction}; budget {spec.budget.total} {spec.budget.kind}) in {_masked(spec.storage)}",
+          f"{spec.objective.direction}; budget {spec.budget.total} {spec.budget.kind}) in {mask_secrets(spec.storage)}",
           flush=True)
     run_workers(spec)
     return export_study(spec, open_study(spec))

@@ -23,12 +23,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wandb-entity", default=None)
     p.add_argument("--wandb-group", default=None)
     p.add_argument("--wandb-mode", default=None, choices=("auto", "online", "offline"))
+    p.add_argument("--wandb-report", action="store_true", help="also build a W&B Report of the study (panels, "
+                   "tables, links to its W&B runs): written to OUT/wandb_report.json, published when online")
+    p.add_argument("--publish", action="store_true", help="publish OUT/wandb_report.json, written earlier by "
+                   "--wandb-report, to W&B (nothing is recomputed)")
 
 
 def main(args: argparse.Namespace) -> int:
     from harness.reports.analysis import parse_target
     from harness.reports.report import build_report
 
+    if args.publish:
+        from harness.reports.wandb_report import publish_file
+
+        return publish_file(args)
     targets = None if args.target is None else [parse_target(t) for t in args.target]
     report = build_report(args.results_dir, targets, args.scale_key, args.out, args.study, args.bootstrap,
                           args.level, args.series)
@@ -51,4 +59,8 @@ def main(args: argparse.Namespace) -> int:
             if value is not None:
                 wcfg[key] = value
         log_report(report, wcfg)
+    if args.wandb_report:
+        from harness.reports.wandb_report import write
+
+        write(report, args)
     return 0

@@ -1,0 +1,197 @@
+"""`fedharness report DIR --wandb-report`: a shareable W&B Report of a study, built with `wandb-workspaces`.
+
+The report is first written as a spec, `<report dir>/wandb_report.json`: plain JSON (title, description, the
+W&B runs it shows, blocks of Markdown and of panels) that needs no network to build. Publishing turns the spec
+into a `wandb_workspaces.reports.v2.Report` and saves it (GraphQL `upsertView`); it happens at once when W&B
+is online (an API key, or `--wandb-mode online`) and otherwise later, from the file alone, with
+`fedharness report DIR --publish` (wandb-workspaces looks the project up on the server while building a
+report, so an offline report can only exist as this spec).
+
+Runs: the W&B sink logs each run under its `run_id` as the run's name and config key, so a run set filtered on
+`Config('run_id')` shows exactly the study's runs (after `wandb sync` for offline ones). Runs that were never
+logged to W&B are described by the Markdown runs table only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.config import load_config
+from harness.errors import require
+from harness.masking import mask_secrets
+from harness.reports import markdown
+from harness.reports.data import load_results
+from harness.reports.report import Report
+from harness.tuning.export import atomic_text, shown
+
+SPEC_FORMAT = "fedharness-wandb-report/1"
+SPEC_NAME = "wandb_report.json"
+LOSSES = ("train_loss", "subopt", "dist_to_opt", "grad_norm_sq", "test_loss")
+
+
+def _one(values: pd.Series, default: str | None) -> str | None:
+    """The value all runs share (their W&B project or entity), else the default."""
+    found = values.dropna().unique()
+    return str(found[0]) if len(found) == 1 else default
+
+
+def _trials(root: Path, studies: list[str]) -> pd.DataFrame:
+    parts = [root / "trials" / f"study={s}" / "trials.parquet" for s in studies]
+    frames = [pd.read_parquet(p).assign(study=s) for p, s in zip(parts, studies) if p.exists()]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _line(metric: str, scale_key: str) -> dict:
+    return {"type": "line", "title": f"{metric} against round, grouped by {scale_key}", "x": "round",
+            "y": [metric], "groupby": scale_key, "log_y": metric in LOSSES}
+
+
+def _target_blocks(report: Report) -> list[dict]:
+    """Per target: final metric against n (one point per run), and the speedup fit and table as Markdown."""
+    d, blocks = report.design, []
+    for t in report.targets:
+        fits, sp = report.tables[f"fit_{t.slug}"], report.tables[f"speedup_{t.slug}"]
+        blocks.append({"markdown": "\n\n".join([
+            f"## Target `{t.label}`: speedup and its fit T = a n^-b",
+            markdown.table(fits, ["group", "points", "a", "b", "b_lo", "b_hi", "bootstrap"]),
+            markdown.table(sp, ["group", "n", "rounds", "speedup", "efficiency", "censored"])])})
+        blocks.append({"panels": [{"type": "scatter", "title": f"final {t.metric} against {d.scale_key}",
+                                   "x": f"config:{d.scale_key}", "y": f"summary:final/{t.metric}_mean",
+                                   "log_x": True, "log_y": t.metric in LOSSES}]})
+    return blocks
+
+
+def _objective_metric(trials: pd.DataFrame) -> str | None:
+    """The metric of a `final METRIC` objective (None for rounds-to-target objectives, or no trials)."""
+    objective = str(trials["objective"].iloc[0]) if len(trials) else ""
+    return objective.split()[1] if objective.startswith("final ") else None
+
+
+def _tuning_blocks(trials: pd.DataFrame) -> list[dict]:
+    """The tuning history: each trial's final objective metric against its number, and the trials table."""
+    if not len(trials):
+        return []
+    cols = ["study", "trial", "status", "value", "objective", "params_json", "run_id"]
+    blocks = [{"markdown": "## Tuning history\n\n" + markdown.table(trials, [c for c in cols if c in trials])}]
+    metric = _objective_metric(trials)
+    if metric is not None:
+        blocks.append({"panels": [{"type": "scatter", "title": f"tuning history: final {metric} by trial",
+                                   "x": "config:trial", "y": f"summary:final/{metric}_mean",
+                                   "log_y": metric in LOSSES}]})
+    return blocks
+
+
+def build_spec(report: Report, results_dir: str | Path, study: str | None, project: str | None,
+               entity: str | None) -> dict:
+    """The report as plain JSON: title, description, the W&B runs it shows and its blocks."""
+    results = load_results(results_dir, study)
+    cfg = pd.DataFrame(list(results.runs["cfg"]), index=results.runs["run_id"])
+    logged = cfg[cfg.get("wandb.enabled", pd.Series(False, index=cfg.index)).fillna(False).astype(bool)]
+    runs, d = report.tables["runs"], report.design
+    studies = sorted(runs["study"].dropna().unique())
+    trials = _trials(results.root, studies)
+    kind = "Tuning study" if len(trials) else "Study"
+    counts = runs["status"].value_counts().to_dict()
+    description = (f"{len(runs)} runs of {', '.join(studies)} ({', '.join(f'{v} {k}' for k, v in counts.items())}); "
+                   f"n = {d.scale_key}; groups by {', '.join(d.group_keys) or 'nothing'}; targets: "
+                   f"{', '.join(t.label for t in report.targets) or 'none'}. From fedharness report {results.root}.")
+    metrics = [t.metric for t in report.targets] or [_objective_metric(trials) or "train_loss"]
+    run_note = (f"{len(logged)} of {len(runs)} runs were logged to W&B; offline ones appear after `wandb sync`."
+                if len(logged) else
+                "No run was logged to W&B (wandb.enabled=false): the runs are the Parquet rows below.")
+    blocks: list[dict] = [
+        {"markdown": f"{description}\n\n{run_note}\n\n## Groups\n\n{markdown.table(report.tables['groups'])}"},
+        {"panels": [_line(m, d.scale_key) for m in dict.fromkeys(metrics)]},
+        *_target_blocks(report), *_tuning_blocks(trials),
+        {"markdown": "## Runs\n\n" + markdown.table(runs.drop(columns=["error"], errors="ignore"))},
+    ]
+    spec = {
+        "format": SPEC_FORMAT, "title": f"{kind}: {', '.join(studies)}"[:128], "description": description,
+        "project": project or _one(logged.get("wandb.project"), None) or load_config([])["wandb"]["project"],
+        "entity": entity or _one(logged.get("wandb.entity"), None),
+        "runs": {"name": ", ".join(studies), "run_ids": sorted(logged.index)},
+        "blocks": blocks,
+    }
+    return mask_secrets(json.loads(json.dumps(spec, default=_plain)))
+
+
+def _plain(v: Any) -> Any:
+    if hasattr(v, "item"):
+        v = v.item()
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def _metric(text: str):
+    """`config:KEY` / `summary:KEY` (a scatter axis) as wandb-workspaces' metric objects."""
+    import wandb_workspaces.reports.v2 as wr
+
+    section, _, key = text.partition(":")
+    return {"config": wr.Config, "summary": wr.SummaryMetric}[section](key)
+
+
+def _panel(p: dict):
+    import wandb_workspaces.reports.v2 as wr
+
+    if p["type"] == "line":
+        return wr.LinePlot(title=p["title"], x=p["x"], y=p["y"], groupby=wr.Config(p["groupby"]), log_y=p["log_y"])
+    return wr.ScatterPlot(title=p["title"], x=_metric(p["x"]), y=_metric(p["y"]), log_x=p.get("log_x"),
+                          log_y=p.get("log_y"))
+
+
+def to_report(spec: dict, entity: str):
+    """The spec as a `wandb_workspaces` Report (building it looks the project up on the W&B server)."""
+    import wandb_workspaces.reports.v2 as wr
+
+    ids = spec["runs"]["run_ids"]
+    runset = wr.Runset(entity=entity, project=spec["project"], name=spec["runs"]["name"],
+                       filters="Config('run_id') in [" + ", ".join(f"'{i}'" for i in ids) + "]" if ids else "")
+    blocks = [wr.MarkdownBlock(text=b["markdown"]) if "markdown" in b else
+              wr.PanelGrid(runsets=[runset], panels=[_panel(p) for p in b["panels"]]) for b in spec["blocks"]]
+    return wr.Report(project=spec["project"], entity=entity, title=spec["title"], description=spec["description"],
+                     blocks=blocks)
+
+
+def publish(spec: dict) -> str:
+    """Save the report to W&B; returns its URL."""
+    import wandb
+
+    entity = spec["entity"] or wandb.Api().default_entity
+    return to_report(spec, entity).save().url
+
+
+def spec_path(args: argparse.Namespace) -> Path:
+    return Path(args.out) if args.out else Path(args.results_dir) / "report"
+
+
+def write(report: Report, args: argparse.Namespace) -> None:
+    """`--wandb-report`: write the spec; publish it now when W&B is online, else print the command that will."""
+    from harness.wandb_sink import resolve_mode
+
+    spec = build_spec(report, args.results_dir, args.study, args.wandb_project, args.wandb_entity)
+    path = report.out_dir / SPEC_NAME
+    atomic_text(path, json.dumps(spec, indent=1) + "\n")
+    print(f"wandb report: {shown(path)} ({sum(len(b.get('panels', [])) for b in spec['blocks'])} panels, "
+          f"{len(spec['runs']['run_ids'])} W&B runs)")
+    if resolve_mode(args.wandb_mode or "auto") == "online":
+        print(f"wandb report: published {publish(spec)}")
+    else:
+        out = f" --out {shown(report.out_dir)}" if args.out else ""
+        print(f"wandb report: offline; publish it later with: fedharness report {shown(args.results_dir)}{out} "
+              "--publish", file=sys.stderr)
+
+
+def publish_file(args: argparse.Namespace) -> int:
+    """`--publish`: save the spec written by an earlier `--wandb-report` to W&B (nothing is recomputed)."""
+    path = spec_path(args) / SPEC_NAME
+    require(path.is_file(), "--publish", str(path), "a spec written by fedharness report DIR --wandb-report")
+    spec = json.loads(path.read_text())
+    require(spec.get("format") == SPEC_FORMAT, "--publish", str(path), f"a {SPEC_FORMAT} spec")
+    print(f"wandb report: published {publish(spec)}")
+    return 0

@@ -100,3 +100,14 @@ def test_report_spec_offline_then_published_from_the_file(run_config, tmp_path, 
                                                  "value": run_ids, "disabled": False}]
     text = json.dumps(blocks)
     assert "Target `subopt<=0.5`: speedup and its fit" in text and all(i in text for i in run_ids)  # the tables
+
+
+def test_project_and_entity_flags_name_the_report_s_home(run_config, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    execute(run_config("dataset=quadratic", "rounds=4", "eval_every=2", "study=wr", "wandb.enabled=true"))
+    results = tmp_path / "results"
+    assert cli.main(["report", str(results), "--target", "subopt<=0.5", "--bootstrap", "20", "--wandb-report",
+                     "--project", "elsewhere", "--entity", "team"]) == 0
+    spec = json.loads((results / "report" / "wandb_report.json").read_text())
+    assert (spec["project"], spec["entity"]) == ("elsewhere", "team")

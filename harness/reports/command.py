@@ -19,8 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--series", default="iterate", help="which recorded iterate (default iterate)")
     p.add_argument("--wandb", action="store_true", help="also log the figures and tables to Weights & Biases "
                    "(settings from the run config's wandb block; offline without an API key)")
-    p.add_argument("--wandb-project", default=None)
-    p.add_argument("--wandb-entity", default=None)
+    p.add_argument("--wandb-project", "--project", dest="wandb_project", default=None,
+                   help="W&B project of the logged report and of the W&B Report")
+    p.add_argument("--wandb-entity", "--entity", dest="wandb_entity", default=None, help="W&B entity (user or team)")
     p.add_argument("--wandb-group", default=None)
     p.add_argument("--wandb-mode", default=None, choices=("auto", "online", "offline"))
     p.add_argument("--wandb-report", action="store_true", help="also build a W&B Report of the study (panels, "

@@ -26,7 +26,7 @@ bench: $(STAMP)  ## performance workloads (about 8 minutes); figures go to docs/
 	$(BIN)/python benchmarks/bench_ray.py $(RAY_ARGS)
 
 reproduce: $(STAMP)  ## every paper claim at smoke scale: docs/reproductions/*.png, results.json (docs/reproductions.md)
-	$(BIN)/python -m harness.reproduce $(ARGS)
+	$(BIN)/python -m harness.studies.reproduce $(ARGS)
 
 list: $(STAMP)
 	$(BIN)/fedharness list

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness import streams
+from harness.core import streams
 from harness.errors import require
 
 

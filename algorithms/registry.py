@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from algorithms import aggregators, local_work, local_work_fixed, samplers, schedules, server, solvers
-from harness.engine import Algorithm
+from harness.core.engine import Algorithm
 from harness.errors import ConfigError, require
 
 Factory = Callable[[dict[str, Any], Any], Any]

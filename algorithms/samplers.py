@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness import streams
+from harness.core import streams
 from harness.errors import require
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from harness.config import load_config
-from harness.engine import Engine
-from harness.executors import InlineExecutor, ReferenceExecutor
+from harness.core.engine import Engine
+from harness.core.executors import InlineExecutor, ReferenceExecutor
 from harness.run import prepare
 
 W1 = ["dataset.samples_per_client=200", "dataset.num_clients=100", "algorithm.clients_per_round=10",

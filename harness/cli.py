@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                        "(e.g. sweep.runner=local, sweep.resources.num_cpus=2); k=v fixes a run key; k=a,b adds a "
                        "grid dimension")
     sweep.add_argument("--dry-run", action="store_true", help="list the runs and their overrides; start nothing")
-    from harness.reports.command import add_arguments as add_report_arguments
+    from harness.studies.reports.command import add_arguments as add_report_arguments
 
     add_report_arguments(sub.add_parser("report", help="rounds to target, speedup and its fit with a bootstrap "
                                         "interval, plots and a Markdown report of a results directory"))
@@ -86,15 +86,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return cmd_run(args.overrides)
         if args.command == "tune":
-            from harness.tuning.study import main as cmd_tune
+            from harness.studies.tuning.command import main as cmd_tune
 
             return cmd_tune(args.overrides, args.compare)
         if args.command == "sweep":
-            from harness.sweep import main as cmd_sweep
+            from harness.studies.sweep import main as cmd_sweep
 
             return cmd_sweep(args.overrides, args.dry_run)
         if args.command == "report":
-            from harness.reports.command import main as cmd_report
+            from harness.studies.reports.command import main as cmd_report
 
             return cmd_report(args)
         return cmd_list()

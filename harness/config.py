@@ -86,9 +86,9 @@ def validate_run(cfg: dict[str, Any]) -> None:
 
         require(torch.cuda.is_available(), "device", device, "CUDA is not available on this machine; use cpu")
     if cfg["executor"] == "ray":
-        from harness.ray_cluster import RAY_DEFAULTS, validate_ray_config
+        from harness.backends.ray_cluster import RAY_DEFAULTS, validate_ray_config
 
         validate_ray_config({**RAY_DEFAULTS, **(cfg.get("ray") or {})}, device)
-    from harness.checkpoint import validate_checkpoint_config
+    from harness.core.checkpoint import validate_checkpoint_config
 
     validate_checkpoint_config(cfg)

@@ -16,18 +16,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from algorithms.registry import build_algorithm
 from harness.closed_forms import client_minima, heterogeneity
-from harness.checkpoint import Checkpointer, load_resume
-from harness.engine import Engine, NetworkModel, RunOutcome
-from harness.executors import InlineExecutor, ReferenceExecutor
-from harness.masking import mask_secrets
-from harness.problems import build_problem
+from harness.core.checkpoint import Checkpointer, load_resume
+from harness.core.engine import Engine, NetworkModel, RunOutcome
+from harness.core.executors import InlineExecutor, ReferenceExecutor
+from harness.sinks.masking import mask_secrets
+from harness.parts import build_parts
 from harness.reference import solve_reference
 from harness.reference_cache import cached_client_minima, cached_reference
-from harness.series import build_series
-from harness.sinks import ParquetSink
-from harness.wandb_sink import open_sink as open_wandb
+from harness.core.series import build_series
+from harness.sinks.parquet import ParquetSink
+from harness.sinks.wandb_sink import open_sink as open_wandb
 
 VERSIONED = ("fedharness", "torch", "numpy", "pyarrow", "ray", "optuna", "wandb", "hydra-core")
 
@@ -71,20 +70,10 @@ def build_executor(cfg: dict[str, Any], problem, solver):
     if cfg["executor"] == "reference":
         return ReferenceExecutor(problem, solver)
     if cfg["executor"] == "ray":
-        from harness.ray_executor import RayExecutor
+        from harness.backends.ray_executor import RayExecutor
 
         return RayExecutor(cfg, problem, solver)
     return InlineExecutor(problem, solver, cfg["num_shards"])
-
-
-def algorithm_for(cfg: dict[str, Any], problem):
-    return build_algorithm({**cfg["algorithm"], "rounds": cfg["rounds"]}, problem)  # schedules know the rounds
-
-
-def build_parts(cfg: dict[str, Any]):
-    """Problem and algorithm of a config; Ray shards call this too, so they build exactly what the driver has."""
-    problem = build_problem(cfg, cfg["algorithm"]["batch_size"])
-    return problem, algorithm_for(cfg, problem)
 
 
 def prepare(cfg: dict[str, Any]):

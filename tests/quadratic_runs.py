@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.engine import Engine, ReplicaLayout, RunOutcome
-from harness.executors import InlineExecutor
+from harness.core.engine import Engine, ReplicaLayout, RunOutcome
+from harness.core.executors import InlineExecutor
 from harness.run import prepare
-from harness.series import build_series
+from harness.core.series import build_series
 
 
 @dataclass

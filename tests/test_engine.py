@@ -8,7 +8,7 @@ import torch
 
 from fakes import fake_mnist
 from ray_support import trajectory
-from harness.executors import InlineExecutor, ReferenceExecutor
+from harness.core.executors import InlineExecutor, ReferenceExecutor
 from harness.reference import _newton_cg, solve_reference
 from harness.run import prepare
 

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import ray
 
-from harness import ray_cluster
+from harness.backends import ray_cluster
 from harness.config import load_config
 from harness.errors import ConfigError
-from harness.ray_executor import RayExecutor
-from harness.run import build_parts, execute
+from harness.backends.ray_executor import RayExecutor
+from harness.parts import build_parts
+from harness.run import execute
 from ray_support import (QUADRATIC, assert_rows_match, inline_trajectory, max_rel_diff, read_rounds,
                          shard_actor_pids, trajectory)
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from algorithms import local_work
-from harness.engine import Engine
+from harness.core.engine import Engine
 from harness.errors import ConfigError
-from harness.executors import InlineExecutor
+from harness.core.executors import InlineExecutor
 from harness.run import prepare
 
 SIZES = np.array([10, 24, 25, 100, 7, 48])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import ray_cluster
+from harness.backends import ray_cluster
 from harness.config import load_config
 from harness.errors import ConfigError
 from ray_support import (QUADRATIC, assert_rows_match, descendants, eventually, inline_trajectory, max_rel_diff,
@@ -113,8 +113,8 @@ def _joined(run_config, cluster, *overrides: str) -> dict:
 @pytest.mark.slow
 def test_spread_shards_land_on_both_nodes_and_follow_inline(two_nodes, run_config):
     import ray
-    from harness.ray_executor import RayExecutor
-    from harness.run import build_parts
+    from harness.backends.ray_executor import RayExecutor
+    from harness.parts import build_parts
 
     cluster, second = two_nodes
     cfg = _joined(run_config, cluster, "ray.num_shards=2", "ray.placement=spread")
@@ -135,8 +135,8 @@ def test_spread_shards_land_on_both_nodes_and_follow_inline(two_nodes, run_confi
 
 @pytest.mark.slow
 def test_pack_keeps_shards_on_one_node(two_nodes, run_config):
-    from harness.ray_executor import RayExecutor
-    from harness.run import build_parts
+    from harness.backends.ray_executor import RayExecutor
+    from harness.parts import build_parts
 
     cluster, _ = two_nodes
     cfg = _joined(run_config, cluster, "ray.num_shards=2", "ray.placement=pack")
@@ -150,8 +150,8 @@ def test_pack_keeps_shards_on_one_node(two_nodes, run_config):
 
 @pytest.mark.slow
 def test_shard_bigger_than_any_node_names_the_key(two_nodes, run_config):
-    from harness.ray_executor import RayExecutor
-    from harness.run import build_parts
+    from harness.backends.ray_executor import RayExecutor
+    from harness.parts import build_parts
 
     cluster, _ = two_nodes
     cfg = _joined(run_config, cluster, "ray.cpus_per_shard=3")  # the cluster has 3 CPUs, no node has 3

@@ -10,11 +10,11 @@ import pytest
 import ray
 import torch
 
-from harness import ray_cluster
+from harness.backends import ray_cluster
 from harness.config import group_options
 from harness.errors import ConfigError
-from harness.ray_executor import RayExecutor
-from harness.run import build_parts
+from harness.backends.ray_executor import RayExecutor
+from harness.parts import build_parts
 from ray_support import SMALL, eventually, inline_trajectory, max_rel_diff, trajectory
 
 ROUNDS = 20

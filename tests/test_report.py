@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from harness.errors import ConfigError
-from harness.reports.analysis import bootstrap_exponent, fit_power_law, median_censored, parse_target
+from harness.studies.reports.analysis import bootstrap_exponent, fit_power_law, median_censored, parse_target
 
 SWEEP = """
 name: rep

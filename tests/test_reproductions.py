@@ -1,4 +1,4 @@
-"""The paper reproductions at smoke scale (conf/experiment/, conf/sweep/repro_*.yaml, harness/reproduce.py).
+"""The paper reproductions at smoke scale (conf/experiment/, conf/sweep/repro_*.yaml, harness/studies/reproduce.py).
 
 Each test asserts the direction and rough size of what the harness finds for one claim; where that differs
 from the paper, the test asserts the harness's finding and docs/reproductions.md says how it differs. The fast
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from harness import reproduce as R
+from harness.studies import reproduce as R
 from harness.config import CONF_DIR, group_options, load_config
 from harness.errors import ConfigError
 
@@ -62,7 +62,7 @@ def test_bad_experiment_or_scale_is_one_config_error():
 
 
 def test_every_repro_sweep_composes_at_both_scales():
-    from harness.sweep import apply_cli, grid_points, load_spec
+    from harness.studies.sweep import apply_cli, grid_points, load_spec
 
     sweeps = [n for n in group_options("sweep") if n.startswith("repro_")]
     assert len(sweeps) >= 14

@@ -143,10 +143,10 @@ def test_bad_rr_config_stops_before_any_file(run_config, tmp_path, override, key
 @pytest.mark.parametrize("shared", [True, False])
 def test_coupled_chains_start_from_the_same_point(run_config, shared):
     # a net's initial point is drawn per replica: replica R + r must start where replica r does
-    from harness.engine import Engine
-    from harness.executors import InlineExecutor
+    from harness.core.engine import Engine
+    from harness.core.executors import InlineExecutor
     from harness.run import prepare
-    from harness.series import build_series
+    from harness.core.series import build_series
 
     cfg = run_config("dataset.num_clients=4", "dataset.samples_per_client=10", "model=2nn", "algorithm=fedavg_rr",
                      f"algorithm.rr_shared_noise={str(shared).lower()}", "replicas=3")

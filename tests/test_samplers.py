@@ -8,9 +8,9 @@ import torch
 
 from algorithms import samplers
 from algorithms.registry import build_algorithm
-from harness.engine import Engine
+from harness.core.engine import Engine
 from harness.errors import ConfigError
-from harness.executors import ClientShard, InlineExecutor
+from harness.core.executors import ClientShard, InlineExecutor
 from harness.problems.data import DataProblem
 from harness.problems.objectives import SoftmaxRegression
 from harness.run import prepare

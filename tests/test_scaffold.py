@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from harness.executors import ReferenceExecutor
+from harness.core.executors import ReferenceExecutor
 from quadratic_runs import run_engine
 
 HETEROGENEOUS = ("dataset=quadratic", "dataset.num_clients=6", "dataset.dim=3", "dataset.curvature=random",

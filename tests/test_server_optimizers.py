@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from algorithms import server
-from harness.engine import Engine
+from harness.core.engine import Engine
 from harness.errors import ConfigError
-from harness.executors import InlineExecutor
+from harness.core.executors import InlineExecutor
 from harness.run import prepare
 
 X0 = torch.tensor([[1.0, -2.0]], dtype=torch.float64)

@@ -10,7 +10,7 @@ import pytest
 from harness import cli
 from harness.config import load_config
 from harness.run import execute
-from harness.tuning.budget import Budget
+from harness.studies.tuning.budget import Budget
 
 QUAD = ["dataset=quadratic", "algorithm.sampler=full", "dtype=float64"]
 

@@ -15,7 +15,7 @@ import pandas as pd
 from harness import cli
 from harness.config import load_config
 from harness.problems import build_problem
-from harness.tuning.study import build_spec
+from harness.studies.tuning.study import build_spec
 
 
 

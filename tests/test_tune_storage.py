@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy
 
 from harness import cli
-from harness.tuning.study import _run_one, build_spec, check_reachable, open_study, work
+from harness.studies.tuning.study import _run_one, build_spec, check_reachable, open_study, work
 
 PG_URL = os.environ.get("FEDHARNESS_TEST_PG_URL")
 # a small space below 2 / lambda_max, so every trial converges and has a finite value

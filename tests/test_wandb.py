@@ -123,7 +123,7 @@ def test_offline_history_equals_parquet_rows(run_config, offline, tmp_path, capf
 
 
 def test_auto_mode_without_a_key_is_offline(monkeypatch, tmp_path):
-    from harness.wandb_sink import resolve_mode
+    from harness.sinks.wandb_sink import resolve_mode
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -147,8 +147,8 @@ def test_bad_wandb_settings_stop_before_any_file(run_config, offline, tmp_path):
 
 def test_report_figures_and_tables_are_logged(run_config, offline, tmp_path):
     from harness.config import load_config
-    from harness.reports import build_report, parse_target
-    from harness.wandb_sink import log_report
+    from harness.studies.reports import build_report, parse_target
+    from harness.sinks.wandb_sink import log_report
 
     for n in (1, 2):
         execute(run_config("dataset=quadratic", "rounds=20", "eval_every=1", "replicas=2", "study=wbr",
@@ -188,7 +188,7 @@ def test_a_storage_password_reaches_no_file_and_no_output(offline, tmp_path, mon
     import optuna
 
     from harness import cli
-    from harness.tuning import study as study_mod
+    from harness.studies.tuning import study as study_mod
 
     for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
         monkeypatch.setenv(var, str(offline / var.lower()))  # artifact staging copies too

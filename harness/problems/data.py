@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness import streams
+from harness.core import streams
 from harness.problems.base import ClientKeys, Evaluation
 
 EVAL_CHUNK = 16384  # samples per evaluation chunk: bounds memory for large data sets

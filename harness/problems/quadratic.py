@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness import streams
+from harness.core import streams
 from harness.problems.base import ClientKeys, Evaluation
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from harness.masking import mask_secrets
-from harness.sinks import atomic_write_table
+from harness.sinks.masking import mask_secrets
+from harness.sinks.parquet import atomic_write_table
 
 TRIAL_COLUMNS = [  # `study` is the hive partition (trials/study=<name>/), as run_id is for runs/
     ("trial", pa.int64()), ("state", pa.string()), ("status", pa.string()),

@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError, require
-from harness.masking import mask_secrets
-from harness.tuning.budget import Budget
-from harness.tuning.objective import Objective
-from harness.tuning.space import Param, grid_space, parse_space
+from harness.sinks.masking import mask_secrets
+from harness.studies.tuning.budget import Budget
+from harness.studies.tuning.objective import Objective
+from harness.studies.tuning.space import Param, grid_space, parse_space
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes")
 PRUNERS = ("none", "median", "successive_halving")
@@ -194,7 +194,7 @@ def build_spec(overrides: list[str], extra_run_overrides: tuple[str, ...] = (), 
                 "must be a number >= 0")
 
     if _int(tcfg, "parallel", 1) > 1:
-        from harness.ray_cluster import parse_address
+        from harness.backends.ray_cluster import parse_address
 
         try:
             parse_address(tcfg.get("ray_address"))
@@ -247,8 +247,8 @@ def probe_space(spec: TuneSpec, base_cfg: dict) -> None:
 
 def _validate_builds(cfg: dict, spec: TuneSpec, context: str) -> None:
     from algorithms.registry import build_algorithm
-    from harness.series import build_series
-    from harness.tuning.budget import problem_for
+    from harness.core.series import build_series
+    from harness.studies.tuning.budget import problem_for
 
     problem = problem_for(cfg)
     build_algorithm({**cfg["algorithm"], "rounds": cfg["rounds"]}, problem)
@@ -587,8 +587,8 @@ def _quiet_optuna() -> None:
 
 
 def connect_ray(address: str | None):
-    """harness.ray_cluster's connection: a local Ray on 127.0.0.1 only, or a probed cluster address."""
-    from harness import ray_cluster
+    """harness.backends.ray_cluster's connection: a local Ray on 127.0.0.1 only, or a probed cluster address."""
+    from harness.backends import ray_cluster
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
@@ -607,7 +607,7 @@ def run_workers(spec: TuneSpec) -> int:
         return work(spec, 0)
     import ray
 
-    from harness.tuning.export import trial_status
+    from harness.studies.tuning.export import trial_status
 
     conn = connect_ray(spec.ray_address)
     try:
@@ -635,7 +635,7 @@ def run_workers(spec: TuneSpec) -> int:
 
 def tune(spec: TuneSpec) -> dict:
     """Create or continue the study, run it to n_trials, export; returns the export summary."""
-    from harness.tuning.export import export_study
+    from harness.studies.tuning.export import export_study
 
     _quiet_optuna()
     check_reachable(spec)
@@ -645,16 +645,3 @@ def tune(spec: TuneSpec) -> dict:
           flush=True)
     run_workers(spec)
     return export_study(spec, open_study(spec))
-
-
-def main(overrides: list[str], compare: str | None = None) -> int:
-    """`fedharness tune [--compare a,b,c] overrides...`"""
-    if compare is not None:
-        from harness.tuning.compare import run_compare
-
-        return run_compare(overrides, compare)
-    spec = build_spec(overrides)
-    summary = tune(spec)
-    print(summary["text"])
-    return 0
-

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from harness.closed_forms import rr_coefficients
-from harness.engine import ReplicaLayout
+from harness.core.engine import ReplicaLayout
 from harness.errors import require
 
 RR_KINDS = ("none", "gamma", "H")

@@ -31,11 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.reports.analysis import parse_target
-    from harness.reports.report import build_report
+    from harness.studies.reports.analysis import parse_target
+    from harness.studies.reports.report import build_report
 
     if args.publish:
-        from harness.reports.wandb_report import publish_file
+        from harness.studies.reports.wandb_report import publish_file
 
         return publish_file(args)
     targets = None if args.target is None else [parse_target(t) for t in args.target]
@@ -52,7 +52,7 @@ def main(args: argparse.Namespace) -> int:
     print(f"report: {report.markdown} ({len(report.figures)} figures, tables in {report.out_dir / 'tables'})")
     if args.wandb:
         from harness.config import load_config
-        from harness.wandb_sink import log_report
+        from harness.sinks.wandb_sink import log_report
 
         wcfg = load_config([])["wandb"]
         for key in ("project", "entity", "group", "mode"):
@@ -61,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
                 wcfg[key] = value
         log_report(report, wcfg)
     if args.wandb_report:
-        from harness.reports.wandb_report import write
+        from harness.studies.reports.wandb_report import write
 
         write(report, args)
     return 0

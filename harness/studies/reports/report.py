@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness.errors import require
-from harness.reports import analysis, markdown, plots
-from harness.reports.analysis import Design, Target, parse_target
-from harness.reports.data import Results, load_results
+from harness.studies.reports import analysis, markdown, plots
+from harness.studies.reports.analysis import Design, Target, parse_target
+from harness.studies.reports.data import Results, load_results
 
 DEFAULT_SCALE_KEY = "algorithm.clients_per_round"
 
@@ -52,7 +52,7 @@ def _runs_table(results: Results, labels: pd.DataFrame) -> pd.DataFrame:
 
 def _groups_table(results: Results, labels: pd.DataFrame, design: Design) -> pd.DataFrame:
     """Each group with every varying key that is constant within it (so zipped or tied keys are visible)."""
-    from harness.reports.data import varying_keys
+    from harness.studies.reports.data import varying_keys
 
     keys = [k for k in varying_keys(results.runs) if k != design.scale_key]
     rows = []

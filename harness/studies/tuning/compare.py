@@ -19,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 
 from harness.errors import ConfigError, require
-from harness.sinks import atomic_write_table
-from harness.tuning.export import atomic_text, best_trial, shown
-from harness.tuning.study import (TuneSpec, build_spec, check_reachable, compose_tune, open_study, split_overrides,
-                                  trial_config, tune)
+from harness.sinks.parquet import atomic_write_table
+from harness.studies.tuning.export import atomic_text, best_trial, shown
+from harness.studies.tuning.study import (TuneSpec, build_spec, check_reachable, compose_tune, open_study,
+                                          split_overrides, trial_config, tune)
 
 COMPARE_SCHEMA = pa.schema([
     ("algorithm", pa.string()), ("tune_study", pa.string()), ("n_trials", pa.int64()),

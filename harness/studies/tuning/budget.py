@@ -86,8 +86,8 @@ def problem_for(cfg: dict[str, Any]):
 def _cumulative_cost(cfg: dict[str, Any], kind: str, total: int) -> np.ndarray:
     """Cost after rounds 1, 2, ... (max over replicas), replayed until it passes `total`."""
     from algorithms.registry import build_algorithm
-    from harness.engine import Engine, NetworkModel
-    from harness.series import build_series
+    from harness.core.engine import Engine, NetworkModel
+    from harness.core.series import build_series
 
     problem = problem_for(cfg)
     algorithm = build_algorithm({**cfg["algorithm"], "rounds": cfg["rounds"]}, problem)

@@ -25,11 +25,11 @@ import pandas as pd
 
 from harness.config import load_config
 from harness.errors import require
-from harness.masking import mask_secrets
-from harness.reports import markdown
-from harness.reports.data import load_results
-from harness.reports.report import Report
-from harness.tuning.export import atomic_text, shown
+from harness.sinks.masking import mask_secrets
+from harness.studies.reports import markdown
+from harness.studies.reports.data import load_results
+from harness.studies.reports.report import Report
+from harness.studies.tuning.export import atomic_text, shown
 
 SPEC_FORMAT = "fedharness-wandb-report/1"
 SPEC_NAME = "wandb_report.json"
@@ -172,7 +172,7 @@ def spec_path(args: argparse.Namespace) -> Path:
 
 def write(report: Report, args: argparse.Namespace) -> None:
     """`--wandb-report`: write the spec; publish it now when W&B is online, else print the command that will."""
-    from harness.wandb_sink import resolve_mode
+    from harness.sinks.wandb_sink import resolve_mode
 
     spec = build_spec(report, args.results_dir, args.study, args.wandb_project, args.wandb_entity)
     path = report.out_dir / SPEC_NAME

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from harness.errors import require
-from harness.executors import RoundPlan
+from harness.core.executors import RoundPlan
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import torch
 
-from harness.engine import RunState
+from harness.core.engine import RunState
 from harness.errors import ConfigError, require
 
 FORMAT = 1

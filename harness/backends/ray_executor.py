@@ -30,10 +30,10 @@ import torch
 from ray.exceptions import GetTimeoutError, NodeDiedError, ObjectLostError, RayActorError, WorkerCrashedError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from harness import ray_cluster
+from harness.backends import ray_cluster
 from harness.errors import ConfigError, require
-from harness.executors import ClientShard, RoundPlan, ShardResult, balanced_shards
-from harness.run import algorithm_for, build_parts
+from harness.core.executors import ClientShard, RoundPlan, ShardResult, balanced_shards
+from harness.parts import algorithm_for, build_parts
 
 SNAPSHOT_EVERY = 10  # rounds of replay history kept in memory for stateful solvers (SCAFFOLD)
 RECOVERABLE = (RayActorError, ObjectLostError, WorkerCrashedError, NodeDiedError)

@@ -353,7 +353,7 @@ def _existing_status(results_dir: str, run_id: str) -> str | None:
 def record_failure(overrides: list[str], run_id: str, error: str) -> None:
     """A runs/ row with status=failed, unless the run itself already wrote its final row."""
     from harness.run import _now, _run_row
-    from harness.sinks import ParquetSink
+    from harness.sinks.parquet import ParquetSink
 
     cfg = load_config(overrides)
     if _existing_status(cfg["results_dir"], run_id) in ("ok", "diverged", "failed"):
@@ -412,7 +412,7 @@ def _run_ray(jobs: list[Job], spec: SweepSpec, on_done: Callable[[Job, JobOutcom
 
 def _check_job_fits(cpus: float, gpus: float) -> None:
     """A request no node can meet would wait forever: say which resource instead."""
-    from harness import ray_cluster
+    from harness.backends import ray_cluster
 
     nodes = ray_cluster.alive_nodes()
     for resource, amount, key in (("CPU", cpus, "sweep.resources.num_cpus"), ("GPU", gpus, "sweep.resources.num_gpus")):
@@ -464,7 +464,7 @@ def run_sweep(spec: SweepSpec, jobs: list[Job] | None = None, echo: Callable[[st
     jobs = jobs if jobs is not None else expand(spec)
     conn = None
     if spec.runner == "ray":  # reach the cluster and check the request fits before any file is written
-        from harness import ray_cluster
+        from harness.backends import ray_cluster
 
         conn = ray_cluster.connect(spec.address)
         try:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from harness.errors import require
-from harness.masking import mask_secrets
+from harness.sinks.masking import mask_secrets
 
 MODES = ("auto", "online", "offline")
 INIT_TIMEOUT_S = 30.0

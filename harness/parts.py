@@ -1,0 +1,18 @@
+"""The problem and the algorithm a config describes. The driver and every Ray shard build them here, alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from algorithms.registry import build_algorithm
+from harness.problems import build_problem
+
+
+def algorithm_for(cfg: dict[str, Any], problem):
+    return build_algorithm({**cfg["algorithm"], "rounds": cfg["rounds"]}, problem)  # schedules know the rounds
+
+
+def build_parts(cfg: dict[str, Any]):
+    """Problem and algorithm of a config; Ray shards call this too, so they build exactly what the driver has."""
+    problem = build_problem(cfg, cfg["algorithm"]["batch_size"])
+    return problem, algorithm_for(cfg, problem)

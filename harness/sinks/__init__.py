@@ -1,0 +1,1 @@
+"""Where results go: Parquet files, Weights & Biases runs, and the masking of secrets on the way."""

@@ -72,7 +72,7 @@ def _give_up(mode: str, what: str, why: str, timeout: float | None) -> None:
     """A failed solve: under `on` one clear error; under `auto` one message, and the values stay null."""
     bound = "no time bound" if timeout is None else f"reference_timeout_s={timeout:g}"
     if mode == "on":
-        raise ConfigError("reference", "on", f"the exact solve for {what} failed ({why}; {bound}); allow more "
+        raise ConfigError("reference", "on", f"solving for the {what} failed ({why}; {bound}); allow more "
                           "time with reference_timeout_s, or set reference=auto (skip) or reference=off")
     _report(f"no {what}: {why} ({bound}); reference=on makes this an error.")
 

@@ -140,11 +140,11 @@ def rr_stationary_mean(A: np.ndarray, e: np.ndarray, lr: float, H: int, kind: st
 # ---- per-client minima and heterogeneity Gamma = F* - sum p_k F_k* (Li et al.) ----
 
 def client_minima(problem, solve: Callable | None = None) -> np.ndarray | None:
-    """F_k* for every client of a convex problem, in float64; None if a client's minimum is not attained.
+    """F_k* for every client of a convex problem, in float64; None if a client's minimum may not be attained.
 
     Quadratics (and problems with a `client_minima` method) use their closed form; data problems
     with a ridge term (model.l2 > 0) solve each client's own objective (its data and the
-    regulariser) like the global one.
+    regulariser) like the global one, with `solve(client_problem)` (default `solve_reference`).
     """
     if hasattr(problem, "client_minima"):
         return np.asarray(problem.client_minima(), np.float64)
@@ -165,10 +165,7 @@ def client_minima(problem, solve: Callable | None = None) -> np.ndarray | None:
     for k, (start, n) in enumerate(zip(problem.offsets, problem.sizes)):
         sub = DataProblem(problem.objective, x[start:start + n], y[start:start + n], [np.arange(n)], None, None,
                           problem.batch_size, torch.float64, problem.device)
-        try:
-            out[k] = solve(sub).f_star
-        except RuntimeError:  # e.g. separable data without regularisation: the infimum is not attained
-            return None
+        out[k] = solve(sub).f_star  # strongly convex: a failure (SolveFailed) is the solver's, and propagates
     return out
 
 

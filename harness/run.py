@@ -16,15 +16,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.closed_forms import client_minima, heterogeneity
+from harness.closed_forms import heterogeneity
 from harness.core.checkpoint import Checkpointer, load_resume
 from harness.core.engine import Engine, NetworkModel, RunOutcome
 from harness.core.executors import InlineExecutor, ReferenceExecutor
-from harness.sinks.masking import mask_secrets
-from harness.parts import build_parts
-from harness.reference import solve_reference
-from harness.reference_cache import cached_client_minima, cached_reference
 from harness.core.series import build_series
+from harness.parts import build_parts
+from harness.reference_policy import run_client_minima, run_reference
+from harness.sinks.masking import mask_secrets
 from harness.sinks.parquet import ParquetSink
 from harness.sinks.wandb_sink import open_sink as open_wandb
 
@@ -80,16 +79,14 @@ def prepare(cfg: dict[str, Any]):
     """Build problem, algorithm and exact reference: every check that can fail happens here, before any file."""
     problem, algorithm = build_parts(cfg)
     build_series(cfg["algorithm"], cfg["replicas"])  # validates rr / burn_in / average
-    has_reference = problem.convex and getattr(problem, "exact_reference", True)  # lazy problems: no full F
-    reference = cached_reference(cfg, lambda: solve_reference(problem)) if has_reference else None
-    return problem, algorithm, reference
+    return problem, algorithm, run_reference(cfg, problem)  # per `reference: auto | on | off`
 
 
 def _exact_references(cfg: dict[str, Any], problem, reference) -> dict:
     """F* and Li et al.'s heterogeneity Gamma = F* - sum p_k F_k* for the run row (null where not known)."""
     if reference is None:
         return {"f_star": None, "gamma_heterogeneity": None}
-    minima = cached_client_minima(cfg, lambda: client_minima(problem)) if cfg.get("heterogeneity", True) else None
+    minima = run_client_minima(cfg, problem, reference)
     return {"f_star": reference.f_star,
             "gamma_heterogeneity": None if minima is None else heterogeneity(problem, reference.f_star, minima)}
 

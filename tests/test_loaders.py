@@ -160,6 +160,43 @@ def test_cifar10_batches(tmp_path):
     assert np.isclose(x_test[0, 2, 31, 31], (first[3071] / 255 - mean[2]) / std[2], atol=1e-6)
 
 
+class _RunsCode:
+    """Unpickling this calls `call(arg)`."""
+
+    def __init__(self, call, arg):
+        self.call, self.arg = call, arg
+
+    def __reduce__(self):
+        return self.call, (self.arg,)
+
+
+@pytest.mark.parametrize("call", [os.system, exec])
+def test_cifar10_batch_that_runs_code_is_refused(tmp_path, call):
+    _fake_cifar(tmp_path, per_batch=2)
+    marker = tmp_path / "code-ran"
+    command = f"touch {marker}" if call is os.system else f"open({str(marker)!r}, 'w').close()"
+    path = tmp_path / "cifar-10-batches-py" / "data_batch_3"
+    with open(path, "wb") as f:
+        pickle.dump({"labels": [1, 2], "data": _RunsCode(call, command)}, f, protocol=2)
+    with pytest.raises(ConfigError) as err:
+        load_pooled("cifar10", str(tmp_path))
+    assert not marker.exists()  # refused before the call ran
+    assert err.value.key == "dataset.data_dir" and f"{path} is not a valid dataset file" in str(err.value)
+    name = "posix.system" if call is os.system else "__builtin__.exec"  # protocol 2 names builtins so
+    assert f"refused to load {name}" in str(err.value)
+
+
+@pytest.mark.parametrize("protocol", [2, 5])
+def test_cifar10_batches_of_any_pickle_protocol_load(tmp_path, protocol):
+    batches = _fake_cifar(tmp_path, per_batch=3)
+    for name, entry in batches.items():  # re-saved from Python 3, numpy scalars among the labels
+        with open(tmp_path / "cifar-10-batches-py" / name, "wb") as f:
+            pickle.dump({**entry, "labels": [np.int64(v) for v in entry["labels"]]}, f, protocol=protocol)
+    _, _, x_test, y_test = load_pooled("cifar10", str(tmp_path))
+    np.testing.assert_array_equal(y_test, batches["test_batch"]["labels"])
+    assert x_test.shape == (3, 3, 32, 32)
+
+
 def test_missing_cifar10_batch_says_which_and_where(tmp_path):
     _fake_cifar(tmp_path, per_batch=2)
     (tmp_path / "cifar-10-batches-py" / "data_batch_3").unlink()

@@ -18,6 +18,7 @@ CASES = {
     "rounds set by hand": (["rounds=10"], "rounds"),
     "unknown sampler": (["tune.sampler.name=bayes"], "tune.sampler.name"),
     "unknown metric": (["tune.objective.metric=accuracy"], "tune.objective.metric"),
+    "subopt without a reference": (["tune.objective.metric=subopt", "reference=off"], "tune.objective.metric"),
     "pruning a target": (["tune.objective.target=0.1", "tune.pruner.name=median"], "tune.pruner.name"),
     "grid without choices": (["tune.sampler.name=grid"], "tune.space.client_lr"),
     "bad value for a part": (["tune.space.local_steps.log=false", "tune.space.local_steps.low=0"],

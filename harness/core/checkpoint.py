@@ -6,7 +6,8 @@ atomically). A checkpoint first flushes the Parquet sink, so a `rounds/` part ne
 straddles a checkpoint; resuming drops the parts past the checkpoint and replays from it.
 Random streams are keyed by round, so the RunState (round, model, server state and
 context, counters, series state) and the clients' state are all a run needs to continue
-on exactly the same trajectory.
+on exactly the same trajectory. state.pt holds plain data only, so that it loads with
+torch.load(weights_only=True): a planted file cannot run code when a run is resumed.
 """
 
 from __future__ import annotations
@@ -15,19 +16,23 @@ import json
 import os
 import re
 import uuid
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 import pyarrow.parquet as pq
 import torch
 
 from harness.core.engine import RunState
 from harness.errors import ConfigError, require
 
-FORMAT = 1
+FORMAT = 2  # 2: numpy arrays as plain (dtype, shape, bytes), loadable with weights_only=True
+_NDARRAY = "__ndarray__"  # marks an encoded numpy array in a checkpoint
 # Keys that may differ between a run and its resumption: where and how it executes, not what it computes.
-RESUME_FREE = ("resume", "progress", "executor", "num_shards", "ray", "checkpoint_every", "results_dir", "wandb")
+RESUME_FREE = ("resume", "progress", "executor", "num_shards", "ray", "checkpoint_every", "results_dir", "wandb",
+               "reference_timeout_s")
 _RUN_ID = re.compile(r"^[A-Za-z0-9._=-]+$")
 
 
@@ -77,25 +82,44 @@ class Checkpointer:
 
     def save(self, state: RunState) -> None:
         self.sink.flush()  # rows up to this round are on disk before the state that follows them
-        payload = {"format": FORMAT, "round": state.round, "run_state": _moved(state, torch.device("cpu")),
-                   "client_state": self.executor.get_state()}
+        run_state = {f.name: getattr(state, f.name) for f in fields(RunState)}
+        payload = {"format": FORMAT, "round": state.round, "run_state": _map(_to(run_state, "cpu"), _encode_array),
+                   "client_state": _map(self.executor.get_state(), _encode_array)}
         _atomic(self.dir / "state.pt", lambda f: torch.save(payload, f))
 
 
-def _moved(state: RunState, device: torch.device) -> RunState:
-    return RunState(state.round, _to(state.x, device), _to(state.server_state, device), dict(state.counters),
-                    _to(state.server_ctx, device), _to(state.series_state, device), state.wall_s)
-
-
-def _to(obj, device: torch.device):
-    """`obj` with every tensor inside dicts, lists and tuples moved to `device`."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to(device)
-    if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
+def _map(obj, leaf: Callable[[Any], Any]):
+    """`obj` with `leaf` applied to everything inside dicts, lists and tuples (an encoded array is a leaf)."""
+    if isinstance(obj, dict) and set(obj) != {_NDARRAY}:
+        return {k: _map(v, leaf) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to(v, device) for v in obj)
-    return obj
+        return type(obj)(_map(v, leaf) for v in obj)
+    return leaf(obj)
+
+
+def _to(obj, device: torch.device | str):
+    """`obj` with every tensor inside dicts, lists and tuples moved to `device`."""
+    return _map(obj, lambda v: v.detach().to(device) if isinstance(v, torch.Tensor) else v)
+
+
+def _encode_array(value):
+    """A numpy array or scalar as (dtype, shape, bytes, is_scalar): plain data that torch.load(weights_only=True)
+    reads without unpickling any class, and that gives back the same bits."""
+    if not isinstance(value, (np.ndarray, np.generic)):
+        return value
+    arr = np.asarray(value)
+    if arr.dtype.hasobject:
+        raise TypeError(f"cannot checkpoint a numpy array of Python objects ({arr.dtype})")
+    return {_NDARRAY: (arr.dtype.str, arr.shape, np.ascontiguousarray(arr).tobytes(), isinstance(value, np.generic))}
+
+
+def _decode_array(value):
+    """The inverse of `_encode_array`."""
+    if not (isinstance(value, dict) and set(value) == {_NDARRAY}):
+        return value
+    dtype, shape, raw, scalar = value[_NDARRAY]
+    arr = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
+    return arr[()] if scalar else arr
 
 
 @dataclass
@@ -156,7 +180,29 @@ def load_resume(cfg: dict[str, Any]) -> Resume:
     state_path = d / "state.pt"
     if not state_path.exists():
         return Resume(run_id, meta["started_at"], None, {})
-    # our own file (written by Checkpointer.save), so unpickling it is as safe as running the harness
-    payload = torch.load(state_path, map_location="cpu", weights_only=False)
-    return Resume(run_id, meta["started_at"], _moved(payload["run_state"], torch.device(cfg["device"])),
-                  payload["client_state"])
+    payload = _load_state(state_path, run_id)
+    run_state = RunState(**_to(_map(payload["run_state"], _decode_array), torch.device(cfg["device"])))
+    return Resume(run_id, meta["started_at"], run_state, _map(payload["client_state"], _decode_array))
+
+
+def _load_state(path: Path, run_id: str) -> dict:
+    """state.pt read as plain data only (tensors, numbers, strings, bytes, containers): a planted file
+    naming any other class or function is refused, never run."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns about pickle protocols before refusing a foreign file
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # UnpicklingError for a foreign pickle, RuntimeError or EOFError for a broken file
+        raise ConfigError("resume", run_id, f"{path} is not a checkpoint fedharness wrote; refused to load it "
+                          f"({_why_refused(err)})") from None
+    require(isinstance(payload, dict) and payload.get("format") == FORMAT, "resume", run_id,
+            f"{path} is not a format-{FORMAT} fedharness checkpoint (written by another version?)")
+    return payload
+
+
+def _why_refused(err: Exception) -> str:
+    """The line of torch's long refusal that says what the file asked for."""
+    boilerplate = ("Weights only load failed", "Please file an issue", "Check the documentation")
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith(boilerplate)]
+    return useful[0] if useful else type(err).__name__

@@ -13,7 +13,9 @@ torchvision is used only to download, and its folder layout is the one we read:
 * Fashion-MNIST  ``<data_dir>/FashionMNIST/raw/`` with the same file names
 * CIFAR-10       ``<data_dir>/cifar-10-batches-py/{data_batch_1..5,test_batch}``
 
-MNIST-like files lying directly in ``data_dir`` are accepted too.
+MNIST-like files lying directly in ``data_dir`` are accepted too. CIFAR-10 batches are
+pickles: they are read with an unpickler that builds numpy arrays, lists, strings and
+numbers only, so a planted batch cannot run code.
 """
 
 from __future__ import annotations
@@ -188,13 +190,31 @@ def _missing_cifar(data_dir: str) -> list[str]:
     return [f for f in CIFAR10_TRAIN + CIFAR10_TEST if not os.path.isfile(os.path.join(folder, f))]
 
 
+# What a CIFAR-10 batch pickle may name: numpy's array, dtype and scalar rebuilders (numpy 1 and 2
+# spellings, protocols 2 to 5) and the bytes decoder of protocol-2 pickles written by Python 3.
+# Anything else (os.system, eval, ...) is refused before it runs.
+CIFAR_PICKLE_GLOBALS = frozenset({
+    *((mod, name) for mod in ("numpy.core.multiarray", "numpy._core.multiarray") for name in ("_reconstruct", "scalar")),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+})
+
+
+class _ArrayUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) not in CIFAR_PICKLE_GLOBALS:
+            raise pickle.UnpicklingError(f"refused to load {module}.{name}: a CIFAR-10 batch holds only "
+                                         "numpy arrays, lists, strings and numbers")
+        return super().find_class(module, name)
+
+
 def _read_cifar_batch(path: str, data_dir: str) -> tuple[np.ndarray, np.ndarray]:
     # The official batches are Python 2 pickles; latin1 decodes their byte
     # strings the way torchvision does, giving str keys (bytes keys come from
     # batches re-pickled under Python 3).
     try:
         with open(path, "rb") as f:
-            entry = pickle.load(f, encoding="latin1")
+            entry = _ArrayUnpickler(f, encoding="latin1").load()
         entry = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in entry.items()}
         data = np.asarray(entry["data"], dtype=np.uint8)
         labels = np.asarray(entry["labels"], dtype=np.int64)
@@ -216,10 +236,12 @@ def _cifar_split(data_dir: str, files: tuple[str, ...]) -> tuple[np.ndarray, np.
 
 
 def _download_cifar(name: str, data_dir: str) -> None:
-    from torchvision import datasets
+    from torchvision.datasets import CIFAR10
+    from torchvision.datasets.utils import download_and_extract_archive
 
-    # Downloads cifar-10-python.tar.gz (md5-checked) and extracts it into data_dir.
-    datasets.CIFAR10(root=data_dir, train=True, download=True)
+    # Downloads cifar-10-python.tar.gz (md5-checked) and extracts it into data_dir; not through
+    # CIFAR10(download=True), which would then unpickle the batches without restriction.
+    download_and_extract_archive(CIFAR10.url, data_dir, filename=CIFAR10.filename, md5=CIFAR10.tgz_md5)
 
 
 def load_cifar10(data_dir: str, download: bool = False) -> Arrays:

@@ -255,8 +255,11 @@ def _validate_builds(cfg: dict, spec: TuneSpec, context: str) -> None:
     build_series(cfg["algorithm"], cfg["replicas"])
     spec.budget.rounds_for(cfg, context)
     if spec.objective.metric in ("subopt", "dist_to_opt"):
-        require(problem.convex, "tune.objective.metric", spec.objective.metric,
-                "needs a convex problem with a known optimum; use train_loss or test_acc")
+        from harness.reference_policy import skip_reason
+
+        why = skip_reason(cfg, problem)
+        require(why is None, "tune.objective.metric", spec.objective.metric,
+                f"needs an exact reference, and this problem gets none ({why}); use train_loss or test_acc")
 
 
 def trial_config(spec: TuneSpec, values: dict[str, Any]) -> tuple[dict, list[str]]:

@@ -1,0 +1,129 @@
+"""Which exact references a run gets: `reference: auto | on | off`, each solve bounded in time, with progress.
+
+`auto` solves only where the minimiser exists for sure (strongly convex objectives) and gives up,
+saying so once on stderr, when a solve does not converge within `reference_timeout_s`; `on`
+always solves and stops the run with one clear error where it cannot; `off` never solves.
+Without a reference, subopt, dist_to_opt, f_star and gamma_heterogeneity are null.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import numpy as np
+
+from harness.closed_forms import client_minima
+from harness.errors import ConfigError, require
+from harness.reference import Reference, SolveFailed, SolveProgress, optimum_doubt, solve_reference
+from harness.reference_cache import cached_client_minima, cached_reference
+
+MODES = ("auto", "on", "off")
+DEFAULT_TIMEOUT_S = 600.0
+_REPORTED: set[str] = set()  # a tuning study or sweep runs many configs in one process: say each thing once
+
+
+def settings(cfg: dict[str, Any]) -> tuple[str, float | None]:
+    """(mode, time bound in seconds or None), validated. YAML reads a bare on/off as true/false."""
+    mode = cfg.get("reference", "auto")
+    mode = {True: "on", False: "off"}.get(mode, mode) if isinstance(mode, bool) else mode
+    require(mode in MODES, "reference", mode, "one of: auto, on, off")
+    timeout = cfg.get("reference_timeout_s", DEFAULT_TIMEOUT_S)
+    require(timeout is None or (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0),
+            "reference_timeout_s", timeout, "null (no bound) or a number of seconds > 0")
+    return mode, None if timeout is None else float(timeout)
+
+
+def _report(message: str) -> None:
+    if message not in _REPORTED:
+        _REPORTED.add(message)
+        print(f"fedharness: {message}", file=sys.stderr, flush=True)
+
+
+def _unavailable(cfg: dict[str, Any], problem) -> str | None:
+    """Why no exact reference can be solved for at all (non-convex, or F never built)."""
+    if not problem.convex:
+        return f"model={cfg['model']['name']} is not convex"
+    if not getattr(problem, "exact_reference", True):
+        return f"dataset={cfg['dataset']['name']} never builds the full objective F"
+    return None
+
+
+@contextmanager
+def _status(enabled: bool, what: str) -> Iterator[SolveProgress]:
+    """A one-line stderr status of a solve, shown once it has taken a second: Newton step, CG step, ||grad F||."""
+    from tqdm import tqdm
+
+    bar = tqdm(desc=what, disable=not enabled, delay=1.0, file=sys.stderr, bar_format="{desc} [{elapsed}]{postfix}")
+
+    def tick(newton: int, cg: int, grad_norm: float) -> None:
+        bar.set_postfix_str(f"Newton step {newton + 1}, CG step {cg}, ||grad F|| = {grad_norm:.2e}", refresh=False)
+        bar.update()
+
+    try:
+        yield tick
+    finally:
+        bar.close()
+
+
+def _give_up(mode: str, what: str, why: str, timeout: float | None) -> None:
+    """A failed solve: under `on` one clear error; under `auto` one message, and the values stay null."""
+    bound = "no time bound" if timeout is None else f"reference_timeout_s={timeout:g}"
+    if mode == "on":
+        raise ConfigError("reference", "on", f"solving for the {what} failed ({why}; {bound}); allow more "
+                          "time with reference_timeout_s, or set reference=auto (skip) or reference=off")
+    _report(f"no {what}: {why} ({bound}); reference=on makes this an error.")
+
+
+def skip_reason(cfg: dict[str, Any], problem) -> str | None:
+    """Why the run gets no exact reference, known before any solve; None when it solves.
+    ConfigError where `reference=on` asks for what cannot be solved."""
+    mode, _ = settings(cfg)
+    if mode == "off":
+        return "reference=off"
+    why_not = _unavailable(cfg, problem)
+    if why_not is not None:
+        require(mode != "on", "reference", "on", f"needs a convex problem with an exact objective: {why_not} "
+                "(use reference=auto or off)")
+        return why_not
+    return optimum_doubt(problem) if mode == "auto" else None
+
+
+def run_reference(cfg: dict[str, Any], problem) -> Reference | None:
+    """w* and F* of the run's objective under `reference`, from the cache when solved before."""
+    mode, timeout = settings(cfg)
+    why = skip_reason(cfg, problem)
+    if why is not None:
+        if mode == "auto" and _unavailable(cfg, problem) is None:  # convex, yet skipped: say why, once
+            _report(f"no exact reference: {why}; subopt and dist_to_opt are null. reference=on forces a solve.")
+        return None
+    doubt = optimum_doubt(problem)
+    if doubt is not None:
+        _report(f"reference=on: {doubt}; the solve may stop far out where F keeps decreasing.")
+    try:
+        with _status(bool(cfg.get("progress")), "fedharness: exact reference w*") as tick:
+            return cached_reference(cfg, lambda: solve_reference(problem, timeout_s=timeout, progress=tick), timeout)
+    except SolveFailed as err:
+        _give_up(mode, "exact reference", f"{err}", timeout)
+        return None
+
+
+def run_client_minima(cfg: dict[str, Any], problem, reference: Reference | None) -> np.ndarray | None:
+    """Every client's F_k* for Li et al.'s Gamma (`heterogeneity: true`), within one time bound for all clients."""
+    if reference is None or not cfg.get("heterogeneity", True):
+        return None
+    mode, timeout = settings(cfg)
+    deadline = None if timeout is None else time.monotonic() + timeout
+
+    def solve_all(tick: SolveProgress) -> np.ndarray | None:
+        left = lambda: None if deadline is None else max(0.0, deadline - time.monotonic())  # noqa: E731
+        return client_minima(problem, lambda sub: solve_reference(sub, timeout_s=left(), progress=tick))
+
+    try:
+        with _status(bool(cfg.get("progress")), "fedharness: clients' minima F_k*") as tick:
+            return cached_client_minima(cfg, lambda: solve_all(tick), timeout)
+    except SolveFailed as err:
+        _give_up(mode, "heterogeneity Gamma (clients' minima F_k*)", f"{err}", timeout)
+        return None

@@ -30,15 +30,10 @@ class ProgressBar:
 
 
 def cmd_run(overrides: list[str]) -> int:
-    from harness.config import load_config
-    from harness.run import execute, summary_table
+    from harness.api import run
+    from harness.run import summary_table
 
-    cfg = load_config(overrides)
-    bar = ProgressBar(cfg["rounds"], bool(cfg["progress"]))
-    try:
-        result = execute(cfg, progress=bar)
-    finally:
-        bar.close()
+    result = run(overrides)  # the Python API's code path
     print(summary_table(result.rows))
     print(f"run {result.run_id}: status={result.status}; results in {result.results_dir}/ "
           f"(runs/, rounds/ as Parquet)")

@@ -21,6 +21,7 @@ from harness.closed_forms import client_minima, heterogeneity
 from harness.checkpoint import Checkpointer, load_resume
 from harness.engine import Engine, NetworkModel, RunOutcome
 from harness.executors import InlineExecutor, ReferenceExecutor
+from harness.extend import register_targets
 from harness.problems import build_problem
 from harness.reference import solve_reference
 from harness.reference_cache import cached_client_minima, cached_reference
@@ -82,6 +83,7 @@ def algorithm_for(cfg: dict[str, Any], problem):
 
 def build_parts(cfg: dict[str, Any]):
     """Problem and algorithm of a config; Ray shards call this too, so they build exactly what the driver has."""
+    register_targets(cfg)  # a user's `_target_` parts, also in a fresh Ray worker
     problem = build_problem(cfg, cfg["algorithm"]["batch_size"])
     return problem, algorithm_for(cfg, problem)
 

@@ -69,10 +69,10 @@ def user_search_path() -> list[str]:
 
 def load_config(overrides: list[str], config_name: str = "config") -> dict[str, Any]:
     """Compose the config with overrides; raise ConfigError for anything Hydra rejects."""
-    overrides = user_search_path() + list(overrides)
+    search = user_search_path()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=list(overrides))
+            cfg = compose(config_name=config_name, overrides=search + list(overrides))
         plain = OmegaConf.to_container(cfg, resolve=True)
     except (ConfigCompositionException, MissingConfigException, OverrideParseException,
             OmegaConfBaseException) as err:

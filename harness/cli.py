@@ -8,37 +8,11 @@ import sys
 from harness.errors import ConfigError
 
 
-class ProgressBar:
-    """A tqdm bar over rounds, opened at the first evaluation so errors print before any bar."""
-
-    def __init__(self, total: int, enabled: bool):
-        self.total, self.enabled, self.bar = total, enabled, None
-
-    def __call__(self, rnd: int, rows: list[dict]) -> None:
-        from tqdm import tqdm
-
-        if self.bar is None:
-            self.bar = tqdm(total=self.total, desc="rounds", unit="rnd", disable=not self.enabled, file=sys.stderr)
-        losses = [r["train_loss"] for r in rows if r["train_loss"] is not None]
-        self.bar.n = rnd
-        self.bar.set_postfix(train_loss=f"{sum(losses) / max(len(losses), 1):.4g}")
-        self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
 def cmd_run(overrides: list[str]) -> int:
-    from harness.config import load_config
-    from harness.run import execute, summary_table
+    from harness.api import run
+    from harness.run import summary_table
 
-    cfg = load_config(overrides)
-    bar = ProgressBar(cfg["rounds"], bool(cfg["progress"]))
-    try:
-        result = execute(cfg, progress=bar)
-    finally:
-        bar.close()
+    result = run(overrides)  # the Python API's code path
     print(summary_table(result.rows))
     print(f"run {result.run_id}: status={result.status}; results in {result.results_dir}/ "
           f"(runs/, rounds/ as Parquet)")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -22,7 +23,14 @@ if not OmegaConf.has_resolver("div"):
 
 
 def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
+    """Config names of a group: conf/, the user's $FEDHARNESS_CONFIG_PATH folders, registered ones."""
+    files = {p.stem for d in (CONF_DIR, *user_config_dirs()) for p in (Path(d) / group).glob("*.yaml")}
+    stored = {n.removesuffix(".yaml") for n in ConfigStore.instance().repo.get(group, {})}
+    return sorted(n for n in files | stored if not n.startswith("_"))
+
+
+def user_config_dirs() -> list[str]:
+    return [d for d in os.environ.get("FEDHARNESS_CONFIG_PATH", "").split(os.pathsep) if d]
 
 
 def _explain(overrides: list[str], err: Exception) -> ConfigError:
@@ -50,15 +58,29 @@ def _known_keys(section: str) -> str:
     return ", ".join(sorted(cfg)) if isinstance(cfg, dict) else "(none)"
 
 
+def user_search_path() -> list[str]:
+    """`hydra.searchpath` for the config folders in $FEDHARNESS_CONFIG_PATH (os.pathsep-separated): a user's
+    conf/<group>/<name>.yaml files, e.g. a model with a `_target_` (docs/extending.md)."""
+    dirs = user_config_dirs()
+    for d in dirs:
+        require(Path(d).is_dir(), "FEDHARNESS_CONFIG_PATH", d, "not a folder")
+    return [f"hydra.searchpath=[{','.join('file://' + str(Path(d).resolve()) for d in dirs)}]"] if dirs else []
+
+
 def load_config(overrides: list[str], config_name: str = "config") -> dict[str, Any]:
     """Compose the config with overrides; raise ConfigError for anything Hydra rejects."""
+    search = user_search_path()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name=config_name, overrides=list(overrides))
+            cfg = compose(config_name=config_name, overrides=search + list(overrides))
         plain = OmegaConf.to_container(cfg, resolve=True)
     except (ConfigCompositionException, MissingConfigException, OverrideParseException,
             OmegaConfBaseException) as err:
         raise _explain(overrides, err) from None
+    if any("_target_" in (plain.get(s) or {}) for s in ("dataset", "partition", "model", "algorithm")):
+        from harness.extend import register_targets  # a user's own parts, before validation names them
+
+        register_targets(plain)
     validate_run(plain)
     return plain
 

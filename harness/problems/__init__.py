@@ -19,13 +19,14 @@ from harness.problems.loaders import LOADERS, load_pooled
 from harness.problems.nets import NETS, build_net
 from harness.problems.objectives import LinearRegression, NetObjective, SoftmaxRegression
 from harness.problems.quadratic import make_quadratic
+from harness.problems.user import USER_DATASETS, load_user_dataset
 from partitions import PARTITIONERS, partition
 
 GENERATED = ("synthetic", "synthetic_lazy", "blobs")
 ANALYTIC = ("quadratic", "li_toy")
-DATASETS = (*GENERATED, *ANALYTIC, *LOADERS.keys())
+DATASETS = [*GENERATED, *ANALYTIC, *LOADERS.keys()]  # lists: harness.extend registers more
 LINEAR_MODELS = {"logreg": SoftmaxRegression, "linreg": LinearRegression}
-MODELS = ("auto", *LINEAR_MODELS, *NETS, "quadratic")
+MODELS = ["auto", *LINEAR_MODELS, *NETS, "quadratic"]
 CURVATURES = ("identity", "diagonal", "random")
 
 
@@ -42,18 +43,23 @@ def _pooled(dcfg: dict[str, Any], seed: int):
                 "null (lognormal(4, 2) + 50 sizes) or an integer >= 2")
         x, y, owner, xt, yt = synthetic.generate(dcfg["num_clients"], dcfg["alpha"], dcfg["beta"], seed, size)
         return x, y, xt, yt, owner
-    x, y, xt, yt = load_pooled(name, dcfg.get("data_dir", "data"), bool(dcfg.get("download", False)))
+    if name in USER_DATASETS:
+        x, y, xt, yt = load_user_dataset(name, dcfg, seed)
+    else:
+        x, y, xt, yt = load_pooled(name, dcfg.get("data_dir", "data"), bool(dcfg.get("download", False)))
     return x, y, xt, yt, None
 
 
-def _objective(model: str, l2: float, in_shape: tuple[int, ...], num_classes: int):
+def _objective(model: str, mcfg: dict[str, Any], in_shape: tuple[int, ...], num_classes: int):
+    l2 = mcfg.get("l2", 0.0)
     if model in LINEAR_MODELS:
         return LINEAR_MODELS[model](in_shape, num_classes, l2)
-    return NetObjective(build_net(model, in_shape, num_classes), model, l2)
+    params = {k: v for k, v in mcfg.items() if k not in ("name", "l2", "_target_")}  # a user model's own keys
+    return NetObjective(build_net(model, in_shape, num_classes, **params), model, l2)
 
 
 def _partition(pcfg: dict[str, Any], y: np.ndarray, owner, num_clients: int, seed: int) -> list[np.ndarray]:
-    params = {k: v for k, v in pcfg.items() if k != "name"}
+    params = {k: v for k, v in pcfg.items() if k not in ("name", "_target_")}
     name = pcfg["name"]
     if name == "auto":
         name = "natural" if owner is not None else "iid"
@@ -97,8 +103,9 @@ def build_problem(cfg: dict[str, Any], batch_size: int):
         from harness.problems.lazy import build_lazy_synthetic
 
         return build_lazy_synthetic(cfg, batch_size, lambda shape, classes: _objective(
-            model, mcfg.get("l2", 0.0), shape, classes), data_seed, dtype)
+            model, mcfg, shape, classes), data_seed, dtype)
     x, y, xt, yt, owner = _pooled(dcfg, data_seed)
-    objective = _objective(model, mcfg.get("l2", 0.0), tuple(x.shape[1:]), int(max(y.max(), yt.max())) + 1)
+    num_classes = int(y.max() if yt is None else max(y.max(), yt.max())) + 1  # a user data set may have no test
+    objective = _objective(model, mcfg, tuple(x.shape[1:]), num_classes)
     index = _partition(cfg["partition"], y, owner, num_clients, data_seed)
     return DataProblem(objective, x, y, index, xt, yt, batch_size, dtype, cfg["device"])

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, require
 
 
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
@@ -205,11 +205,14 @@ NETS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
 }
 
 
-def build_net(name: str, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """Build the registered network `name` for inputs of shape `in_shape` (no batch dim)."""
+def build_net(name: str, in_shape: tuple[int, ...], num_classes: int, **params) -> nn.Module:
+    """Build the registered network `name` for inputs of shape `in_shape` (no batch dim); `params` are the
+    model config's other keys (built-in nets have none)."""
     if name not in NETS:
         raise ConfigError("model", name, NETS.keys())
-    return NETS[name](tuple(in_shape), num_classes)
+    net = NETS[name](tuple(in_shape), num_classes, **params)
+    require(isinstance(net, nn.Module), "model", name, f"its factory must return a torch nn.Module, got {type(net)}")
+    return net
 
 
 def count_params(model: nn.Module) -> int:

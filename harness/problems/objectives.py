@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from harness.errors import ConfigError
+
 
 class SoftmaxRegression:
     """Multinomial logistic regression, cross-entropy + l2 * ||w||^2 (Li et al.; bias included).
@@ -109,6 +111,11 @@ class NetObjective:
     convex = False
 
     def __init__(self, net: nn.Module, name: str, l2: float = 0.0):
+        for buffer, _ in net.named_buffers():
+            raise ConfigError("model", name, f"the module holds a buffer '{buffer}'; the engine trains a model as a "
+                              "pure function of its parameters (vmapped over clients), so it cannot keep state such "
+                              "as BatchNorm's running statistics: use GroupNorm or LayerNorm, and keep constants as "
+                              "plain tensor attributes")
         self.net, self.name, self.l2 = net, name, l2
         self.names = [n for n, _ in net.named_parameters()]
         self.shapes = [p.shape for _, p in net.named_parameters()]

@@ -96,6 +96,11 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def dict_overrides(data: dict[str, Any]) -> list[str]:
+    """A mapping (nested or dotted keys) as Hydra overrides: {"algorithm": {"mu": 0.1}} -> ["algorithm.mu=0.1"]."""
+    return [f"{k}={format_value(v)}" for k, v in _flatten(data).items()]
+
+
 def _mapping_overrides(section: str, value: Any) -> list[str]:
     require(isinstance(value, dict), section, value, "a mapping of run keys to values, e.g. {rounds: 100}")
     return [f"{k}={format_value(v)}" for k, v in value.items()]
@@ -282,7 +287,7 @@ def read_override_file(path: str | Path) -> list[str]:
     if path.suffix in (".yaml", ".yml", ".json"):
         data = yaml.safe_load(text)
         if isinstance(data, dict):
-            return [f"{k}={format_value(v)}" for k, v in _flatten(data).items()]
+            return dict_overrides(data)
         require(isinstance(data, list), "sweep.protocol.file", str(path), "a mapping or a list of key=value")
         return [str(x) for x in data]
     return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
@@ -505,11 +510,16 @@ def run_sweep(spec: SweepSpec, jobs: list[Job] | None = None, echo: Callable[[st
     return result
 
 
-def main(args: list[str], dry_run: bool = False) -> int:
-    """`fedharness sweep sweep=NAME [k=v ...] [k=a,b,c ...] [sweep.KEY=V ...]`."""
+def plan(args: list[str]) -> tuple[SweepSpec, list[Job]]:
+    """The sweep and its runs from `sweep=NAME [k=v ...] [k=a,b,c ...] [sweep.KEY=V ...]` (CLI and Python API)."""
     name, sweep_keys, plain, sweeps = split_overrides(args)
     spec = apply_cli(load_spec(name, sweep_keys), plain, sweeps)
-    jobs = expand(spec)
+    return spec, expand(spec)
+
+
+def main(args: list[str], dry_run: bool = False) -> int:
+    """`fedharness sweep sweep=NAME [k=v ...] [k=a,b,c ...] [sweep.KEY=V ...]`."""
+    spec, jobs = plan(args)
     if dry_run:
         for job in jobs:
             print(f"{job.run_id}  {' '.join(job.overrides)}")

@@ -30,17 +30,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "--wandb-report, to W&B (nothing is recomputed)")
 
 
-def main(args: argparse.Namespace) -> int:
+def make_report(results_dir: str, targets: list[str] | None = None, scale_key: str | None = None,
+                out: str | None = None, study: str | None = None, bootstrap: int | None = None,
+                level: float = 0.95, series: str = "iterate"):
+    """The Report of a results directory (CLI and Python API); targets as text, e.g. 'subopt<=1e-3'."""
     from harness.studies.reports.analysis import parse_target
     from harness.studies.reports.report import build_report
 
+    parsed = None if targets is None else [parse_target(t) for t in targets]
+    return build_report(results_dir, parsed, scale_key, out, study, bootstrap, level, series)
+
+
+def main(args: argparse.Namespace) -> int:
     if args.publish:
         from harness.studies.reports.wandb_report import publish_file
 
         return publish_file(args)
-    targets = None if args.target is None else [parse_target(t) for t in args.target]
-    report = build_report(args.results_dir, targets, args.scale_key, args.out, args.study, args.bootstrap,
-                          args.level, args.series)
+    report = make_report(args.results_dir, args.target, args.scale_key, args.out, args.study, args.bootstrap,
+                         args.level, args.series)
     for t in report.targets:
         fits = report.tables[f"fit_{t.slug}"]
         cells = report.tables[f"to_target_{t.slug}"]

@@ -1,0 +1,145 @@
+"""The Python API: `run`, `tune`, `sweep`, `report`, on the same code paths as the `fedharness` command.
+
+Overrides are what the command line takes, as a list of `key=value` strings or as a mapping
+(nested or dotted keys; values rendered the way Hydra parses them). Bad input raises ConfigError
+before any work, exactly as the command line exits with status 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from harness.errors import ConfigError
+
+Overrides = Sequence[str] | Mapping[str, Any] | None
+
+
+def as_overrides(overrides: Overrides = None, **kwargs: Any) -> list[str]:
+    """`["k=v", ...]`, `{"k": v}` (nested or dotted keys) and keyword arguments, as Hydra overrides."""
+    from harness.studies.sweep import dict_overrides
+
+    if overrides is None:
+        out = []
+    elif isinstance(overrides, Mapping):
+        out = dict_overrides(dict(overrides))
+    elif isinstance(overrides, (list, tuple)) and all(isinstance(o, str) for o in overrides):
+        out = list(overrides)
+    else:
+        raise ConfigError("overrides", overrides, "a list of 'key=value' strings or a mapping of keys to values")
+    return out + dict_overrides(kwargs)
+
+
+def _read(root: Path, table: str, run_ids: Sequence[str]) -> pd.DataFrame:
+    """`<root>/<table>/run_id=<id>/*.parquet` of the given runs, with a leading run_id column."""
+    parts = []
+    for run_id in run_ids:
+        folder = root / table / f"run_id={run_id}"
+        if folder.is_dir():
+            t = pq.read_table(folder)
+            parts.append(t.add_column(0, "run_id", pa.array([run_id] * t.num_rows, pa.string())))
+    if not parts:
+        return pd.DataFrame({"run_id": pd.Series(dtype="string")})
+    return pa.concat_tables(parts).to_pandas()
+
+
+@dataclass(frozen=True)
+class Result:
+    """The runs one call made and, read back from their Parquet files, their rows."""
+
+    results_dir: Path
+    statuses: dict[str, str]  # run_id -> ok | diverged | failed
+    rows: list[dict] = field(default_factory=list, repr=False)  # the last run's evaluated rows, as the engine made them
+
+    @property
+    def run_ids(self) -> list[str]:
+        return list(self.statuses)
+
+    @property
+    def run_id(self) -> str:
+        if len(self.statuses) != 1:
+            raise ValueError(f"this result holds {len(self.statuses)} runs; use .run_ids or .runs")
+        return next(iter(self.statuses))
+
+    @property
+    def status(self) -> str:
+        return self.statuses[self.run_id]
+
+    @property
+    def runs(self) -> pd.DataFrame:
+        """One row per run: the runs/ table (config_json, status, started_at, ...)."""
+        return _read(self.results_dir, "runs", self.run_ids)
+
+    @property
+    def rounds(self) -> pd.DataFrame:
+        """One row per (run, replica, series, evaluated round): the rounds/ table."""
+        return _read(self.results_dir, "rounds", self.run_ids)
+
+
+def run(overrides: Overrides = None, **kwargs: Any) -> Result:
+    """One run, as `fedharness run`: e.g. run({"dataset": "digits", "rounds": 20}) or run(["rounds=20"], seed=1).
+
+    The tqdm progress bar follows the `progress` key (on by default, also in notebooks).
+    """
+    from harness.progress import ProgressBar
+    from harness.config import load_config
+    from harness.run import execute
+
+    cfg = load_config(as_overrides(overrides, **kwargs))
+    bar = ProgressBar(cfg["rounds"], bool(cfg["progress"]))
+    try:
+        result = execute(cfg, progress=bar)
+    finally:
+        bar.close()
+    return Result(result.results_dir, {result.run_id: result.status}, result.rows)
+
+
+@dataclass(frozen=True)
+class Study:
+    """A finished Optuna study: its best trial and every trial as a DataFrame (the trials/ table)."""
+
+    name: str
+    best_params: dict[str, Any] | None
+    best_value: float | None
+    trials: pd.DataFrame
+    text: str  # the summary `fedharness tune` prints
+
+
+def tune(overrides: Overrides = None, **kwargs: Any) -> Study:
+    """A study, as `fedharness tune`: e.g. tune(["tune=quadratic_lr", "tune.n_trials=8"])."""
+    from harness.studies.tuning.study import build_spec
+    from harness.studies.tuning.study import tune as run_study
+
+    spec = build_spec(as_overrides(overrides, **kwargs))
+    summary = run_study(spec)
+    return Study(spec.study, summary.get("best_params"), summary.get("best_value"), summary["table"].to_pandas(),
+                 summary["text"])
+
+
+def sweep(overrides: Overrides = None, **kwargs: Any) -> Result:
+    """A grid of runs, as `fedharness sweep`: e.g. sweep(["sweep=local_steps", "algorithm.local_steps=1,5"]).
+
+    A grid dimension is a comma-separated list in the list form (`key=a,b`); progress lines are printed.
+    """
+    from harness.studies.sweep import plan, run_sweep
+
+    spec, jobs = plan(as_overrides(overrides, **kwargs))
+    done = run_sweep(spec, jobs, echo=lambda s: print(s, flush=True))
+    return Result(Path(spec.results_dir), {j.run_id: done.outcomes[j.run_id].status for j in jobs
+                                           if j.run_id in done.outcomes})
+
+
+def report(results_dir: str | Path, targets: Sequence[str] | None = None, scale_key: str | None = None,
+           out: str | None = None, study: str | None = None, bootstrap: int | None = None,
+           level: float = 0.95, series: str = "iterate"):
+    """Rounds to target, speedup fits, plots and Markdown, as `fedharness report`; returns the Report
+    (`.tables` of DataFrames, `.figures`, `.markdown`)."""
+    from harness.studies.reports.command import make_report
+
+    return make_report(str(results_dir), None if targets is None else list(targets), scale_key, out, study,
+                       bootstrap, level, series)

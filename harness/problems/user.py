@@ -1,0 +1,44 @@
+"""A user's data set: a factory returning (train, test), each (x, y) arrays or a torch Dataset, made arrays once."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from harness.errors import require
+
+USER_DATASETS: dict[str, Callable[..., Any]] = {}  # filled by harness.extend.register_dataset
+OWN_KEYS = ("name", "num_clients", "data_seed", "_target_")  # read by the harness; the rest go to the factory
+
+
+def _arrays(name: str, part: str, data: Any) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(data, torch.utils.data.Dataset):
+        items = [data[i] for i in range(len(data))]
+        require(all(isinstance(it, (tuple, list)) and len(it) == 2 for it in items), "dataset", name,
+                f"its {part} Dataset must yield (x, y) pairs")
+        x = np.stack([np.asarray(a) for a, _ in items]) if items else np.empty((0,))
+        y = np.array([np.asarray(b).item() for _, b in items])
+    else:
+        require(isinstance(data, (tuple, list)) and len(data) == 2, "dataset", name,
+                f"its factory must return (train, test), each an (x, y) pair of arrays or a torch Dataset "
+                f"(test may be None); got {type(data).__name__} for {part}")
+        x, y = (np.asarray(d) for d in data)
+    require(len(x) > 0 and len(x) == len(y) and y.ndim == 1, "dataset", name,
+            f"{part}: x and y must be non-empty with one label per sample, got shapes {x.shape} and {y.shape}")
+    require(np.issubdtype(y.dtype, np.integer) and y.min() >= 0, "dataset", name,
+            f"{part}: labels must be integers >= 0 (class indices), got {y.dtype} from {y.min()} to {y.max()}")
+    return (x if np.issubdtype(x.dtype, np.floating) else x.astype(np.float32)), y.astype(np.int64, copy=False)
+
+
+def load_user_dataset(name: str, dcfg: dict[str, Any], seed: int):
+    """(x, y, x_test, y_test) of a registered data set; the config's own keys are the factory's keyword arguments."""
+    out = USER_DATASETS[name](seed=seed, **{k: v for k, v in dcfg.items() if k not in OWN_KEYS})
+    require(isinstance(out, (tuple, list)) and len(out) == 2, "dataset", name,
+            "its factory must return (train, test), each an (x, y) pair of arrays or a torch Dataset "
+            "(test may be None)")
+    train, test = out
+    x, y = _arrays(name, "train", train)
+    xt, yt = (None, None) if test is None else _arrays(name, "test", test)
+    return x, y, xt, yt

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError, require
 
-CONF_DIR = Path(os.environ.get("FEDHARNESS_CONF", Path(__file__).resolve().parent.parent / "conf"))
+
+def _conf_dir() -> Path:
+    """$FEDHARNESS_CONF, else the configs shipped in the package: harness/conf, in a checkout a link to the
+    top-level conf/ (resolved, so that conf/'s neighbours such as docs/ are CONF_DIR.parent there)."""
+    override = os.environ.get("FEDHARNESS_CONF")
+    return Path(override) if override else Path(str(files("harness") / "conf")).resolve()
+
+
+CONF_DIR = _conf_dir()
 GROUPS = ("dataset", "partition", "model", "algorithm", "experiment", "tune", "sweep")
 
 # `${div:a,b}` = max(1, a // b) in configs, e.g. a budget of local steps: rounds: ${div:10000,${algorithm.local_steps}}

@@ -59,7 +59,7 @@ def describe_group(group: str, option: str | None = None) -> str:
         raise ConfigError(group, option, group_options(group))
     values = schema.defaults(group, option)
     keys = schema.group_keys(group, values["name"]) or {}
-    lines = [f"{group} options (`{group}=OPTION`; `fedharness config {group} OPTION` shows its keys):",
+    lines = [f"{group} options (`{group}=OPTION`, * the one shown; `fedharness config {group} OPTION` for another):",
              _options_line(group, option), "", f"keys of {group}={option} (`{group}.KEY=value`):"]
     lines += [_line(f"{group}.{key}", value, keys[key].doc if key in keys else "") for key, value in values.items()]
     return "\n".join(lines)

@@ -137,9 +137,8 @@ def test_auto_mode_without_a_key_is_offline(monkeypatch, tmp_path):
 def test_bad_wandb_settings_stop_before_any_file(run_config, offline, tmp_path):
     from harness.errors import ConfigError
 
-    cfg = run_config("dataset=quadratic", "rounds=2", "wandb.enabled=true", "wandb.mode=sometimes")
-    with pytest.raises(ConfigError, match="wandb.mode"):
-        execute(cfg)
+    with pytest.raises(ConfigError, match="wandb.mode"):  # the schema stops it when the config is loaded
+        execute(run_config("dataset=quadratic", "rounds=2", "wandb.enabled=true", "wandb.mode=sometimes"))
     assert not (tmp_path / "results").exists()
 
 

@@ -66,6 +66,7 @@ PARTS: dict[str, dict[str, Factory]] = {
     "sampler": SAMPLERS, "local_work": LOCAL_WORK, "lr_schedule": SCHEDULES, "solver": SOLVERS,
     "aggregator": AGGREGATORS, "server_optimizer": SERVER_OPTIMIZERS,
 }
+BUILTIN_PARTS: dict[str, frozenset[str]] = {kind: frozenset(reg) for kind, reg in PARTS.items()}  # before any user's
 
 
 def _part(kind: str, acfg: dict[str, Any], problem) -> Any:

@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, raise_for_results_write
 
 Overrides = Sequence[str] | Mapping[str, Any] | None
 
@@ -94,6 +94,9 @@ def run(overrides: Overrides = None, **kwargs: Any) -> Result:
     bar = ProgressBar(cfg["rounds"], bool(cfg["progress"]))
     try:
         result = execute(cfg, progress=bar)
+    except OSError as err:
+        raise_for_results_write(cfg["results_dir"], err)
+        raise
     finally:
         bar.close()
     return Result(result.results_dir, {result.run_id: result.status}, result.rows)

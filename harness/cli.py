@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness.errors import ConfigError
+from harness.errors import ConfigError, ResultsWriteError
 
 
 def cmd_run(overrides: list[str]) -> int:
@@ -17,6 +17,44 @@ def cmd_run(overrides: list[str]) -> int:
     print(f"run {result.run_id}: status={result.status}; results in {result.results_dir}/ "
           f"(runs/, rounds/ as Parquet)")
     return 0 if result.status == "ok" else 3
+
+
+def cmd_show_config(overrides: list[str]) -> int:
+    """`fedharness run --cfg job ...`: the resolved, validated config as YAML; runs nothing."""
+    from omegaconf import OmegaConf
+
+    from harness.config import load_config
+
+    print(OmegaConf.to_yaml(load_config(overrides)), end="")
+    return 0
+
+
+def cmd_config(group: str | None, option: str | None) -> int:
+    from harness.confighelp import describe_group, describe_run
+
+    print(describe_group(group, option) if group else describe_run())
+    return 0
+
+
+def single_values(overrides: list[str]) -> None:
+    """`run` takes one value per key: `k=a,b` is a grid, which is what `fedharness sweep` runs."""
+    for ov in overrides:
+        key, _, value = ov.partition("=")
+        if "," in value and value.strip()[:1] not in ("[", "{", "'", '"'):
+            raise ConfigError(key, value, f"one value per key; a grid of runs is: fedharness sweep {ov}")
+
+
+class RunHelp(argparse.Action):
+    """`fedharness run --help`: the usage, then every group and key from the schema (composed only when asked)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="show the config groups and keys with defaults")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from harness.confighelp import describe_run
+
+        print(parser.format_help() + "\n" + describe_run())
+        parser.exit()
 
 
 def cmd_list() -> int:
@@ -38,8 +76,15 @@ def cmd_list() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedharness", description="Federated optimization benchmark harness.")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run one experiment: fedharness run key=value ...")
-    run.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. dataset=digits algorithm.client_lr=0.1")
+    run = sub.add_parser("run", help="run one experiment: fedharness run key=value ...", add_help=False)
+    run.add_argument("-h", "--help", action=RunHelp)
+    run.add_argument("overrides", nargs="*", help="key=value, e.g. dataset=digits algorithm.client_lr=0.1")
+    run.add_argument("--cfg", choices=["job"], help="print the resolved, validated config as YAML; run nothing")
+    run.add_argument("-m", "--multirun", action="store_true", help="not here: grids of runs are `fedharness sweep`")
+    config = sub.add_parser("config", help="a config group's options and keys with defaults and docs: "
+                            "fedharness config [GROUP [OPTION]]")
+    config.add_argument("group", nargs="?", help="dataset, partition, model or algorithm (none: every top-level key)")
+    config.add_argument("option", nargs="?", help="an option of the group (default: the group's default)")
     sub.add_parser("list", help="list registered datasets, partitions, models, algorithms and parts")
     tune = sub.add_parser("tune", help="tune with Optuna under a fixed budget: fedharness tune tune=NAME key=value ...")
     tune.add_argument("overrides", nargs="*", help="tune=NAME, tune.* keys (e.g. tune.n_trials=20) and run overrides")
@@ -58,7 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "run":
-            return cmd_run(args.overrides)
+            if args.multirun:
+                raise ConfigError("-m", "--multirun", "fedharness run makes one run; a grid of runs is: "
+                                  "fedharness sweep k=a,b ...")
+            single_values(args.overrides)
+            return cmd_show_config(args.overrides) if args.cfg else cmd_run(args.overrides)
+        if args.command == "config":
+            return cmd_config(args.group, args.option)
         if args.command == "tune":
             from harness.studies.tuning.command import main as cmd_tune
 
@@ -72,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
 
             return cmd_report(args)
         return cmd_list()
-    except ConfigError as err:
-        print(f"fedharness: error: {err}", file=sys.stderr)
+    except (ConfigError, ResultsWriteError) as err:
+        print(f"fedharness: error: {err if isinstance(err, ConfigError) else err.strerror}", file=sys.stderr)
         return 2
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,17 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from harness.errors import ConfigError, require
+from harness.schema import validate
 
-CONF_DIR = Path(os.environ.get("FEDHARNESS_CONF", Path(__file__).resolve().parent.parent / "conf"))
+
+def _conf_dir() -> Path:
+    """$FEDHARNESS_CONF, else the configs shipped in the package: harness/conf, in a checkout a link to the
+    top-level conf/ (resolved, so that conf/'s neighbours such as docs/ are CONF_DIR.parent there)."""
+    override = os.environ.get("FEDHARNESS_CONF")
+    return Path(override) if override else Path(str(files("harness") / "conf")).resolve()
+
+
+CONF_DIR = _conf_dir()
 GROUPS = ("dataset", "partition", "model", "algorithm", "experiment", "tune", "sweep")
 
 # `${div:a,b}` = max(1, a // b) in configs, e.g. a budget of local steps: rounds: ${div:10000,${algorithm.local_steps}}
@@ -67,50 +77,24 @@ def user_search_path() -> list[str]:
     return [f"hydra.searchpath=[{','.join('file://' + str(Path(d).resolve()) for d in dirs)}]"] if dirs else []
 
 
-def load_config(overrides: list[str], config_name: str = "config") -> dict[str, Any]:
-    """Compose the config with overrides; raise ConfigError for anything Hydra rejects."""
+def compose_raw(overrides: list[str], config_name: str = "config") -> dict[str, Any]:
+    """The composed config as a plain dict, unvalidated; raise ConfigError for anything Hydra rejects."""
     search = user_search_path()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name=config_name, overrides=search + list(overrides))
-        plain = OmegaConf.to_container(cfg, resolve=True)
+        return OmegaConf.to_container(cfg, resolve=True)
     except (ConfigCompositionException, MissingConfigException, OverrideParseException,
             OmegaConfBaseException) as err:
         raise _explain(overrides, err) from None
+
+
+def load_config(overrides: list[str], config_name: str = "config") -> dict[str, Any]:
+    """Compose the config with overrides and validate it against harness/schema.py."""
+    plain = compose_raw(overrides, config_name)
     if any("_target_" in (plain.get(s) or {}) for s in ("dataset", "partition", "model", "algorithm")):
         from harness.extend import register_targets  # a user's own parts, before validation names them
 
         register_targets(plain)
-    validate_run(plain)
+    validate(plain)
     return plain
-
-
-def _positive_int(cfg: dict, key: str) -> None:
-    v = cfg[key]
-    require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, key, v, "must be an integer >= 1")
-
-
-def validate_run(cfg: dict[str, Any]) -> None:
-    """Top-level keys; the parts validate their own keys when built."""
-    for key in ("rounds", "replicas", "eval_every", "num_shards"):
-        _positive_int(cfg, key)
-    require(isinstance(cfg["seed"], int) and cfg["seed"] >= 0, "seed", cfg["seed"], "must be an integer >= 0")
-    threads = cfg.get("threads")
-    require(threads is None or (isinstance(threads, int) and threads >= 1), "threads", threads,
-            "null (automatic) or an integer >= 1")
-    require(cfg["dtype"] in ("float32", "float64"), "dtype", cfg["dtype"], "one of: float32, float64")
-    require(cfg["executor"] in ("inline", "reference", "ray"), "executor", cfg["executor"],
-            "one of: inline, ray, reference")
-    device = str(cfg["device"])
-    require(device == "cpu" or device.startswith("cuda"), "device", device, "one of: cpu, cuda, cuda:N")
-    if device.startswith("cuda"):
-        import torch
-
-        require(torch.cuda.is_available(), "device", device, "CUDA is not available on this machine; use cpu")
-    if cfg["executor"] == "ray":
-        from harness.backends.ray_cluster import RAY_DEFAULTS, validate_ray_config
-
-        validate_ray_config({**RAY_DEFAULTS, **(cfg.get("ray") or {})}, device)
-    from harness.core.checkpoint import validate_checkpoint_config
-
-    validate_checkpoint_config(cfg)

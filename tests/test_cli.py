@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,3 +90,56 @@ def test_missing_data_files_say_which_and_where(tmp_path):
     assert str(tmp_path / "d" / "MNIST" / "raw") in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not Path(tmp_path / "results").exists()
+
+
+def test_run_help_shows_groups_keys_defaults_and_docs(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["run", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: fedharness run" in out
+    groups = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and "*" in line}
+    assert "fedavg*" in groups["algorithm"] and "fednova" in groups["algorithm"]
+    assert "synthetic*" in groups["dataset"] and "auto*" in groups["partition"]
+    assert re.search(r"^  rounds = 100 +communication rounds$", out, re.M)
+    assert re.search(r"^  ray\.num_shards = 2 +long-lived ClientShard actors", out, re.M)
+
+
+def test_config_group_shows_its_keys_defaults_and_docs(capsys):
+    assert main(["config", "algorithm"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^  algorithm\.client_lr = 0\.05 +eta_L / gamma, the client step size$", out, re.M)
+    assert "fedprox" in out  # the group's options
+    assert main(["config", "algorithm", "fedprox"]) == 0
+    assert re.search(r"^  algorithm\.mu = 0\.01 +proximal term", capsys.readouterr().out, re.M)
+    assert main(["config", "dataset", "quadratic"]) == 0
+    assert re.search(r"^  dataset\.curvature = identity +identity \| diagonal \| random", capsys.readouterr().out,
+                     re.M)
+    assert main(["config", "nope"]) == 2
+    assert "'group': 'nope'" in capsys.readouterr().err
+
+
+def test_cfg_job_prints_the_resolved_config_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "--cfg", "job", "algorithm=fedprox", "algorithm.client_lr=0.2", "results_dir=out"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["algorithm"]["client_lr"] == 0.2 and cfg["algorithm"]["mu"] == 0.01 and cfg["rounds"] == 100
+    assert list(tmp_path.iterdir()) == []
+    assert main(["run", "--cfg", "job", "rounds=0"]) == 2  # validated, not just composed
+
+
+@pytest.mark.parametrize("argv", [["run", "-m", "algorithm=fedavg,fednova"], ["run", "algorithm=fedavg,fednova"],
+                                  ["run", "algorithm.client_lr=0.1,0.2"]])
+def test_several_values_point_at_sweep(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fedharness sweep" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_list_value_is_one_value(capsys):
+    assert main(["run", "--cfg", "job", "algorithm.decay_at=[0.3,0.6]", "wandb.tags=[a,b]"]) == 0
+    assert "- 0.3" in capsys.readouterr().out

@@ -139,9 +139,8 @@ def test_auto_mode_without_a_key_is_offline(monkeypatch, tmp_path):
 def test_bad_wandb_settings_stop_before_any_file(run_config, offline, tmp_path):
     from harness.errors import ConfigError
 
-    cfg = run_config("dataset=quadratic", "rounds=2", "wandb.enabled=true", "wandb.mode=sometimes")
-    with pytest.raises(ConfigError, match="wandb.mode"):
-        execute(cfg)
+    with pytest.raises(ConfigError, match="wandb.mode"):  # the schema stops it when the config is loaded
+        execute(run_config("dataset=quadratic", "rounds=2", "wandb.enabled=true", "wandb.mode=sometimes"))
     assert not (tmp_path / "results").exists()
 
 
@@ -197,7 +196,7 @@ def test_a_storage_password_reaches_no_file_and_no_output(offline, tmp_path, mon
     monkeypatch.setattr(study_mod, "open_storage", lambda spec: optuna.storages.RDBStorage(sqlite))
     args = ["tune", "tune=quadratic_lr", "tune.n_trials=2", "tune.budget.total=4", "tune.sampler.name=random",
             f"tune.storage=postgresql+psycopg2://fh:{SECRET}@127.0.0.1:5432/optuna", f"results_dir={tmp_path / 'r'}",
-            f"+origin=https://fh:{SECRET}@example.org/data", "wandb.enabled=true", "wandb.project=fh-test"]
+            f"wandb.group=https://fh:{SECRET}@example.org/data", "wandb.enabled=true", "wandb.project=fh-test"]
     monkeypatch.setattr(sys, "argv", ["fedharness", *args])  # what W&B would record as the command line
     assert cli.main(args) == 0
     import wandb
@@ -208,4 +207,4 @@ def test_a_storage_password_reaches_no_file_and_no_output(offline, tmp_path, mon
     assert "fh:***@127.0.0.1" in out.out and SECRET not in out.out + out.err
     assert _leaks(tmp_path / "r", SECRET) == [] and _leaks(offline, SECRET) == []
     config = json.loads(pd.read_parquet(tmp_path / "r" / "runs").config_json[0])
-    assert config["origin"] == "https://fh:***@example.org/data"  # the run's config, masked
+    assert config["wandb"]["group"] == "https://fh:***@example.org/data"  # the run's config, masked

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import uuid
 import warnings
 from dataclasses import dataclass, fields
@@ -33,16 +32,6 @@ _NDARRAY = "__ndarray__"  # marks an encoded numpy array in a checkpoint
 # Keys that may differ between a run and its resumption: where and how it executes, not what it computes.
 RESUME_FREE = ("resume", "progress", "executor", "num_shards", "ray", "checkpoint_every", "results_dir", "wandb",
                "reference_timeout_s")
-_RUN_ID = re.compile(r"^[A-Za-z0-9._=-]+$")
-
-
-def validate_checkpoint_config(cfg: dict[str, Any]) -> None:
-    every = cfg.get("checkpoint_every", 0)
-    require(isinstance(every, int) and not isinstance(every, bool) and every >= 0, "checkpoint_every", every,
-            "must be an integer >= 0 (0: no checkpoints)")
-    run_id = cfg.get("resume")
-    require(run_id is None or (isinstance(run_id, str) and _RUN_ID.match(run_id) is not None and run_id != ".."),
-            "resume", run_id, "null, or the run_id of a checkpointed run (letters, digits, . _ - =)")
 
 
 def checkpoint_dir(results_dir: str | Path, run_id: str) -> Path:

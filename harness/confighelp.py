@@ -1,0 +1,65 @@
+"""Help text from the schema: groups with their options, keys with their YAML defaults and one-line docs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness import schema
+from harness.errors import ConfigError
+
+HELP_GROUPS = ("dataset", "partition", "model", "algorithm")
+WIDTH = 34  # "key = default" column
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _line(key: str, default: Any, doc: str) -> str:
+    left = f"  {key} = {_shown(default)}"
+    if len(left) > WIDTH:
+        return f"{left}\n{'':<{WIDTH}}  {doc}"
+    return f"{left:<{WIDTH}}  {doc}"
+
+
+def _options_line(group: str, default: str) -> str:
+    from harness.config import group_options
+
+    names = [f"{o}*" if o == default else o for o in group_options(group)]
+    return f"  {group:<11}{', '.join(names)}"
+
+
+def describe_run() -> str:
+    """The groups and every top-level and section key of a run (`fedharness run --help`)."""
+    top = schema.defaults()
+    lines = ["config groups (group=OPTION, * the default; `fedharness config GROUP` shows a group's keys):"]
+    lines += [_options_line(g, top[g]["name"]) for g in HELP_GROUPS]
+    lines.append(_options_line("experiment", "") + "  (paper reproductions; none by default)")
+    lines += ["", "keys (key = default  doc); set any as key=value, e.g. rounds=50 ray.num_shards=4:"]
+    for key, spec in schema.TOP.items():
+        if key in top:
+            lines.append(_line(key, top[key], spec.doc))
+    for section, keys in schema.SECTIONS.items():
+        lines += [_line(f"{section}.{key}", top[section].get(key), spec.doc) for key, spec in keys.items()]
+    return "\n".join(lines)
+
+
+def describe_group(group: str, option: str | None = None) -> str:
+    """A group's options and the keys of one option (the default one unless named): `fedharness config GROUP`."""
+    from harness.config import group_options
+
+    if group not in HELP_GROUPS:
+        raise ConfigError("group", group, HELP_GROUPS)
+    option = option or schema.defaults()[group]["name"]
+    if option not in group_options(group):
+        raise ConfigError(group, option, group_options(group))
+    values = schema.defaults(group, option)
+    keys = schema.group_keys(group, values["name"]) or {}
+    lines = [f"{group} options (`{group}=OPTION`, * the one shown; `fedharness config {group} OPTION` for another):",
+             _options_line(group, option), "", f"keys of {group}={option} (`{group}.KEY=value`):"]
+    lines += [_line(f"{group}.{key}", value, keys[key].doc if key in keys else "") for key, value in values.items()]
+    return "\n".join(lines)

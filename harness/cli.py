@@ -59,7 +59,7 @@ class RunHelp(argparse.Action):
 
 def cmd_list() -> int:
     from algorithms.registry import PARTS
-    from harness.config import group_options
+    from harness.compose import group_options
     from harness.problems import DATASETS, MODELS
     from partitions import PARTITIONERS
 

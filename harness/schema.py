@@ -1,6 +1,6 @@
 """The one declaration of every run-config key: its type, what is allowed, and a one-line doc.
 
-Defaults live in the YAML under conf/ (`defaults()` reads them); this module says what each key may
+Defaults live in the YAML under conf/ (`harness.compose.defaults()` reads them); this module says what each key may
 hold. `validate(cfg)` checks a composed config against it and raises the first ConfigError, naming
 the key, the value and what is allowed. A new key is one line in the table of its section; a rule
 that ties keys together is one small function in RULES. Part names are checked against the live
@@ -13,10 +13,10 @@ import math
 import os
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from harness.compose import defaults
 from harness.errors import ConfigError, require
 
 
@@ -495,18 +495,3 @@ def validate(cfg: dict[str, Any]) -> None:
     from harness.memory import check_memory
 
     check_memory(cfg)
-
-
-# --- defaults, from the YAML ------------------------------------------------------------------------------
-
-@lru_cache(maxsize=None)
-def _composed(group: str | None, option: str | None) -> dict[str, Any]:
-    from harness.config import compose_raw
-
-    return compose_raw([f"{group}={option}"] if group else [])
-
-
-def defaults(group: str | None = None, option: str | None = None) -> dict[str, Any]:
-    """The YAML defaults: the run's top-level keys and sections, or those of one option of a group."""
-    cfg = _composed(group, option)
-    return cfg[group] if group else cfg

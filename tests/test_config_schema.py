@@ -10,7 +10,8 @@ import pytest
 
 from harness import schema
 from harness.cli import main
-from harness.config import group_options, load_config
+from harness.compose import group_options
+from harness.config import load_config
 
 CASES = [  # (overrides, the key the message must name, words of what is allowed)
     (["dataset.alpha=nan"], "dataset.alpha", "finite"),

@@ -11,7 +11,7 @@ import ray
 import torch
 
 from harness.backends import ray_cluster
-from harness.config import group_options
+from harness.compose import group_options
 from harness.errors import ConfigError
 from harness.backends.ray_executor import RayExecutor
 from harness.parts import build_parts

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from harness.studies import reproduce as R
-from harness.config import CONF_DIR, group_options, load_config
+from harness.compose import CONF_DIR, group_options
+from harness.config import load_config
 from harness.errors import ConfigError
 
 

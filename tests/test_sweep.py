@@ -163,7 +163,7 @@ def test_a_request_no_node_can_meet_is_named_before_any_file(tmp_path, local_ray
 
 
 def _shipped(tmp_path):
-    from harness.config import group_options
+    from harness.compose import group_options
     from harness.studies.sweep import load_spec
 
     (tmp_path / "best.overrides").write_text("algorithm.client_lr=0.02\nalgorithm.server_lr=1.5\n")

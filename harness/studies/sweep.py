@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 import yaml
 
-from harness.config import CONF_DIR, group_options, load_config
+from harness.compose import CONF_DIR, group_options
+from harness.config import load_config
 from harness.errors import ConfigError, require
 
 PROTOCOLS = ("fixed", "theory", "tuned")

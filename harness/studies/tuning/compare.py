@@ -35,7 +35,7 @@ COMPARE_SCHEMA = pa.schema([
 
 
 def _algorithms(text: str) -> list[str]:
-    from harness.config import group_options
+    from harness.compose import group_options
 
     algs = [a.strip() for a in text.split(",") if a.strip()]
     require(len(algs) >= 1, "--compare", text, "a comma-separated list of algorithms, e.g. fedavg,fednova")

@@ -55,8 +55,10 @@ class LocalSGD:
         return {"w0": w0, "buf": torch.zeros_like(w0) if self.momentum else None}
 
     def finish(self, w0: torch.Tensor, w: torch.Tensor, lr_sum: torch.Tensor, state: dict,
-               num_clients: int) -> tuple[dict, dict]:
-        """New persistent client state and per-client sums to reduce (none for stateless solvers)."""
+               p: torch.Tensor) -> tuple[dict, dict]:
+        """New persistent client state and per-client sums to reduce (none for stateless solvers).
+
+        `p` [M] float64 holds each trained client's objective weight p_k (one entry per distinct client)."""
         return {}, {}
 
     def update(self, w: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: dict) -> torch.Tensor:
@@ -108,7 +110,10 @@ class ScaffoldSGD(LocalSGD):
 
     Each local step uses g + c - c_i. After tau steps the client sets
     c_i+ = c_i - c + (w0 - w) / (sum of its step sizes) and the server adds
-    (1/N) sum over sampled clients of (c_i+ - c_i) to c. Control variates start at zero;
+    sum over distinct sampled clients of p_i (c_i+ - c_i) to c, so c = sum_i p_i c_i at all times
+    (whatever the sampler). At a fixed point c_i = grad F_i(x), so c = 0 is grad F(x) = 0 for the
+    weighted objective F = sum p_i F_i; the unweighted 1/N of Karimireddy et al. would instead
+    stop at the optimum of (1/N) sum F_i when the p_i differ. Control variates start at zero;
     the clients' c_i live in their shard (keyed by replica and client), c in the run state.
     Uploads and downloads carry a control variate besides the model: twice the bytes.
     """
@@ -131,9 +136,9 @@ class ScaffoldSGD(LocalSGD):
         return super().update(w, g + state["correction"], lr, state)
 
     def finish(self, w0: torch.Tensor, w: torch.Tensor, lr_sum: torch.Tensor, state: dict,
-               num_clients: int) -> tuple[dict, dict]:
+               p: torch.Tensor) -> tuple[dict, dict]:
         c_new = state["c_i"] - state["c"] + (w0 - w).double() / lr_sum[:, None]
-        return {"control": c_new}, {"control": (c_new - state["c_i"]) / num_clients}
+        return {"control": c_new}, {"control": (c_new - state["c_i"]) * p[:, None]}
 
     def update_server_ctx(self, ctx: dict, extras: dict) -> dict:
         return {**ctx, "control": ctx["control"] + extras["control"]}

@@ -103,7 +103,8 @@ class ClientShard:
             solver.update(w, grad_fn(w, batches, t), lr, state)
         lr_sum = scale[:, 0].double() * torch.as_tensor(
             np.cumsum(plan.step_lrs)[e.tau - 1], dtype=torch.float64, device=dev)  # sum of each client's steps
-        new_state, extras = solver.finish(w0, w, lr_sum, state, problem.num_clients)
+        p = torch.as_tensor(problem.weights[e.clients], dtype=torch.float64, device=dev)
+        new_state, extras = solver.finish(w0, w, lr_sum, state, p)
         if new_state:
             for i, (r, k) in enumerate(zip(e.replica, e.clients)):
                 self.client_state[(int(r), int(k))] = {name: v[i].clone() for name, v in new_state.items()}

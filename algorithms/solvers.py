@@ -81,9 +81,12 @@ class LocalSGD:
         divided by the client's first step size, so a = [1, ..., 1] for plain SGD.
         """
         scale = np.ones(tau.shape) if lr_scale is None else np.broadcast_to(lr_scale, tau.shape)
-        if self.is_plain_sgd:
-            ones = np.ones(tau.shape)
-            return WeightStats(tau.astype(np.float64), tau.astype(np.float64), ones, scale)
+        if self.is_plain_sgd:  # a_t = eta_t / eta_0: the prefix sums of the round's relative step sizes
+            ratio = np.asarray(step_lrs, dtype=np.float64) / step_lrs[0]
+            if (ratio == 1.0).all():  # constant within the round: a = [1, ..., 1]
+                return WeightStats(tau.astype(np.float64), tau.astype(np.float64), np.ones(tau.shape), scale)
+            l1, l2sq = np.cumsum(ratio), np.cumsum(ratio * ratio)
+            return WeightStats(l1[tau - 1], l2sq[tau - 1], ratio[tau - 1], scale)
         pairs = np.stack([tau.reshape(-1).astype(np.float64), scale.reshape(-1)], 1)
         uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
         inverse = inverse.reshape(-1)

@@ -51,7 +51,10 @@ class LocalSGD:
         return base_lrs * self.lr_decay ** np.arange(len(base_lrs))
 
     def init_state(self, w0: torch.Tensor, server_ctx: dict | None = None, saved: list[dict] | None = None) -> dict:
-        """Per-round state of M client copies; `server_ctx` and `saved` client state feed stateful solvers."""
+        """Per-round state of M client copies; `server_ctx` and `saved` client state feed stateful solvers.
+
+        Every tensor in it has the M copies on its first axis: the executor trains the clients still
+        running as a prefix of the batch and hands `update` the state sliced to that prefix."""
         return {"w0": w0, "buf": torch.zeros_like(w0) if self.momentum else None}
 
     def finish(self, w0: torch.Tensor, w: torch.Tensor, lr_sum: torch.Tensor, state: dict,
@@ -62,7 +65,7 @@ class LocalSGD:
         return {}, {}
 
     def update(self, w: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: dict) -> torch.Tensor:
-        """One local step in place; lr [M, 1] is zero for clients that already finished."""
+        """One local step in place for the M copies w [M, dim] (a prefix of the round's batch), lr [M, 1]."""
         if self.weight_decay:
             g = g + self.weight_decay * w
         if self.mu:

@@ -41,8 +41,9 @@ class Entries:
     tau: np.ndarray
     lr_scale: np.ndarray
 
-    def subset(self, i: int) -> "Entries":
-        return Entries(*(a[i:i + 1] for a in (self.replica, self.clients, self.coef, self.tau, self.lr_scale)))
+    def take(self, index) -> "Entries":
+        """The entries at `index` (an index array or a slice), in that order."""
+        return Entries(*(a[index] for a in (self.replica, self.clients, self.coef, self.tau, self.lr_scale)))
 
 
 @dataclass
@@ -85,22 +86,29 @@ class ClientShard:
         result = ShardResult(torch.zeros(x.shape, dtype=torch.float64, device=x.device))
         if len(e.clients) == 0:
             return result
+        # longest first: the clients still training at any step are a prefix, trained as one smaller batch
+        self._train_batch(x, plan, e.take(np.argsort(-e.tau, kind="stable")), grad_fn, result)
+        return result
+
+    def _train_batch(self, x: torch.Tensor, plan: RoundPlan, e: Entries, grad_fn, result: ShardResult) -> None:
+        """Entries sorted by tau descending; at step t only the first n_t = #{tau_k > t} train, so the work is
+        sum_k tau_k gradient rows, not M max_k tau_k. Adds their c_k Delta_k (and extras) into `result`."""
         problem, solver, dev = self.problem, self.solver, x.device
         w0 = x[e.replica]
         w = w0.clone()
         saved = [self.client_state.get((int(r), int(k)), {}) for r, k in zip(e.replica, e.clients)]
         state = solver.init_state(w0, {k: v[e.replica] for k, v in plan.server_ctx.items()}, saved)
-        steps = int(e.tau.max())
+        steps = int(e.tau[0])
         batches = problem.round_batches(ClientKeys(e.clients, plan.stream_replicas[e.replica], plan.round,
                                                    plan.seed), steps)
         scale = torch.as_tensor(e.lr_scale, dtype=x.dtype, device=dev)[:, None]
-        tau_t = torch.as_tensor(e.tau, device=dev)[:, None]
-        uniform_tau = bool((e.tau == steps).all())
+        active = np.searchsorted(-e.tau, -np.arange(steps), side="left")  # n_t: entries with tau > t
+        n = -1
         for t in range(steps):
-            lr = scale * float(plan.step_lrs[t])
-            if not uniform_tau:
-                lr = lr * (t < tau_t)
-            solver.update(w, grad_fn(w, batches, t), lr, state)
+            if active[t] != n:  # views: updates of the prefix land in w and the state in place
+                n = int(active[t])
+                w_t, scale_t, state_t = w[:n], scale[:n], prefix_state(state, n)
+            solver.update(w_t, grad_fn(w_t, batches, t), scale_t * float(plan.step_lrs[t]), state_t)
         lr_sum = scale[:, 0].double() * torch.as_tensor(
             np.cumsum(plan.step_lrs)[e.tau - 1], dtype=torch.float64, device=dev)  # sum of each client's steps
         p = torch.as_tensor(problem.weights[e.clients], dtype=torch.float64, device=dev)
@@ -112,14 +120,20 @@ class ClientShard:
         coef = torch.as_tensor(e.coef, dtype=torch.float64, device=dev)[:, None]
         result.delta.index_add_(0, index, (w - w0).double() * coef)
         for name, per_client in extras.items():
-            result.extras[name] = torch.zeros_like(result.delta).index_add_(0, index, per_client.double())
-        return result
+            if name not in result.extras:
+                result.extras[name] = torch.zeros_like(result.delta)
+            result.extras[name].index_add_(0, index, per_client.double())
 
     def get_state(self) -> dict:
         return {k: {n: v.cpu() for n, v in s.items()} for k, s in self.client_state.items()}
 
     def set_state(self, client_state: dict) -> None:
         self.client_state = {k: dict(s) for k, s in client_state.items() if self.owned[k[1]]}
+
+
+def prefix_state(state: dict, n: int) -> dict:
+    """A solver's per-round state restricted to its first n client copies (every tensor has them on axis 0)."""
+    return {k: v[:n] if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
 def balanced_shards(cost: np.ndarray, num_shards: int) -> list[np.ndarray]:
@@ -170,5 +184,5 @@ class ReferenceExecutor(InlineExecutor):
         entries = shard.entries(plan)
         total = ShardResult(torch.zeros(x.shape, dtype=torch.float64, device=x.device))
         for i in range(len(entries.clients)):
-            total.add(shard.train_entries(x, plan, entries.subset(i), shard.problem.reference_grad))
+            total.add(shard.train_entries(x, plan, entries.take(slice(i, i + 1)), shard.problem.reference_grad))
         return total

@@ -67,14 +67,16 @@ class DataProblem:
                             chunk_steps=chunk)
 
     def grad(self, w: torch.Tensor, batches: RoundBatches, step: int) -> torch.Tensor:
-        t = step - batches.chunk_start
+        """Minibatch gradients of the first len(w) clients of `batches` (the executor trains a prefix that
+        shrinks as clients finish, so a chunk gathered for more rows serves the later, smaller prefixes)."""
+        t, m = step - batches.chunk_start, len(w)
         if not 0 <= t < batches.chunk_steps or not batches.chunk:
-            idx = batches.index[:, step:step + batches.chunk_steps]
+            idx = batches.index[:m, step:step + batches.chunk_steps]
             flat = idx.reshape(-1)  # index_select is about twice as fast as advanced indexing here
             x = self.x.index_select(0, flat).view(*idx.shape, *self.x.shape[1:])
             batches.chunk = self.objective.prepare_chunk(x, self.y.index_select(0, flat).view(idx.shape))
             batches.chunk_start, t = step, 0
-        return self.objective.batch_grad(w, tuple(part[:, t] for part in batches.chunk))
+        return self.objective.batch_grad(w, tuple(part[:m, t] for part in batches.chunk))
 
     def reference_grad(self, w: torch.Tensor, batches: RoundBatches, step: int) -> torch.Tensor:
         """The same minibatch gradient by plain autograd on the loss, one client at a time (slow path)."""

@@ -38,9 +38,11 @@ class QuadraticProblem:
         return keys.clients, torch.as_tensor(self.noise * z, dtype=self.dtype, device=self.device)
 
     def grad(self, w: torch.Tensor, batches, step: int) -> torch.Tensor:
+        """Gradients of the first len(w) clients of `batches` (the executor trains a prefix)."""
         clients, z = (batches, None) if not self.noise else batches
+        clients = clients[:len(w)]
         g = torch.bmm(self.A[clients], (w - self.e[clients]).unsqueeze(-1)).squeeze(-1)
-        return g if z is None else g + z[:, step]
+        return g if z is None else g + z[:len(w), step]
 
     reference_grad = grad
 

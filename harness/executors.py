@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from harness.errors import require
 from harness.problems.base import ClientKeys
 
 
@@ -58,14 +59,48 @@ class ShardResult:
         return self
 
 
+PARAM_COPIES = 5  # w, w0, the gradient and two temporaries of the update, per client copy
+DELTA_BYTES = 16  # per parameter: the float64 delta and its weighted copy
+
+
+def entry_bytes(problem, solver, steps: int) -> int:
+    """Estimated bytes of one client copy in a batched local step of a round of `steps` steps."""
+    w = torch.zeros(1, problem.dim, dtype=problem.dtype)
+    state = solver.init_state(w)  # the solver's per-copy tensors (momentum buffer, control variates)
+    state_bytes = sum(v.numel() * v.element_size() for k, v in state.items()
+                      if isinstance(v, torch.Tensor) and k != "w0")
+    return problem.dim * (PARAM_COPIES * w.element_size() + DELTA_BYTES) + state_bytes + problem.entry_bytes(steps)
+
+
+def require_fits_budget(problem, solver) -> None:
+    """ConfigError naming memory_budget_gb unless one client copy fits the problem's memory budget."""
+    budget = getattr(problem, "memory_budget", None)
+    if budget is not None:
+        need = entry_bytes(problem, solver, 1)
+        require(need <= budget, "memory_budget_gb", budget / 1e9,
+                f"too small to train even one client copy (about {need / 1e9:.3g} GB)")
+
+
 class ClientShard:
-    """A fixed set of clients and their training; the unit an executor places on a worker."""
+    """A fixed set of clients and their training; the unit an executor places on a worker.
+
+    The clients of a round are trained in batches of at most `chunk_entries` copies, so that one batched
+    step fits the problem's `memory_budget` (bytes; None: all at once). Chunks are contiguous runs of the
+    sorted entries and their sums are added in entry order, so chunking does not change the result.
+    """
 
     def __init__(self, problem, solver, owned: np.ndarray):
         self.problem, self.solver = problem, solver
         self.owned = np.zeros(problem.num_clients, dtype=bool)
         self.owned[owned] = True
         self.client_state: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        self.budget = getattr(problem, "memory_budget", None)
+
+    def chunk_entries(self, steps: int, entries: int) -> int:
+        """Client copies per batched computation: all `entries`, or as many as the budget holds (>= 1)."""
+        if self.budget is None:
+            return entries
+        return int(max(1, min(entries, self.budget // entry_bytes(self.problem, self.solver, steps))))
 
     def entries(self, plan: RoundPlan) -> Entries:
         R, K = plan.clients.shape
@@ -87,7 +122,10 @@ class ClientShard:
         if len(e.clients) == 0:
             return result
         # longest first: the clients still training at any step are a prefix, trained as one smaller batch
-        self._train_batch(x, plan, e.take(np.argsort(-e.tau, kind="stable")), grad_fn, result)
+        e = e.take(np.argsort(-e.tau, kind="stable"))
+        size = self.chunk_entries(int(e.tau[0]), len(e.tau))
+        for start in range(0, len(e.tau), size):
+            self._train_batch(x, plan, e.take(slice(start, start + size)), grad_fn, result)
         return result
 
     def _train_batch(self, x: torch.Tensor, plan: RoundPlan, e: Entries, grad_fn, result: ShardResult) -> None:

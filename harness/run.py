@@ -20,7 +20,7 @@ from algorithms.registry import build_algorithm
 from harness.closed_forms import client_minima, heterogeneity
 from harness.checkpoint import Checkpointer, load_resume
 from harness.engine import Engine, NetworkModel, RunOutcome
-from harness.executors import InlineExecutor, ReferenceExecutor
+from harness.executors import InlineExecutor, ReferenceExecutor, require_fits_budget
 from harness.problems import build_problem
 from harness.reference import solve_reference
 from harness.reference_cache import cached_client_minima, cached_reference
@@ -83,7 +83,9 @@ def algorithm_for(cfg: dict[str, Any], problem):
 def build_parts(cfg: dict[str, Any]):
     """Problem and algorithm of a config; Ray shards call this too, so they build exactly what the driver has."""
     problem = build_problem(cfg, cfg["algorithm"]["batch_size"])
-    return problem, algorithm_for(cfg, problem)
+    algorithm = algorithm_for(cfg, problem)
+    require_fits_budget(problem, algorithm.solver)  # memory_budget_gb, before any reference solve or file
+    return problem, algorithm
 
 
 def prepare(cfg: dict[str, Any]):

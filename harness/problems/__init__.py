@@ -19,6 +19,7 @@ from harness.problems.loaders import LOADERS, load_pooled
 from harness.problems.nets import NETS, build_net
 from harness.problems.objectives import LinearRegression, NetObjective, SoftmaxRegression
 from harness.problems.quadratic import make_quadratic
+from harness.runtime import autocast_dtype, memory_budget_bytes
 from partitions import PARTITIONERS, partition
 
 GENERATED = ("synthetic", "synthetic_lazy", "blobs")
@@ -46,10 +47,10 @@ def _pooled(dcfg: dict[str, Any], seed: int):
     return x, y, xt, yt, None
 
 
-def _objective(model: str, l2: float, in_shape: tuple[int, ...], num_classes: int):
+def _objective(model: str, l2: float, in_shape: tuple[int, ...], num_classes: int, autocast: torch.dtype | None):
     if model in LINEAR_MODELS:
         return LINEAR_MODELS[model](in_shape, num_classes, l2)
-    return NetObjective(build_net(model, in_shape, num_classes), model, l2)
+    return NetObjective(build_net(model, in_shape, num_classes), model, l2, in_shape, autocast)
 
 
 def _partition(pcfg: dict[str, Any], y: np.ndarray, owner, num_clients: int, seed: int) -> list[np.ndarray]:
@@ -66,7 +67,14 @@ def _partition(pcfg: dict[str, Any], y: np.ndarray, owner, num_clients: int, see
 
 
 def build_problem(cfg: dict[str, Any], batch_size: int):
-    """The Problem of a run config (`dataset`, `partition`, `model`, `dtype`, `device`, `seed`)."""
+    """The Problem of a run config (`dataset`, `partition`, `model`, `dtype`, `device`, `seed`), with its
+    `memory_budget` in bytes (`memory_budget_gb`; executors and evaluation split their batches to fit it)."""
+    problem = _build_problem(cfg, batch_size)
+    problem.memory_budget = memory_budget_bytes(cfg, problem.device)
+    return problem
+
+
+def _build_problem(cfg: dict[str, Any], batch_size: int):
     dcfg, mcfg = cfg["dataset"], cfg["model"]
     if dcfg["name"] not in DATASETS:
         raise ConfigError("dataset", dcfg["name"], DATASETS)
@@ -97,8 +105,9 @@ def build_problem(cfg: dict[str, Any], batch_size: int):
         from harness.problems.lazy import build_lazy_synthetic
 
         return build_lazy_synthetic(cfg, batch_size, lambda shape, classes: _objective(
-            model, mcfg.get("l2", 0.0), shape, classes), data_seed, dtype)
+            model, mcfg.get("l2", 0.0), shape, classes, autocast_dtype(cfg)), data_seed, dtype)
     x, y, xt, yt, owner = _pooled(dcfg, data_seed)
-    objective = _objective(model, mcfg.get("l2", 0.0), tuple(x.shape[1:]), int(max(y.max(), yt.max())) + 1)
+    objective = _objective(model, mcfg.get("l2", 0.0), tuple(x.shape[1:]), int(max(y.max(), yt.max())) + 1,
+                           autocast_dtype(cfg))
     index = _partition(cfg["partition"], y, owner, num_clients, data_seed)
     return DataProblem(objective, x, y, index, xt, yt, batch_size, dtype, cfg["device"])

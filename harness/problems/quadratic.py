@@ -11,6 +11,7 @@ from harness.problems.base import ClientKeys, Evaluation
 
 class QuadraticProblem:
     convex = True
+    memory_budget: int | None = None  # bytes (build_problem sets it); the executor splits its batches to fit
 
     def __init__(self, A: np.ndarray, e: np.ndarray, weights: np.ndarray | None = None, noise: float = 0.0,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
@@ -45,6 +46,11 @@ class QuadraticProblem:
         return g if z is None else g + z[:len(w), step]
 
     reference_grad = grad
+
+    def entry_bytes(self, steps: int) -> int:
+        """Bytes one client copy of a batched step needs besides its parameters: A_k gathered, its noise."""
+        item = torch.empty((), dtype=self.dtype).element_size()
+        return (self.dim * self.dim + (steps * self.dim if self.noise else 0)) * item
 
     def objective_value(self, w: torch.Tensor) -> torch.Tensor:
         diff = w.unsqueeze(1) - self.e  # [R, N, d]

@@ -24,6 +24,7 @@ from harness.executors import InlineExecutor, ReferenceExecutor, require_fits_bu
 from harness.problems import build_problem
 from harness.reference import solve_reference
 from harness.reference_cache import cached_client_minima, cached_reference
+from harness.runtime import apply_runtime
 from harness.series import build_series
 from harness.sinks import ParquetSink
 from harness.wandb_sink import open_sink as open_wandb
@@ -124,9 +125,11 @@ def _is_pruned(err: BaseException) -> bool:
 
 
 def set_threads(cfg: dict[str, Any]) -> None:
-    """torch intra-op threads: `threads` if set; else 1 for a single replica of a linear model or quadratic,
+    """The process's torch settings: `precision` and `deterministic` (harness/runtime.py), and intra-op
+    threads: `threads` if set; else 1 for a single replica of a linear model or quadratic,
     whose small operations gain nothing from more threads (and lose badly on a busy machine), and torch's
     default otherwise (64 replicas of W1 run 1.5x faster on 2 idle cores than on 1)."""
+    apply_runtime(cfg)  # first: cuBLAS reads its workspace setting (deterministic) at its first matmul
     threads = cfg.get("threads")
     small = cfg["model"]["name"] in ("auto", "logreg", "linreg", "quadratic") and cfg["replicas"] == 1
     if threads is None and small:

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench reproduce list clean
+.PHONY: run test test-all bench bench-gpu reproduce list clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -24,6 +24,9 @@ test-all: $(STAMP)
 bench: $(STAMP)  ## performance workloads (about 8 minutes); figures go to docs/performance.md
 	$(BIN)/python benchmarks/run.py $(ARGS)
 	$(BIN)/python benchmarks/bench_ray.py $(RAY_ARGS)
+
+bench-gpu: $(STAMP)  ## networks at paper scale, vectorized vs per-client loop (CUDA; ARGS="--device cpu --smoke" on CPU)
+	$(BIN)/python benchmarks/gpu.py $(ARGS)
 
 reproduce: $(STAMP)  ## every paper claim at smoke scale: docs/reproductions/*.png, results.json (docs/reproductions.md)
 	$(BIN)/python -m harness.studies.reproduce $(ARGS)

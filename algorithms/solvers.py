@@ -51,16 +51,21 @@ class LocalSGD:
         return base_lrs * self.lr_decay ** np.arange(len(base_lrs))
 
     def init_state(self, w0: torch.Tensor, server_ctx: dict | None = None, saved: list[dict] | None = None) -> dict:
-        """Per-round state of M client copies; `server_ctx` and `saved` client state feed stateful solvers."""
+        """Per-round state of M client copies; `server_ctx` and `saved` client state feed stateful solvers.
+
+        Every tensor in it has the M copies on its first axis: the executor trains the clients still
+        running as a prefix of the batch and hands `update` the state sliced to that prefix."""
         return {"w0": w0, "buf": torch.zeros_like(w0) if self.momentum else None}
 
     def finish(self, w0: torch.Tensor, w: torch.Tensor, lr_sum: torch.Tensor, state: dict,
-               num_clients: int) -> tuple[dict, dict]:
-        """New persistent client state and per-client sums to reduce (none for stateless solvers)."""
+               p: torch.Tensor) -> tuple[dict, dict]:
+        """New persistent client state and per-client sums to reduce (none for stateless solvers).
+
+        `p` [M] float64 holds each trained client's objective weight p_k (one entry per distinct client)."""
         return {}, {}
 
     def update(self, w: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: dict) -> torch.Tensor:
-        """One local step in place; lr [M, 1] is zero for clients that already finished."""
+        """One local step in place for the M copies w [M, dim] (a prefix of the round's batch), lr [M, 1]."""
         if self.weight_decay:
             g = g + self.weight_decay * w
         if self.mu:
@@ -79,9 +84,12 @@ class LocalSGD:
         divided by the client's first step size, so a = [1, ..., 1] for plain SGD.
         """
         scale = np.ones(tau.shape) if lr_scale is None else np.broadcast_to(lr_scale, tau.shape)
-        if self.is_plain_sgd:
-            ones = np.ones(tau.shape)
-            return WeightStats(tau.astype(np.float64), tau.astype(np.float64), ones, scale)
+        if self.is_plain_sgd:  # a_t = eta_t / eta_0: the prefix sums of the round's relative step sizes
+            ratio = np.asarray(step_lrs, dtype=np.float64) / step_lrs[0]
+            if (ratio == 1.0).all():  # constant within the round: a = [1, ..., 1]
+                return WeightStats(tau.astype(np.float64), tau.astype(np.float64), np.ones(tau.shape), scale)
+            l1, l2sq = np.cumsum(ratio), np.cumsum(ratio * ratio)
+            return WeightStats(l1[tau - 1], l2sq[tau - 1], ratio[tau - 1], scale)
         pairs = np.stack([tau.reshape(-1).astype(np.float64), scale.reshape(-1)], 1)
         uniq, inverse = np.unique(pairs, axis=0, return_inverse=True)
         inverse = inverse.reshape(-1)
@@ -108,7 +116,10 @@ class ScaffoldSGD(LocalSGD):
 
     Each local step uses g + c - c_i. After tau steps the client sets
     c_i+ = c_i - c + (w0 - w) / (sum of its step sizes) and the server adds
-    (1/N) sum over sampled clients of (c_i+ - c_i) to c. Control variates start at zero;
+    sum over distinct sampled clients of p_i (c_i+ - c_i) to c, so c = sum_i p_i c_i at all times
+    (whatever the sampler). At a fixed point c_i = grad F_i(x), so c = 0 is grad F(x) = 0 for the
+    weighted objective F = sum p_i F_i; the unweighted 1/N of Karimireddy et al. would instead
+    stop at the optimum of (1/N) sum F_i when the p_i differ. Control variates start at zero;
     the clients' c_i live in their shard (keyed by replica and client), c in the run state.
     Uploads and downloads carry a control variate besides the model: twice the bytes.
     """
@@ -131,9 +142,9 @@ class ScaffoldSGD(LocalSGD):
         return super().update(w, g + state["correction"], lr, state)
 
     def finish(self, w0: torch.Tensor, w: torch.Tensor, lr_sum: torch.Tensor, state: dict,
-               num_clients: int) -> tuple[dict, dict]:
+               p: torch.Tensor) -> tuple[dict, dict]:
         c_new = state["c_i"] - state["c"] + (w0 - w).double() / lr_sum[:, None]
-        return {"control": c_new}, {"control": (c_new - state["c_i"]) / num_clients}
+        return {"control": c_new}, {"control": (c_new - state["c_i"]) * p[:, None]}
 
     def update_server_ctx(self, ctx: dict, extras: dict) -> dict:
         return {**ctx, "control": ctx["control"] + extras["control"]}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from algorithms.registry import build_algorithm
+from harness.core.executors import require_fits_budget
 from harness.extend import register_targets
 from harness.problems import build_problem
 
@@ -17,4 +18,6 @@ def build_parts(cfg: dict[str, Any]):
     """Problem and algorithm of a config; Ray shards call this too, so they build exactly what the driver has."""
     register_targets(cfg)  # a user's `_target_` parts, also in a fresh Ray worker
     problem = build_problem(cfg, cfg["algorithm"]["batch_size"])
-    return problem, algorithm_for(cfg, problem)
+    algorithm = algorithm_for(cfg, problem)
+    require_fits_budget(problem, algorithm.solver)  # memory_budget_gb, before any reference solve or file
+    return problem, algorithm

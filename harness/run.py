@@ -22,6 +22,7 @@ from harness.core.engine import Engine, NetworkModel, RunOutcome
 from harness.core.executors import InlineExecutor, ReferenceExecutor
 from harness.core.series import build_series
 from harness.parts import build_parts
+from harness.core.runtime import apply_runtime
 from harness.reference_policy import run_client_minima, run_reference
 from harness.sinks.masking import mask_secrets
 from harness.sinks.parquet import ParquetSink
@@ -109,9 +110,11 @@ def _is_pruned(err: BaseException) -> bool:
 
 
 def set_threads(cfg: dict[str, Any]) -> None:
-    """torch intra-op threads: `threads` if set; else 1 for a single replica of a linear model or quadratic,
+    """The process's torch settings: `precision` and `deterministic` (harness/core/runtime.py), and intra-op
+    threads: `threads` if set; else 1 for a single replica of a linear model or quadratic,
     whose small operations gain nothing from more threads (and lose badly on a busy machine), and torch's
     default otherwise (64 replicas of W1 run 1.5x faster on 2 idle cores than on 1)."""
+    apply_runtime(cfg)  # first: cuBLAS reads its workspace setting (deterministic) at its first matmul
     threads = cfg.get("threads")
     small = cfg["model"]["name"] in ("auto", "logreg", "linreg", "quadratic") and cfg["replicas"] == 1
     if threads is None and small:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from closeness import assert_close_to_scale
 from fakes import fake_mnist
 from ray_support import trajectory
 from harness.core.executors import InlineExecutor, ReferenceExecutor
@@ -25,7 +26,7 @@ def test_vectorized_linear_models_equal_per_client_loop(run_config, model, lr):
     fast = _trajectory(cfg, InlineExecutor, 4)
     slow = _trajectory(cfg, ReferenceExecutor, 4)
     assert (fast[-1] - fast[0]).abs().max() > 0.05  # the model actually moved
-    assert torch.allclose(fast, slow, atol=1e-5, rtol=0)
+    assert_close_to_scale(fast, slow, rtol=1e-5)  # float32: per-client loop and batch reassociate sums
 
 
 def test_vectorized_logreg_independent_of_shard_count(run_config):
@@ -44,7 +45,7 @@ def test_vectorized_cnn_equals_per_client_loop(run_config, tmp_path):
     fast = _trajectory(cfg, InlineExecutor, 2)
     slow = _trajectory(cfg, ReferenceExecutor, 2)
     assert (fast[-1] - fast[0]).abs().max() > 1e-3
-    assert torch.allclose(fast, slow, atol=1e-5, rtol=0)
+    assert_close_to_scale(fast, slow, rtol=1e-5)  # float32: per-client loop and batch reassociate sums
 
 
 def test_full_participation_one_local_step_reaches_quadratic_optimum(run_config):

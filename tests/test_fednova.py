@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from algorithms.aggregators import NormalizedAverage, WeightedAverage
+from algorithms.schedules import InverseStep
 from algorithms.solvers import LocalSGD
 from harness import closed_forms as cf
 from quadratic_runs import factor_layout, run_engine
@@ -151,3 +152,35 @@ def test_diagnostics_count_the_client_lr_multiplier(aggregator):
         np.testing.assert_allclose(getattr(transformed, name), getattr(scheme_ii, name), rtol=1e-12)
     assert (transformed.chi2 > 0.05).all() if isinstance(aggregator, WeightedAverage) else \
         np.allclose(transformed.chi2, 0, atol=1e-15)
+
+
+def test_weight_stats_follow_step_sizes_that_change_within_a_round():
+    # inverse_step beta / (t + gamma), beta = 1, gamma = 2: steps 1/2, 1/3, 1/4, 1/5, so a = [1, 2/3, 1/2, 2/5]
+    lrs = InverseStep(1.0, 2.0, 4).step_lrs(0, 4)
+    tau = np.array([[2, 4], [1, 3]])
+    stats = LocalSGD().weight_stats(tau, lrs)
+    np.testing.assert_allclose(stats.l1, [[1 + 2 / 3, 1 + 2 / 3 + 1 / 2 + 2 / 5], [1, 1 + 2 / 3 + 1 / 2]], rtol=1e-14)
+    np.testing.assert_allclose(stats.l2sq, [[1 + 4 / 9, 1 + 4 / 9 + 1 / 4 + 4 / 25], [1, 1 + 4 / 9 + 1 / 4]],
+                               rtol=1e-14)
+    np.testing.assert_allclose(stats.last, [[2 / 3, 2 / 5], [1, 1 / 2]], rtol=1e-14)
+
+    class Recurrence(LocalSGD):  # the general path: the solver's own update run on unit gradients
+        is_plain_sgd = False
+
+    general = Recurrence().weight_stats(tau, lrs, np.array([[1.0, 3.0], [0.5, 2.0]]))
+    for name in ("l1", "l2sq", "last"):
+        np.testing.assert_allclose(getattr(general, name), getattr(stats, name), rtol=1e-14)
+
+
+def test_recorded_tau_eff_uses_the_rounds_step_sizes(run_config):
+    # FedAvg's tau_eff = sum p ||a||_1 with a_t = eta_t / eta_0 (not sum p tau) under inverse_step
+    beta, gamma = 1.0, 3.0
+    res = run_engine(_config(run_config, "fedavg", "algorithm.lr_schedule=inverse_step", f"algorithm.lr_beta={beta}",
+                             f"algorithm.lr_gamma={gamma}", f"algorithm.local_steps={max(TAU)}", "rounds=2"))
+    t = 1 * max(TAU) + np.arange(max(TAU))  # round 1's global step counter
+    ratio = (gamma + t[0]) / (gamma + t)
+    l1 = np.array([ratio[:k].sum() for k in TAU])
+    p = np.full(len(TAU), 1 / len(TAU))
+    row = res.outcome.rows[-1]
+    assert row["tau_eff"] == pytest.approx((p * l1).sum(), rel=1e-12)
+    assert (p * l1).sum() < 0.95 * (p * np.array(TAU)).sum()  # the old shortcut's sum p tau is measurably off

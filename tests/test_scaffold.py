@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from harness.core.executors import ReferenceExecutor
+from harness.core.engine import Engine
+from harness.core.executors import InlineExecutor, ReferenceExecutor
+from harness.problems.quadratic import QuadraticProblem
+from harness.run import algorithm_for, prepare
 from quadratic_runs import run_engine
 
 HETEROGENEOUS = ("dataset=quadratic", "dataset.num_clients=6", "dataset.dim=3", "dataset.curvature=random",
@@ -28,13 +31,43 @@ def test_scaffold_reaches_exact_optimum_with_constant_step(run_config, participa
     assert np.linalg.norm(fedavg.x - w_star, axis=1).min() > 1e-2  # the heterogeneity bias SCAFFOLD removes
 
 
-def test_scaffold_server_control_is_mean_of_client_controls(run_config):
-    # c = (1/N) sum_i c_i holds at all times when every c_i starts at 0 and each update adds (c_i+ - c_i)/N
-    res = run_engine(run_config(*HETEROGENEOUS, "algorithm=scaffold", "algorithm.sampler=scheme_i",
-                                "algorithm.clients_per_round=4", "replicas=2", "rounds=7"))
-    shard = res.engine.executor.shards[0]
-    c_clients = sum(s["control"] for (r, k), s in shard.client_state.items() if r == 0) / 6
-    torch.testing.assert_close(res.outcome.state.server_ctx["control"][0], c_clients, rtol=0, atol=1e-14)
+UNEQUAL_P = np.array([0.4, 0.05, 0.25, 0.1, 0.15, 0.05])
+
+
+def _run_weighted(cfg: dict, rounds: int) -> tuple[np.ndarray, np.ndarray, Engine, object]:
+    """The HETEROGENEOUS quadratic with unequal client weights p_k: final iterates, w* of sum p_k F_k."""
+    base, _, _ = prepare(cfg)
+    problem = QuadraticProblem(base.A_np, base.e_np, UNEQUAL_P, dtype=torch.float64)
+    algorithm = algorithm_for(cfg, problem)
+    engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver), rounds=rounds, seed=cfg["seed"],
+                    replicas=cfg["replicas"], eval_every=rounds)
+    outcome = engine.run()
+    return outcome.state.x.numpy(), problem.optimum(), engine, outcome
+
+
+@pytest.mark.parametrize("participation", [
+    ("algorithm.sampler=full",),
+    ("algorithm.sampler=scheme_i", "algorithm.clients_per_round=3", "replicas=2"),
+    ("algorithm.sampler=scheme_ii", "algorithm.clients_per_round=3", "replicas=2"),
+])
+def test_scaffold_reaches_weighted_optimum_with_unequal_weights(run_config, participation):
+    # c = sum p_k c_k makes every corrected client stationary at w* of sum p_k F_k (an unweighted c stops
+    # at the optimum of (1/N) sum F_k instead, about 1 away here)
+    cfg = run_config(*HETEROGENEOUS, "algorithm=scaffold", *participation)
+    x, w_star, _, _ = _run_weighted(cfg, 600)
+    base, _, _ = prepare(cfg)
+    assert np.linalg.norm(base.optimum() - w_star) > 0.1  # the weights matter on this problem
+    assert np.linalg.norm(x - w_star, axis=1).max() < 1e-10
+
+
+def test_scaffold_server_control_is_weighted_sum_of_client_controls(run_config):
+    # c = sum_i p_i c_i holds at all times when every c_i starts at 0 and each update adds p_i (c_i+ - c_i)
+    cfg = run_config(*HETEROGENEOUS, "algorithm=scaffold", "algorithm.sampler=scheme_i",
+                     "algorithm.clients_per_round=4", "replicas=2", "rounds=7")
+    _, _, engine, outcome = _run_weighted(cfg, 7)
+    shard = engine.executor.shards[0]
+    c_clients = sum(UNEQUAL_P[k] * s["control"] for (r, k), s in shard.client_state.items() if r == 0)
+    torch.testing.assert_close(outcome.state.server_ctx["control"][0], c_clients, rtol=1e-12, atol=0)
     assert len(shard.client_state) > 6 and c_clients.abs().max() > 1e-3  # both replicas' clients, non-trivial
 
 

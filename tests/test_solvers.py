@@ -81,8 +81,9 @@ def test_scaffold_control_variate_update_is_option_ii():
     for _ in range(3):
         solver.update(w, g, lr, state)
     torch.testing.assert_close(w, w0 - 0.3 * (g + state["correction"]))  # g + c - c_i at every step
-    new, extras = solver.finish(w0, w, torch.tensor([0.3, 0.3], dtype=torch.float64), state, num_clients=4)
+    p = torch.tensor([0.1, 0.6], dtype=torch.float64)  # the clients' objective weights p_k
+    new, extras = solver.finish(w0, w, torch.tensor([0.3, 0.3], dtype=torch.float64), state, p)
     # c_i+ = c_i - c + (w0 - w) / (K lr) = g for a constant gradient
     torch.testing.assert_close(new["control"], g)
-    torch.testing.assert_close(extras["control"], (g - state["c_i"]) / 4)
+    torch.testing.assert_close(extras["control"], (g - state["c_i"]) * p[:, None])  # c gains p_k (c_k+ - c_k)
     assert solver.comm_factor == 2

@@ -34,6 +34,7 @@ from harness.backends import ray_cluster
 from harness.errors import ConfigError, require
 from harness.core.executors import ClientShard, RoundPlan, ShardResult, balanced_shards
 from harness.parts import algorithm_for, build_parts
+from harness.core.runtime import apply_runtime
 
 SNAPSHOT_EVERY = 10  # rounds of replay history kept in memory for stateful solvers (SCAFFOLD)
 RECOVERABLE = (RayActorError, ObjectLostError, WorkerCrashedError, NodeDiedError)
@@ -48,6 +49,7 @@ class ShardActor:
         torch.set_num_threads(threads)
         self.error = None
         try:
+            apply_runtime(cfg)  # precision and determinism hold in the shard processes too
             problem, algorithm = build_parts(cfg)
         except ConfigError as err:  # e.g. data_dir missing on this node: reported by ready(), with the node
             self.error = (err.key, err.value, err.allowed)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from harness.errors import require
 from harness.problems.base import ClientKeys
 
 
@@ -41,8 +42,9 @@ class Entries:
     tau: np.ndarray
     lr_scale: np.ndarray
 
-    def subset(self, i: int) -> "Entries":
-        return Entries(*(a[i:i + 1] for a in (self.replica, self.clients, self.coef, self.tau, self.lr_scale)))
+    def take(self, index) -> "Entries":
+        """The entries at `index` (an index array or a slice), in that order."""
+        return Entries(*(a[index] for a in (self.replica, self.clients, self.coef, self.tau, self.lr_scale)))
 
 
 @dataclass
@@ -57,14 +59,48 @@ class ShardResult:
         return self
 
 
+PARAM_COPIES = 5  # w, w0, the gradient and two temporaries of the update, per client copy
+DELTA_BYTES = 16  # per parameter: the float64 delta and its weighted copy
+
+
+def entry_bytes(problem, solver, steps: int) -> int:
+    """Estimated bytes of one client copy in a batched local step of a round of `steps` steps."""
+    w = torch.zeros(1, problem.dim, dtype=problem.dtype)
+    state = solver.init_state(w)  # the solver's per-copy tensors (momentum buffer, control variates)
+    state_bytes = sum(v.numel() * v.element_size() for k, v in state.items()
+                      if isinstance(v, torch.Tensor) and k != "w0")
+    return problem.dim * (PARAM_COPIES * w.element_size() + DELTA_BYTES) + state_bytes + problem.entry_bytes(steps)
+
+
+def require_fits_budget(problem, solver) -> None:
+    """ConfigError naming memory_budget_gb unless one client copy fits the problem's memory budget."""
+    budget = getattr(problem, "memory_budget", None)
+    if budget is not None:
+        need = entry_bytes(problem, solver, 1)
+        require(need <= budget, "memory_budget_gb", budget / 1e9,
+                f"too small to train even one client copy (about {need / 1e9:.3g} GB)")
+
+
 class ClientShard:
-    """A fixed set of clients and their training; the unit an executor places on a worker."""
+    """A fixed set of clients and their training; the unit an executor places on a worker.
+
+    The clients of a round are trained in batches of at most `chunk_entries` copies, so that one batched
+    step fits the problem's `memory_budget` (bytes; None: all at once). Chunks are contiguous runs of the
+    sorted entries and their sums are added in entry order, so chunking does not change the result.
+    """
 
     def __init__(self, problem, solver, owned: np.ndarray):
         self.problem, self.solver = problem, solver
         self.owned = np.zeros(problem.num_clients, dtype=bool)
         self.owned[owned] = True
         self.client_state: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
+        self.budget = getattr(problem, "memory_budget", None)
+
+    def chunk_entries(self, steps: int, entries: int) -> int:
+        """Client copies per batched computation: all `entries`, or as many as the budget holds (>= 1)."""
+        if self.budget is None:
+            return entries
+        return int(max(1, min(entries, self.budget // entry_bytes(self.problem, self.solver, steps))))
 
     def entries(self, plan: RoundPlan) -> Entries:
         R, K = plan.clients.shape
@@ -85,25 +121,36 @@ class ClientShard:
         result = ShardResult(torch.zeros(x.shape, dtype=torch.float64, device=x.device))
         if len(e.clients) == 0:
             return result
+        # longest first: the clients still training at any step are a prefix, trained as one smaller batch
+        e = e.take(np.argsort(-e.tau, kind="stable"))
+        size = self.chunk_entries(int(e.tau[0]), len(e.tau))
+        for start in range(0, len(e.tau), size):
+            self._train_batch(x, plan, e.take(slice(start, start + size)), grad_fn, result)
+        return result
+
+    def _train_batch(self, x: torch.Tensor, plan: RoundPlan, e: Entries, grad_fn, result: ShardResult) -> None:
+        """Entries sorted by tau descending; at step t only the first n_t = #{tau_k > t} train, so the work is
+        sum_k tau_k gradient rows, not M max_k tau_k. Adds their c_k Delta_k (and extras) into `result`."""
         problem, solver, dev = self.problem, self.solver, x.device
         w0 = x[e.replica]
         w = w0.clone()
         saved = [self.client_state.get((int(r), int(k)), {}) for r, k in zip(e.replica, e.clients)]
         state = solver.init_state(w0, {k: v[e.replica] for k, v in plan.server_ctx.items()}, saved)
-        steps = int(e.tau.max())
+        steps = int(e.tau[0])
         batches = problem.round_batches(ClientKeys(e.clients, plan.stream_replicas[e.replica], plan.round,
                                                    plan.seed), steps)
         scale = torch.as_tensor(e.lr_scale, dtype=x.dtype, device=dev)[:, None]
-        tau_t = torch.as_tensor(e.tau, device=dev)[:, None]
-        uniform_tau = bool((e.tau == steps).all())
+        active = np.searchsorted(-e.tau, -np.arange(steps), side="left")  # n_t: entries with tau > t
+        n = -1
         for t in range(steps):
-            lr = scale * float(plan.step_lrs[t])
-            if not uniform_tau:
-                lr = lr * (t < tau_t)
-            solver.update(w, grad_fn(w, batches, t), lr, state)
+            if active[t] != n:  # views: updates of the prefix land in w and the state in place
+                n = int(active[t])
+                w_t, scale_t, state_t = w[:n], scale[:n], prefix_state(state, n)
+            solver.update(w_t, grad_fn(w_t, batches, t), scale_t * float(plan.step_lrs[t]), state_t)
         lr_sum = scale[:, 0].double() * torch.as_tensor(
             np.cumsum(plan.step_lrs)[e.tau - 1], dtype=torch.float64, device=dev)  # sum of each client's steps
-        new_state, extras = solver.finish(w0, w, lr_sum, state, problem.num_clients)
+        p = torch.as_tensor(problem.weights[e.clients], dtype=torch.float64, device=dev)
+        new_state, extras = solver.finish(w0, w, lr_sum, state, p)
         if new_state:
             for i, (r, k) in enumerate(zip(e.replica, e.clients)):
                 self.client_state[(int(r), int(k))] = {name: v[i].clone() for name, v in new_state.items()}
@@ -111,14 +158,20 @@ class ClientShard:
         coef = torch.as_tensor(e.coef, dtype=torch.float64, device=dev)[:, None]
         result.delta.index_add_(0, index, (w - w0).double() * coef)
         for name, per_client in extras.items():
-            result.extras[name] = torch.zeros_like(result.delta).index_add_(0, index, per_client.double())
-        return result
+            if name not in result.extras:
+                result.extras[name] = torch.zeros_like(result.delta)
+            result.extras[name].index_add_(0, index, per_client.double())
 
     def get_state(self) -> dict:
         return {k: {n: v.cpu() for n, v in s.items()} for k, s in self.client_state.items()}
 
     def set_state(self, client_state: dict) -> None:
         self.client_state = {k: dict(s) for k, s in client_state.items() if self.owned[k[1]]}
+
+
+def prefix_state(state: dict, n: int) -> dict:
+    """A solver's per-round state restricted to its first n client copies (every tensor has them on axis 0)."""
+    return {k: v[:n] if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
 def balanced_shards(cost: np.ndarray, num_shards: int) -> list[np.ndarray]:
@@ -169,5 +222,5 @@ class ReferenceExecutor(InlineExecutor):
         entries = shard.entries(plan)
         total = ShardResult(torch.zeros(x.shape, dtype=torch.float64, device=x.device))
         for i in range(len(entries.clients)):
-            total.add(shard.train_entries(x, plan, entries.subset(i), shard.problem.reference_grad))
+            total.add(shard.train_entries(x, plan, entries.take(slice(i, i + 1)), shard.problem.reference_grad))
         return total

@@ -20,6 +20,7 @@ from harness.problems.nets import NETS, build_net
 from harness.problems.objectives import LinearRegression, NetObjective, SoftmaxRegression
 from harness.problems.quadratic import make_quadratic
 from harness.problems.user import USER_DATASETS, load_user_dataset
+from harness.core.runtime import autocast_dtype, memory_budget_bytes
 from partitions import PARTITIONERS, partition
 
 GENERATED = ("synthetic", "synthetic_lazy", "blobs")
@@ -50,12 +51,13 @@ def _pooled(dcfg: dict[str, Any], seed: int):
     return x, y, xt, yt, None
 
 
-def _objective(model: str, mcfg: dict[str, Any], in_shape: tuple[int, ...], num_classes: int):
+def _objective(model: str, mcfg: dict[str, Any], in_shape: tuple[int, ...], num_classes: int,
+               autocast: torch.dtype | None):
     l2 = mcfg.get("l2", 0.0)
     if model in LINEAR_MODELS:
         return LINEAR_MODELS[model](in_shape, num_classes, l2)
     params = {k: v for k, v in mcfg.items() if k not in ("name", "l2", "_target_")}  # a user model's own keys
-    return NetObjective(build_net(model, in_shape, num_classes, **params), model, l2)
+    return NetObjective(build_net(model, in_shape, num_classes, **params), model, l2, in_shape, autocast)
 
 
 def _partition(pcfg: dict[str, Any], y: np.ndarray, owner, num_clients: int, seed: int) -> list[np.ndarray]:
@@ -72,7 +74,14 @@ def _partition(pcfg: dict[str, Any], y: np.ndarray, owner, num_clients: int, see
 
 
 def build_problem(cfg: dict[str, Any], batch_size: int):
-    """The Problem of a run config (`dataset`, `partition`, `model`, `dtype`, `device`, `seed`)."""
+    """The Problem of a run config (`dataset`, `partition`, `model`, `dtype`, `device`, `seed`), with its
+    `memory_budget` in bytes (`memory_budget_gb`; executors and evaluation split their batches to fit it)."""
+    problem = _build_problem(cfg, batch_size)
+    problem.memory_budget = memory_budget_bytes(cfg, problem.device)
+    return problem
+
+
+def _build_problem(cfg: dict[str, Any], batch_size: int):
     dcfg, mcfg = cfg["dataset"], cfg["model"]
     if dcfg["name"] not in DATASETS:
         raise ConfigError("dataset", dcfg["name"], DATASETS)
@@ -103,9 +112,9 @@ def build_problem(cfg: dict[str, Any], batch_size: int):
         from harness.problems.lazy import build_lazy_synthetic
 
         return build_lazy_synthetic(cfg, batch_size, lambda shape, classes: _objective(
-            model, mcfg, shape, classes), data_seed, dtype)
+            model, mcfg, shape, classes, autocast_dtype(cfg)), data_seed, dtype)
     x, y, xt, yt, owner = _pooled(dcfg, data_seed)
     num_classes = int(y.max() if yt is None else max(y.max(), yt.max())) + 1  # a user data set may have no test
-    objective = _objective(model, mcfg, tuple(x.shape[1:]), num_classes)
+    objective = _objective(model, mcfg, tuple(x.shape[1:]), num_classes, autocast_dtype(cfg))
     index = _partition(cfg["partition"], y, owner, num_clients, data_seed)
     return DataProblem(objective, x, y, index, xt, yt, batch_size, dtype, cfg["device"])

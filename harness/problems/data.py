@@ -25,7 +25,13 @@ class RoundBatches:
 
 
 class DataProblem:
-    """Clients own contiguous slices of one training array; the test set is pooled."""
+    """Clients own contiguous slices of one training array; the test set is pooled.
+
+    `memory_budget` (bytes, None: no limit; build_problem sets it from memory_budget_gb) bounds the
+    samples evaluated at once, besides the EVAL_CHUNK cap.
+    """
+
+    memory_budget: int | None = None
 
     def __init__(self, objective, x_train: np.ndarray, y_train: np.ndarray, client_index: list[np.ndarray],
                  x_test: np.ndarray | None, y_test: np.ndarray | None, batch_size: int,
@@ -51,7 +57,9 @@ class DataProblem:
         """The same problem with tensors in another dtype (the reference solver runs in float64)."""
         x, y, xt, yt = self._raw
         index = [np.arange(o, o + n) for o, n in zip(self.offsets, self.sizes)]
-        return DataProblem(self.objective, x, y, index, xt, yt, self.batch_size, dtype, self.device)
+        out = DataProblem(self.objective, x, y, index, xt, yt, self.batch_size, dtype, self.device)
+        out.memory_budget = self.memory_budget
+        return out
 
     def init_params(self, replicas: int, seed: int) -> torch.Tensor:
         return self.objective.init(replicas, seed, self.dtype).to(self.device)
@@ -67,13 +75,17 @@ class DataProblem:
                             chunk_steps=chunk)
 
     def grad(self, w: torch.Tensor, batches: RoundBatches, step: int) -> torch.Tensor:
-        t = step - batches.chunk_start
+        """Minibatch gradients of the first len(w) clients of `batches` (the executor trains a prefix that
+        shrinks as clients finish, so a chunk gathered for more rows serves the later, smaller prefixes)."""
+        t, m = step - batches.chunk_start, len(w)
         if not 0 <= t < batches.chunk_steps or not batches.chunk:
-            idx = batches.index[:, step:step + batches.chunk_steps]
+            idx = batches.index[:m, step:step + batches.chunk_steps]
             flat = idx.reshape(-1)  # index_select is about twice as fast as advanced indexing here
             x = self.x.index_select(0, flat).view(*idx.shape, *self.x.shape[1:])
             batches.chunk = self.objective.prepare_chunk(x, self.y.index_select(0, flat).view(idx.shape))
             batches.chunk_start, t = step, 0
+        if m < len(batches.chunk[0]):  # slicing costs microseconds a step: only when clients have finished
+            return self.objective.batch_grad(w, tuple(part[:m, t] for part in batches.chunk))
         return self.objective.batch_grad(w, tuple(part[:, t] for part in batches.chunk))
 
     def reference_grad(self, w: torch.Tensor, batches: RoundBatches, step: int) -> torch.Tensor:
@@ -84,11 +96,27 @@ class DataProblem:
         (g,) = torch.autograd.grad(loss.sum() / len(idx) + self.objective.regularizer(w).sum(), w)
         return g
 
+    def entry_bytes(self, steps: int) -> int:
+        """Bytes one client copy of a batched local step needs besides its parameter vectors: its minibatch
+        indices for the round, one step's gathered features, and the model's activations."""
+        item = torch.empty((), dtype=self.dtype).element_size()
+        b = self.batch_size
+        return steps * b * 8 + 2 * b * self.sample_numel * item + self.objective.activation_bytes(b, item)
+
+    def eval_chunk(self, replicas: int) -> int:
+        """Samples evaluated at once: EVAL_CHUNK, fewer if `replicas` models' activations would not fit."""
+        if self.memory_budget is None:
+            return EVAL_CHUNK
+        item = torch.empty((), dtype=self.dtype).element_size()
+        per_sample = replicas * (self.sample_numel * item + self.objective.activation_bytes(1, item))
+        return int(max(1, min(EVAL_CHUNK, self.memory_budget // per_sample)))
+
     def _mean_loss(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         loss = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device)
         correct = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device)
-        for start in range(0, len(y), EVAL_CHUNK):
-            l, c = self.objective.loss_terms(w, x[start:start + EVAL_CHUNK], y[start:start + EVAL_CHUNK])
+        chunk = self.eval_chunk(w.shape[0])
+        for start in range(0, len(y), chunk):
+            l, c = self.objective.loss_terms(w, x[start:start + chunk], y[start:start + chunk])
             loss, correct = loss + l.double(), correct + c.double()
         return loss / len(y), correct / len(y)
 
@@ -97,10 +125,21 @@ class DataProblem:
         return self._mean_loss(w, self.x, self.y)[0] + self.objective.regularizer(w).double()
 
     def objective_and_grad(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        w = w.detach().requires_grad_(True)
-        value = self.objective_value(w)
-        (g,) = torch.autograd.grad(value.sum(), w)
-        return value.detach(), g.detach()
+        """F and its gradient, one chunk of samples at a time: each chunk's graph is freed before the next,
+        and both sums accumulate in float64."""
+        w = w.detach()
+        value = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device)
+        grad = torch.zeros(w.shape, dtype=torch.float64, device=w.device)
+        chunk, n = self.eval_chunk(w.shape[0]), len(self.y)
+        for start in range(0, n, chunk):
+            wg = w.clone().requires_grad_(True)
+            loss, _ = self.objective.loss_terms(wg, self.x[start:start + chunk], self.y[start:start + chunk])
+            (g,) = torch.autograd.grad(loss.sum(), wg)
+            value, grad = value + loss.detach().double(), grad + g.double()
+        wg = w.clone().requires_grad_(True)
+        reg = self.objective.regularizer(wg)
+        (g,) = torch.autograd.grad(reg.sum(), wg)
+        return value / n + reg.detach().double(), (grad / n + g.double()).to(w.dtype)
 
     def evaluate(self, w: torch.Tensor) -> Evaluation:
         train_loss, g = self.objective_and_grad(w)

@@ -59,6 +59,9 @@ class LazyBatches:
 class LazySyntheticProblem:
     convex = True
     exact_reference = False  # F over N lazily generated clients is never built
+    memory_budget: int | None = None  # bytes (build_problem sets it); evaluation and executors fit within it
+    sample_numel = synthetic.FEATURES + 1  # features plus the linear models' bias column
+    entry_bytes = DataProblem.entry_bytes
 
     def __init__(self, objective, num_clients: int, alpha: float, beta: float, seed: int, size: int | None,
                  batch_size: int, dtype: torch.dtype, device: str | torch.device, cache_mb: float,
@@ -125,6 +128,7 @@ class LazySyntheticProblem:
             self._eval = DataProblem(self.objective, np.concatenate(xs), np.concatenate(ys), index,
                                      np.concatenate(xts), np.concatenate(yts), self.batch_size, self.dtype,
                                      self.device)
+            self._eval.memory_budget = self.memory_budget
         return self._eval
 
     def init_params(self, replicas: int, seed: int) -> torch.Tensor:

@@ -86,6 +86,10 @@ class SoftmaxRegression:
     def regularizer(self, w: torch.Tensor) -> torch.Tensor:
         return self.l2 * (w * w).sum(-1)
 
+    def activation_bytes(self, batch: int, itemsize: int) -> int:
+        """Bytes one client copy's minibatch gradient holds besides parameters and features: the logits."""
+        return 2 * batch * self.num_classes * itemsize
+
 
 class LinearRegression(SoftmaxRegression):
     """Least squares 1/2 ||W x - onehot(y)||^2 + l2 ||w||^2: convex, closed-form gradient."""
@@ -105,18 +109,28 @@ class LinearRegression(SoftmaxRegression):
         return loss, (pred.argmax(-1) == y).sum(-1)
 
 
+ACTIVATION_FACTOR = 3  # a layer's output, kept for backward, its gradient, and workspace
+
+
 class NetObjective:
-    """Cross-entropy of a torch module (+ l2 ||w||^2), vectorized over client copies with vmap."""
+    """Cross-entropy of a torch module (+ l2 ||w||^2), vectorized over client copies with vmap.
+
+    `autocast` (precision=bf16): the training forward/backward runs under torch.autocast in that dtype;
+    parameters, gradients and the loss stay in the parameters' dtype. Evaluation runs in full precision.
+    """
 
     convex = False
 
-    def __init__(self, net: nn.Module, name: str, l2: float = 0.0):
+    def __init__(self, net: nn.Module, name: str, l2: float, in_shape: tuple[int, ...],
+                 autocast: torch.dtype | None = None):
         for buffer, _ in net.named_buffers():
             raise ConfigError("model", name, f"the module holds a buffer '{buffer}'; the engine trains a model as a "
                               "pure function of its parameters (vmapped over clients), so it cannot keep state such "
                               "as BatchNorm's running statistics: use GroupNorm or LayerNorm, and keep constants as "
                               "plain tensor attributes")
         self.net, self.name, self.l2 = net, name, l2
+        self.in_shape, self.autocast = in_shape, autocast
+        self._sample_activations: int | None = None
         self.names = [n for n, _ in net.named_parameters()]
         self.shapes = [p.shape for _, p in net.named_parameters()]
         self.numels = [p.numel() for _, p in net.named_parameters()]
@@ -143,8 +157,9 @@ class NetObjective:
         return {n: p.reshape(*lead, *s) for n, p, s in zip(self.names, parts, self.shapes)}
 
     def _loss(self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        logits = functional_call(self.net, params, (x,))
-        loss = torch.nn.functional.cross_entropy(logits, y)
+        with torch.autocast(x.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
+            logits = functional_call(self.net, params, (x,))
+        loss = torch.nn.functional.cross_entropy(logits.to(x.dtype), y)
         if self.l2:
             loss = loss + self.l2 * sum((p * p).sum() for p in params.values())
         return loss
@@ -167,3 +182,19 @@ class NetObjective:
 
     def regularizer(self, w: torch.Tensor) -> torch.Tensor:
         return self.l2 * (w * w).sum(-1)
+
+    def activation_bytes(self, batch: int, itemsize: int) -> int:
+        """Bytes of one client copy's forward/backward over `batch` samples, from the layer outputs of a
+        probe forward pass on one sample (measured once)."""
+        if self._sample_activations is None:
+            found = []
+            hooks = [m.register_forward_hook(lambda m, i, out: found.append(out.numel()))
+                     for m in self.net.modules() if not list(m.children())]
+            try:
+                with torch.no_grad():
+                    self.net(torch.zeros(1, *self.in_shape))
+            finally:
+                for h in hooks:
+                    h.remove()
+            self._sample_activations = sum(found)
+        return ACTIVATION_FACTOR * batch * self._sample_activations * itemsize

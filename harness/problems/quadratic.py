@@ -11,6 +11,7 @@ from harness.problems.base import ClientKeys, Evaluation
 
 class QuadraticProblem:
     convex = True
+    memory_budget: int | None = None  # bytes (build_problem sets it); the executor splits its batches to fit
 
     def __init__(self, A: np.ndarray, e: np.ndarray, weights: np.ndarray | None = None, noise: float = 0.0,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
@@ -38,11 +39,18 @@ class QuadraticProblem:
         return keys.clients, torch.as_tensor(self.noise * z, dtype=self.dtype, device=self.device)
 
     def grad(self, w: torch.Tensor, batches, step: int) -> torch.Tensor:
+        """Gradients of the first len(w) clients of `batches` (the executor trains a prefix)."""
         clients, z = (batches, None) if not self.noise else batches
+        clients = clients[:len(w)]
         g = torch.bmm(self.A[clients], (w - self.e[clients]).unsqueeze(-1)).squeeze(-1)
-        return g if z is None else g + z[:, step]
+        return g if z is None else g + z[:len(w), step]
 
     reference_grad = grad
+
+    def entry_bytes(self, steps: int) -> int:
+        """Bytes one client copy of a batched step needs besides its parameters: A_k gathered, its noise."""
+        item = torch.empty((), dtype=self.dtype).element_size()
+        return (self.dim * self.dim + (steps * self.dim if self.noise else 0)) * item
 
     def objective_value(self, w: torch.Tensor) -> torch.Tensor:
         diff = w.unsqueeze(1) - self.e  # [R, N, d]

@@ -1,0 +1,61 @@
+"""memory_budget_gb: training and evaluation split into chunks that fit, with the unchunked result."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from closeness import assert_close_to_scale
+from harness.core.engine import Engine
+from harness.errors import ConfigError
+from harness.core.executors import InlineExecutor, entry_bytes
+from harness.run import execute, prepare
+
+STEPS_HIGH = 9
+
+
+def _run(problem, algorithm, cfg: dict, rounds: int):
+    executor = InlineExecutor(problem, algorithm.solver)
+    engine = Engine(problem, algorithm, executor, rounds=rounds, seed=cfg["seed"], replicas=cfg["replicas"],
+                    eval_every=rounds)
+    return engine.run().state, executor.shards[0]
+
+
+def test_training_in_chunks_equals_one_batch(run_config):
+    cfg = run_config("dataset.num_clients=12", "algorithm=scaffold", "algorithm.clients_per_round=6", "replicas=2",
+                     "algorithm.local_work=random_steps", "algorithm.steps_low=1",
+                     f"algorithm.steps_high={STEPS_HIGH}", "algorithm.client_lr=0.1", "dtype=float64")
+    problem, algorithm, _ = prepare(cfg)
+    problem.memory_budget = None
+    whole, _ = _run(problem, algorithm, cfg, 3)
+    problem.memory_budget = 2 * entry_bytes(problem, algorithm.solver, STEPS_HIGH)
+    chunked, shard = _run(problem, algorithm, cfg, 3)
+    assert shard.chunk_entries(STEPS_HIGH, 12) == 2  # 12 sampled copies go in 6 chunks or more
+    assert_close_to_scale(chunked.x, whole.x, rtol=1e-12)
+    assert_close_to_scale(chunked.server_ctx["control"], whole.server_ctx["control"], rtol=1e-12)
+    assert chunked.x.abs().max() > 1e-2  # the model moved
+
+
+@pytest.mark.parametrize("model", ["logreg", "2nn"])
+def test_evaluation_in_chunks_equals_one_chunk(run_config, model):
+    cfg = run_config("dataset.num_clients=8", f"model={model}", "model.l2=0.01", "dtype=float64")
+    problem, _, _ = prepare(cfg)
+    w = problem.init_params(3, 0) + 0.01
+    problem.memory_budget = None
+    whole = problem.evaluate(w)
+    item = 8
+    problem.memory_budget = 3 * 7 * (problem.sample_numel * item + problem.objective.activation_bytes(1, item))
+    assert problem.eval_chunk(3) == 7 and len(problem.y) > 100  # many chunks of 7 samples
+    chunked = problem.evaluate(w)
+    for name in ("train_loss", "grad_norm_sq", "test_loss", "test_acc"):
+        assert_close_to_scale(getattr(chunked, name), getattr(whole, name), rtol=1e-12)
+
+
+def test_budget_too_small_for_one_client_is_one_clear_error(run_config, tmp_path):
+    cfg = run_config("dataset.num_clients=4", "memory_budget_gb=1e-9", f"results_dir={tmp_path / 'out'}")
+    with pytest.raises(ConfigError) as err:
+        execute(cfg)
+    assert err.value.key == "memory_budget_gb" and "one client copy" in str(err.value)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match="memory_budget_gb"):
+        execute(run_config("memory_budget_gb=-1"))

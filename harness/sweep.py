@@ -230,7 +230,11 @@ def split_overrides(args: list[str]) -> tuple[str, list[str], list[str], dict[st
 
 
 def apply_cli(spec: SweepSpec, plain: list[str], sweeps: dict[str, list[str]]) -> SweepSpec:
-    """Command-line sweeps become grid dimensions; a plain `k=v` fixes k (removing it from the grid)."""
+    """Command-line sweeps become grid dimensions; a plain `k=v` fixes k (removing it from the grid).
+
+    A zip keeps its other keys zipped: a fixed zipped key leaves the zip (every point of the zip gets the value),
+    and a command-line list for a zipped key replaces that key's column, so it must have the zip's length.
+    """
     base = list(spec.base)
     fixed = set()
     for text in plain:
@@ -240,15 +244,29 @@ def apply_cli(spec: SweepSpec, plain: list[str], sweeps: dict[str, list[str]]) -
             continue
         base.append(text)
         fixed.add(key)
+    zipped = {k for z in spec.zip for k in z}
     grid = []
     for g in spec.grid or [{}]:
-        g = {k: v for k, v in g.items() if k not in fixed and k not in sweeps}
-        g.update(sweeps)
+        for key, vals in sweeps.items():
+            if key in zipped and key in g:
+                _check_zip_column(spec, g, key, vals)
+        g = {k: sweeps.get(k, v) if k in zipped else v for k, v in g.items() if k not in fixed}
+        g = {k: v for k, v in g.items() if k in zipped or k not in sweeps}
+        g.update({k: v for k, v in sweeps.items() if k not in g})
         grid.append(g)
     spec.base, spec.grid = base, grid
-    spec.zip = [z for z in spec.zip if not any(k in fixed or k in sweeps for k in z)]
+    spec.zip = [kept for kept in ([k for k in z if k not in fixed] for z in spec.zip) if kept]
     _check_zip(spec)
     return spec
+
+
+def _check_zip_column(spec: SweepSpec, g: dict[str, list[str]], key: str, vals: list[str]) -> None:
+    """A command-line list for a zipped key replaces its column: it needs the zip's length."""
+    group = next(z for z in spec.zip if key in z)
+    length = len(g[key])
+    require(len(vals) == length, key, ",".join(vals), f"{key} varies together with "
+            f"{', '.join(k for k in group if k != key)} (sweep zip): give one value (the same for every point) "
+            f"or {length} comma-separated values")
 
 
 # ---------------------------------------------------------------- expansion

@@ -30,19 +30,42 @@ class ProgressBar:
 
 
 def cmd_run(overrides: list[str]) -> int:
+    """One run. SIGINT/SIGTERM end it with one line on stderr and exit status 130/143 (128 + the signal)."""
     from harness.config import load_config
+    from harness.lifecycle import RunInterrupted, mark_lost_runs
     from harness.run import execute, summary_table
 
     cfg = load_config(overrides)
+    mark_lost_runs(cfg["results_dir"])
     bar = ProgressBar(cfg["rounds"], bool(cfg["progress"]))
     try:
         result = execute(cfg, progress=bar)
+    except RunInterrupted as err:
+        bar.close()
+        print(f"fedharness: {interrupted_line(err, overrides)}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:  # before the run started: nothing was recorded
+        bar.close()
+        print("fedharness: interrupted before the run started; nothing recorded", file=sys.stderr)
+        return 130
     finally:
         bar.close()
     print(summary_table(result.rows))
     print(f"run {result.run_id}: status={result.status}; results in {result.results_dir}/ "
           f"(runs/, rounds/ as Parquet)")
     return 0 if result.status == "ok" else 3
+
+
+def interrupted_line(err, overrides: list[str]) -> str:
+    """Where an interrupted run stood, and the command that continues it (resume needs a checkpoint)."""
+    import shlex
+
+    head = f"interrupted at round {err.rounds_done} ({err}); run {err.run_id}"
+    if err.checkpoint_round is None:
+        return f"{head} cannot be resumed: no checkpoint (set checkpoint_every=N to make runs resumable)"
+    kept = [shlex.quote(o) for o in overrides if not o.startswith("resume=")]
+    return (f"{head}; resume with: fedharness run {' '.join([*kept, f'resume={err.run_id}'])} "
+            f"(continues from round {err.checkpoint_round}, its last checkpoint)")
 
 
 def cmd_list() -> int:

@@ -369,14 +369,16 @@ def _existing_status(results_dir: str, run_id: str) -> str | None:
 
 
 def record_failure(overrides: list[str], run_id: str, error: str) -> None:
-    """A runs/ row with status=failed, unless the run itself already wrote its final row."""
+    """A runs/ row with status=failed and the rounds it recorded, unless the run itself wrote its final row."""
+    from harness.lifecycle import last_recorded_round
     from harness.run import _now, _run_row
     from harness.sinks import ParquetSink
 
     cfg = load_config(overrides)
-    if _existing_status(cfg["results_dir"], run_id) in ("ok", "diverged", "failed"):
+    if _existing_status(cfg["results_dir"], run_id) not in (None, "running"):
         return
-    ParquetSink(cfg["results_dir"], run_id).write_run(_run_row(cfg, "failed", 0, _now(), error))
+    rounds = last_recorded_round(cfg["results_dir"], run_id)
+    ParquetSink(cfg["results_dir"], run_id).write_run(_run_row(cfg, "failed", rounds, _now(), error))
 
 
 def run_job(overrides: list[str], run_id: str, num_threads: int = 1) -> JobOutcome:
@@ -533,5 +535,8 @@ def main(args: list[str], dry_run: bool = False) -> int:
             print(f"{job.run_id}  {' '.join(job.overrides)}")
         print(f"{len(jobs)} runs (dry run: nothing started)")
         return 0
+    from harness.lifecycle import mark_lost_runs
+
+    mark_lost_runs(spec.results_dir)
     result = run_sweep(spec, jobs, echo=lambda s: print(s, flush=True))
     return 0 if result.counts().get("failed", 0) == 0 else 3

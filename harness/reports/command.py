@@ -26,10 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from harness.lifecycle import mark_lost_runs
     from harness.reports.analysis import parse_target
     from harness.reports.report import build_report
 
     targets = None if args.target is None else [parse_target(t) for t in args.target]
+    mark_lost_runs(args.results_dir)  # so the report counts a killed run as lost, not running
     report = build_report(args.results_dir, targets, args.scale_key, args.out, args.study, args.bootstrap,
                           args.level, args.series)
     for t in report.targets:

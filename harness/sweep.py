@@ -15,6 +15,7 @@ import itertools
 import json
 import math
 import os
+import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -535,8 +536,14 @@ def main(args: list[str], dry_run: bool = False) -> int:
             print(f"{job.run_id}  {' '.join(job.overrides)}")
         print(f"{len(jobs)} runs (dry run: nothing started)")
         return 0
-    from harness.lifecycle import mark_lost_runs
+    from harness.lifecycle import RunInterrupted, interrupts_raised, mark_lost_runs
 
     mark_lost_runs(spec.results_dir)
-    result = run_sweep(spec, jobs, echo=lambda s: print(s, flush=True))
+    try:
+        with interrupts_raised():
+            result = run_sweep(spec, jobs, echo=lambda s: print(s, flush=True))
+    except KeyboardInterrupt as err:  # SIGINT/SIGTERM: the running run recorded itself as interrupted
+        print(f"fedharness: sweep {spec.name} interrupted ({err or 'SIGINT'}); the runs that finished are in "
+              f"{spec.results_dir}/ and listed in its sweeps/ manifest", file=sys.stderr)
+        return err.exit_code if isinstance(err, RunInterrupted) else 130
     return 0 if result.counts().get("failed", 0) == 0 else 3

@@ -143,3 +143,21 @@ def test_only_rows_of_gone_processes_on_this_host_are_marked_lost(tmp_path):
     assert sorted(mark_lost_runs(tmp_path)) == ["dead", "reused-pid"]
     assert [_run_row(tmp_path, r)["status"] for r in ("alive", "reused-pid", "dead", "elsewhere")] \
         == ["running", "lost", "lost", "running"]
+
+
+def test_sigterm_ends_a_local_sweep_with_one_line_and_its_run_interrupted(tmp_path):
+    results = tmp_path / "results"
+    (tmp_path / "s.yaml").write_text("runner: local\nbase: {dataset: quadratic, rounds: 10000000, eval_every: 1, "
+                                     "checkpoint_every: 5}\ngrid: {seed: [0, 1]}\n")
+    err = tmp_path / "stderr.txt"
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "sweep", f"sweep={tmp_path / 's.yaml'}",
+                             f"results_dir={results}"], cwd=REPO, env=ONE_THREAD, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=open(err, "w"))
+    _wait_for(proc, lambda: any((results / "checkpoints").glob("run_id=*/state.pt")), err)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143
+    assert err.read_text().splitlines() == [f"fedharness: sweep s interrupted (SIGTERM); the runs that finished are "
+                                            f"in {results}/ and listed in its sweeps/ manifest"]
+    row = _run_row(results)  # the second point never started
+    assert row["status"] == "interrupted" and row["rounds_done"] == _last_round_in_parquet(results, row["run_id"])
+    assert len(list((results / "sweeps").glob("s-*.json"))) == 1

@@ -64,8 +64,9 @@ def interrupted_line(err, overrides: list[str]) -> str:
     if err.checkpoint_round is None:
         return f"{head} cannot be resumed: no checkpoint (set checkpoint_every=N to make runs resumable)"
     kept = [shlex.quote(o) for o in overrides if not o.startswith("resume=")]
-    return (f"{head}; resume with: fedharness run {' '.join([*kept, f'resume={err.run_id}'])} "
-            f"(continues from round {err.checkpoint_round}, its last checkpoint)")
+    start = f"continues from round {err.checkpoint_round}, its last checkpoint" if err.checkpoint_round else \
+        "starts again from round 0: no checkpoint was written yet"
+    return f"{head}; resume with: fedharness run {' '.join([*kept, f'resume={err.run_id}'])} ({start})"
 
 
 def cmd_list() -> int:

@@ -86,11 +86,13 @@ def run(overrides: Overrides = None, **kwargs: Any) -> Result:
 
     The tqdm progress bar follows the `progress` key (on by default, also in notebooks).
     """
-    from harness.progress import ProgressBar
     from harness.config import load_config
+    from harness.lifecycle import mark_lost_runs
+    from harness.progress import ProgressBar
     from harness.run import execute
 
     cfg = load_config(as_overrides(overrides, **kwargs))
+    mark_lost_runs(cfg["results_dir"])  # rows a killed process left `running`
     bar = ProgressBar(cfg["rounds"], bool(cfg["progress"]))
     try:
         result = execute(cfg, progress=bar)

@@ -9,14 +9,36 @@ from harness.errors import ConfigError, ResultsWriteError
 
 
 def cmd_run(overrides: list[str]) -> int:
+    """One run. SIGINT/SIGTERM end it with one line on stderr and exit status 130/143 (128 + the signal)."""
     from harness.api import run
+    from harness.lifecycle import RunInterrupted
     from harness.run import summary_table
 
-    result = run(overrides)  # the Python API's code path
+    try:
+        result = run(overrides)  # the Python API's code path
+    except RunInterrupted as err:
+        print(f"fedharness: {interrupted_line(err, overrides)}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:  # before the run started: nothing was recorded
+        print("fedharness: interrupted before the run started; nothing recorded", file=sys.stderr)
+        return 130
     print(summary_table(result.rows))
     print(f"run {result.run_id}: status={result.status}; results in {result.results_dir}/ "
           f"(runs/, rounds/ as Parquet)")
     return 0 if result.status == "ok" else 3
+
+
+def interrupted_line(err, overrides: list[str]) -> str:
+    """Where an interrupted run stood, and the command that continues it (resume needs a checkpoint)."""
+    import shlex
+
+    head = f"interrupted at round {err.rounds_done} ({err}); run {err.run_id}"
+    if err.checkpoint_round is None:
+        return f"{head} cannot be resumed: no checkpoint (set checkpoint_every=N to make runs resumable)"
+    kept = [shlex.quote(o) for o in overrides if not o.startswith("resume=")]
+    start = f"continues from round {err.checkpoint_round}, its last checkpoint" if err.checkpoint_round else \
+        "starts again from round 0: no checkpoint was written yet"
+    return f"{head}; resume with: fedharness run {' '.join([*kept, f'resume={err.run_id}'])} ({start})"
 
 
 def cmd_show_config(overrides: list[str]) -> int:

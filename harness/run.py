@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from harness.core.checkpoint import Checkpointer, load_resume
 from harness.core.engine import Engine, NetworkModel, RunOutcome
 from harness.core.executors import InlineExecutor, ReferenceExecutor
 from harness.core.series import build_series
+from harness.lifecycle import RunInterrupted, interrupts_raised, process_start
 from harness.parts import build_parts
 from harness.core.runtime import apply_runtime
 from harness.reference_policy import run_client_minima, run_reference
@@ -100,13 +102,17 @@ def _run_row(cfg: dict[str, Any], status: str, rounds_done: int, started: str, e
         "config_json": json.dumps(mask_secrets(cfg), sort_keys=True, default=str), "git_sha": _git_sha(),
         "started_at": started, "finished_at": None if status == "running" else _now(),
         "versions_json": _versions(), "host": platform.node(), "error": mask_secrets(error), "trial": cfg.get("trial"),
+        "pid": os.getpid(), "pid_start": process_start(os.getpid()),
     }
 
 
-def _is_pruned(err: BaseException) -> bool:
-    """An Optuna prune raised from on_eval; optuna is only looked up if the tuner already imported it."""
+def _end_status(err: BaseException) -> str:
+    """The status of a run an exception ended: interrupted (a signal), pruned (an Optuna prune raised from
+    on_eval; optuna is only looked up if the tuner already imported it), else failed."""
+    if isinstance(err, RunInterrupted):
+        return "interrupted"
     optuna = sys.modules.get("optuna")
-    return optuna is not None and isinstance(err, optuna.TrialPruned)
+    return "pruned" if optuna is not None and isinstance(err, optuna.TrialPruned) else "failed"
 
 
 def set_threads(cfg: dict[str, Any]) -> None:
@@ -128,6 +134,8 @@ def execute(cfg: dict[str, Any], progress=None, run_id: str | None = None, on_ev
 
     `progress(round, rows)` and `on_eval(rows, state)` are called after every evaluation;
     an exception from `on_eval` ends the run with status failed (pruned for optuna.TrialPruned).
+    SIGINT/SIGTERM (in the main thread) raise RunInterrupted, telling where the run stood; status interrupted.
+    Either way the rounds so far are flushed and `rounds_done` is the last completed round.
     """
     set_threads(cfg)
     problem, algorithm, reference = prepare(cfg)
@@ -151,29 +159,42 @@ def execute(cfg: dict[str, Any], progress=None, run_id: str | None = None, on_ev
         if on_eval is not None:
             on_eval(rows, state)
 
+    ckpt = Checkpointer(cfg, run_id, started, sink, executor) if cfg.get("checkpoint_every") else None
+    if ckpt is not None and resumed is not None and resumed.state is not None:
+        ckpt.round = resumed.round
     engine = Engine(problem, algorithm, executor, rounds=cfg["rounds"], seed=cfg["seed"],
                     replicas=cfg["replicas"], eval_every=cfg["eval_every"], reference=reference,
                     on_rows=on_rows, progress=progress, layout=layout, series=series, network=network,
-                    checkpoint=Checkpointer(cfg, run_id, started, sink, executor).save
-                    if cfg.get("checkpoint_every") else None, checkpoint_every=cfg.get("checkpoint_every", 0))
-    try:
-        if resumed is not None and resumed.state is not None:
-            executor.set_state(resumed.client_state)
-        outcome: RunOutcome = engine.run(resumed.state if resumed else None)
-    except BaseException as err:
-        sink.flush()
-        status = "pruned" if _is_pruned(err) else "failed"
-        sink.write_run({**_run_row(cfg, status, 0, started, f"{type(err).__name__}: {err}"), **exact})
-        if wb is not None:
-            wb.finish(status, cfg["results_dir"])
-        raise
-    finally:
-        executor.close()
+                    checkpoint=ckpt.save if ckpt else None, checkpoint_every=cfg.get("checkpoint_every", 0))
+    with interrupts_raised():  # also while recording the end, so a second signal cannot cut it short
+        try:
+            if resumed is not None and resumed.state is not None:
+                executor.set_state(resumed.client_state)
+            outcome: RunOutcome = engine.run(resumed.state if resumed else None)
+        except BaseException as err:
+            _record_end(cfg, sink, wb, exact, started, engine.rounds_done, err)
+            if isinstance(err, RunInterrupted):
+                err.run_id, err.rounds_done = run_id, engine.rounds_done
+                err.checkpoint_round = None if ckpt is None else ckpt.round if ckpt.round is not None else 0
+            raise
+        finally:
+            executor.close()
     sink.flush()
     sink.write_run({**_run_row(cfg, outcome.status, outcome.rounds_done, started), **exact})
     if wb is not None:
         wb.finish(outcome.status, cfg["results_dir"], outcome.rows)
     return RunResult(run_id, outcome.status, outcome.rows, Path(cfg["results_dir"]))
+
+
+def _record_end(cfg: dict[str, Any], sink: ParquetSink, wb, exact: dict, started: str, rounds_done: int,
+                err: BaseException) -> None:
+    """The rows so far, and the run row of a run that an exception (or a signal) ended."""
+    status = _end_status(err)
+    sink.flush()
+    error = f"interrupted by {err}" if status == "interrupted" else f"{type(err).__name__}: {err}"
+    sink.write_run({**_run_row(cfg, status, rounds_done, started, error), **exact})
+    if wb is not None:
+        wb.finish(status, cfg["results_dir"])
 
 
 def summary_table(rows: list[dict]) -> str:

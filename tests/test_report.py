@@ -132,3 +132,79 @@ def test_report_command_names_a_bad_directory(tmp_path):
     out = fedharness("report", str(tmp_path / "nothing"), "--target", "train_loss<=1")
     assert out.returncode == 2 and "RESULTS_DIR" in out.stderr
     assert textwrap.shorten(out.stderr, 300).count("Traceback") == 0
+
+
+@pytest.fixture(scope="module")
+def diverged_group(tmp_path_factory) -> Path:
+    """fedavg at n = 1, 2, 4 (ok), and a fednova group at n = 2, 4 that diverges before its first evaluation
+    after round 0 (eval_every=10, a client step size of 50)."""
+    from harness.config import load_config
+    from harness.run import execute
+
+    results = tmp_path_factory.mktemp("diverged") / "res"
+    base = [f"results_dir={results}", "progress=false", "dataset=quadratic", "dataset.num_clients=10", "rounds=20",
+            "replicas=2", "algorithm.sampler=scheme_ii"]
+    for n in (1, 2, 4):
+        assert execute(load_config([*base, f"algorithm.clients_per_round={n}", "eval_every=1"])).status == "ok"
+    for n in (2, 4):
+        cfg = load_config([*base, "algorithm=fednova", "algorithm.sampler=scheme_ii", f"algorithm.clients_per_round={n}",
+                           "eval_every=10", "algorithm.client_lr=50"])
+        assert execute(cfg).status == "diverged"
+    return results
+
+
+def _copy(results: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(results, tmp_path / "res"))
+
+
+def _report(results: Path, *args: str) -> int:
+    from harness.cli import main
+
+    return main(["report", str(results), "--target", "subopt<=0.5", *args])
+
+
+def test_report_counts_runs_that_diverged_before_their_first_evaluation_as_censored(diverged_group, tmp_path):
+    results = _copy(diverged_group, tmp_path)
+    assert _report(results) == 0
+    cells = pd.read_csv(results / "report" / "tables" / "to_target_subopt_le_0.5.csv")
+    fednova = cells[cells["algorithm"] == "fednova"]
+    assert list(fednova["n"]) == [2.0, 4.0] and (fednova["censored"] == 2).all() and (fednova["reached"] == 0).all()
+    for png in ("collapse_subopt", "convergence_subopt", "speedup_subopt_le_0.5"):
+        assert (results / "report" / "figures" / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_names_and_skips_a_truncated_part(diverged_group, tmp_path, capsys):
+    results = _copy(diverged_group, tmp_path)
+    part = sorted((results / "rounds").glob("run_id=*/part-*.parquet"))[0]
+    part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
+    assert _report(results) == 0
+    assert f"skipped an unreadable file, {part}: ArrowInvalid" in capsys.readouterr().err
+    assert f"* `{part}: ArrowInvalid" in (results / "report" / "report.md").read_text()
+    replicas = pd.read_csv(results / "report" / "tables" / "replicas_subopt_le_0.5.csv")
+    lost = replicas[replicas["run_id"] == part.parent.name.split("=", 1)[1]]
+    assert len(lost) == 2 and not lost["reached"].any()  # its replicas count as censored, not vanish
+
+
+def test_report_bad_scale_key_lists_the_usable_ones_and_writes_nothing(diverged_group, tmp_path, capsys):
+    results = _copy(diverged_group, tmp_path)
+    assert _report(results, "--scale-key", "nosuch") == 2
+    err = capsys.readouterr().err
+    assert "'--scale-key': 'nosuch'" in err and "algorithm.clients_per_round" in err
+    assert _report(results, "--scale-key", "algorithm.name") == 2  # a key, but not a number
+    assert sorted(p.name for p in results.iterdir()) == ["rounds", "runs"]
+
+
+def test_report_that_fails_midway_leaves_no_half_written_folder(diverged_group, tmp_path, monkeypatch):
+    from harness.studies.reports import plots
+
+    results = _copy(diverged_group, tmp_path)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("plot failed")
+
+    monkeypatch.setattr(plots, "speedup", broken)
+    with pytest.raises(RuntimeError, match="plot failed"):
+        _report(results)
+    assert sorted(p.name for p in results.iterdir()) == ["rounds", "runs"]  # no report/, no staging folder

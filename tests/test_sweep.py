@@ -188,3 +188,40 @@ def test_every_shipped_study_config_composes(tmp_path):
     for name, s in _shipped(tmp_path):
         jobs = expand(s)
         assert all(load_config(j.overrides)["study"] == name for j in jobs)
+
+
+ZIPPED = {"grid": {"algorithm.clients_per_round": [1, 2, 4], "rounds": [40, 20, 10], "eval_every": [4, 2, 1]},
+          "zip": [["algorithm.clients_per_round", "rounds", "eval_every"]]}
+
+
+def _cli(tmp_path, *args: str):
+    _, _, plain, sweeps = split_overrides(["sweep=x", *args])
+    return grid_points(apply_cli(spec(tmp_path, **ZIPPED), plain, sweeps))
+
+
+def test_fixing_one_zipped_key_keeps_the_zip(tmp_path):
+    s = apply_cli(spec(tmp_path, **ZIPPED), *split_overrides(["sweep=x", "rounds=30"])[2:])
+    assert grid_points(s) == [{"algorithm.clients_per_round": n, "eval_every": e}
+                              for n, e in (("1", "4"), ("2", "2"), ("4", "1"))]
+    assert all(load_config(job.overrides)["rounds"] == 30 for job in expand(s))
+    assert _cli(tmp_path, "rounds=30", "eval_every=1", "algorithm.clients_per_round=2") == [{}]  # all fixed: one run
+
+
+def test_a_list_for_a_zipped_key_replaces_its_column(tmp_path):
+    assert _cli(tmp_path, "rounds=8,6,4") == [{"algorithm.clients_per_round": n, "rounds": r, "eval_every": e}
+                                              for n, r, e in (("1", "8", "4"), ("2", "6", "2"), ("4", "4", "1"))]
+    assert len(_cli(tmp_path, "rounds=8,6,4", "seed=1,2")) == 6  # an unzipped list still multiplies
+    with pytest.raises(ConfigError) as err:
+        _cli(tmp_path, "rounds=8,6")
+    assert err.value.key == "rounds" and "3 comma-separated values" in err.value.allowed
+
+
+def test_cli_dry_run_counts_a_fixed_zipped_key_once(capsys):
+    from harness.cli import main
+
+    assert main(["sweep", "sweep=speedup_quadratic", "rounds=300", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "5 runs (dry run: nothing started)"
+    assert sorted(int(line.split("algorithm.clients_per_round=")[1].split()[0]) for line in lines[:-1]) \
+        == [1, 2, 4, 8, 16]
+    assert all(" rounds=300 " in line for line in lines[:-1])

@@ -63,6 +63,7 @@ class Checkpointer:
     def __init__(self, cfg: dict[str, Any], run_id: str, started: str, sink, executor):
         self.dir = checkpoint_dir(cfg["results_dir"], run_id)
         self.sink, self.executor = sink, executor
+        self.round: int | None = None  # the last round saved (a resumed run sets its checkpoint's)
         meta = self.dir / "meta.json"
         if not meta.exists():  # a resumed run keeps its original meta
             text = json.dumps({"format": FORMAT, "run_id": run_id, "started_at": started, "config": _plain(cfg)},
@@ -75,6 +76,7 @@ class Checkpointer:
         payload = {"format": FORMAT, "round": state.round, "run_state": _map(_to(run_state, "cpu"), _encode_array),
                    "client_state": _map(self.executor.get_state(), _encode_array)}
         _atomic(self.dir / "state.pt", lambda f: torch.save(payload, f))
+        self.round = state.round
 
 
 def _map(obj, leaf: Callable[[Any], Any]):

@@ -118,6 +118,7 @@ class Engine:
         self.bytes_per_param = torch.finfo(problem.dtype).bits // 8
         self._last_lr = np.full(replicas, np.nan)
         self._last_diag = None
+        self.rounds_done = 0  # the last completed round, also when an exception ends the run
 
     def initial_state(self) -> RunState:
         init_ids = self.layout.init_ids  # coupled replicas (Richardson-Romberg) start from the same point
@@ -206,6 +207,7 @@ class Engine:
 
     def run(self, state: RunState | None = None) -> RunOutcome:
         state = state or self.initial_state()
+        self.rounds_done = state.round
         start = time.perf_counter() - state.wall_s
         rows: list[dict] = []
         if state.round == 0:
@@ -221,6 +223,7 @@ class Engine:
                     status = "diverged"
                     break
                 new = self.evaluate(state)
+                self.rounds_done = state.round  # set just before its rows go out, so the two agree
                 rows.extend(new)
                 self.on_rows(new, state)
                 if self.progress:
@@ -228,6 +231,8 @@ class Engine:
                 if any(r["train_loss"] is None for r in new if r["series"] == "iterate"):
                     status = "diverged"  # finite weights but an overflowing loss: stop here, rows kept
                     break
+            else:
+                self.rounds_done = state.round
             if self.checkpoint is not None and self.checkpoint_every and state.round < self.rounds \
                     and state.round % self.checkpoint_every == 0:
                 self.checkpoint(state)  # after the round's rows, so they land in the part it closes

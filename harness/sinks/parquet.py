@@ -27,6 +27,7 @@ RUN_SCHEMA = pa.schema([
     ("finished_at", pa.string()), ("versions_json", pa.string()), ("host", pa.string()),
     ("error", pa.string()), ("trial", pa.int64()),
     ("f_star", pa.float64()), ("gamma_heterogeneity", pa.float64()),
+    ("pid", pa.int64()), ("pid_start", pa.int64()),  # the writing process: a `running` row whose one is gone is lost
 ])
 
 

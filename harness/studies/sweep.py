@@ -15,6 +15,7 @@ import itertools
 import json
 import math
 import os
+import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -236,7 +237,11 @@ def split_overrides(args: list[str]) -> tuple[str, list[str], list[str], dict[st
 
 
 def apply_cli(spec: SweepSpec, plain: list[str], sweeps: dict[str, list[str]]) -> SweepSpec:
-    """Command-line sweeps become grid dimensions; a plain `k=v` fixes k (removing it from the grid)."""
+    """Command-line sweeps become grid dimensions; a plain `k=v` fixes k (removing it from the grid).
+
+    A zip keeps its other keys zipped: a fixed zipped key leaves the zip (every point of the zip gets the value),
+    and a command-line list for a zipped key replaces that key's column, so it must have the zip's length.
+    """
     base = list(spec.base)
     fixed = set()
     for text in plain:
@@ -246,15 +251,29 @@ def apply_cli(spec: SweepSpec, plain: list[str], sweeps: dict[str, list[str]]) -
             continue
         base.append(text)
         fixed.add(key)
+    zipped = {k for z in spec.zip for k in z}
     grid = []
     for g in spec.grid or [{}]:
-        g = {k: v for k, v in g.items() if k not in fixed and k not in sweeps}
-        g.update(sweeps)
+        for key, vals in sweeps.items():
+            if key in zipped and key in g:
+                _check_zip_column(spec, g, key, vals)
+        g = {k: sweeps.get(k, v) if k in zipped else v for k, v in g.items() if k not in fixed}
+        g = {k: v for k, v in g.items() if k in zipped or k not in sweeps}
+        g.update({k: v for k, v in sweeps.items() if k not in g})
         grid.append(g)
     spec.base, spec.grid = base, grid
-    spec.zip = [z for z in spec.zip if not any(k in fixed or k in sweeps for k in z)]
+    spec.zip = [kept for kept in ([k for k in z if k not in fixed] for z in spec.zip) if kept]
     _check_zip(spec)
     return spec
+
+
+def _check_zip_column(spec: SweepSpec, g: dict[str, list[str]], key: str, vals: list[str]) -> None:
+    """A command-line list for a zipped key replaces its column: it needs the zip's length."""
+    group = next(z for z in spec.zip if key in z)
+    length = len(g[key])
+    require(len(vals) == length, key, ",".join(vals), f"{key} varies together with "
+            f"{', '.join(k for k in group if k != key)} (sweep zip): give one value (the same for every point) "
+            f"or {length} comma-separated values")
 
 
 # ---------------------------------------------------------------- expansion
@@ -357,14 +376,16 @@ def _existing_status(results_dir: str, run_id: str) -> str | None:
 
 
 def record_failure(overrides: list[str], run_id: str, error: str) -> None:
-    """A runs/ row with status=failed, unless the run itself already wrote its final row."""
+    """A runs/ row with status=failed and the rounds it recorded, unless the run itself wrote its final row."""
+    from harness.lifecycle import last_recorded_round
     from harness.run import _now, _run_row
     from harness.sinks.parquet import ParquetSink
 
     cfg = load_config(overrides)
-    if _existing_status(cfg["results_dir"], run_id) in ("ok", "diverged", "failed"):
+    if _existing_status(cfg["results_dir"], run_id) not in (None, "running"):
         return
-    ParquetSink(cfg["results_dir"], run_id).write_run(_run_row(cfg, "failed", 0, _now(), error))
+    rounds = last_recorded_round(cfg["results_dir"], run_id)
+    ParquetSink(cfg["results_dir"], run_id).write_run(_run_row(cfg, "failed", rounds, _now(), error))
 
 
 def run_job(overrides: list[str], run_id: str, num_threads: int = 1) -> JobOutcome:
@@ -526,5 +547,14 @@ def main(args: list[str], dry_run: bool = False) -> int:
             print(f"{job.run_id}  {' '.join(job.overrides)}")
         print(f"{len(jobs)} runs (dry run: nothing started)")
         return 0
-    result = run_sweep(spec, jobs, echo=lambda s: print(s, flush=True))
+    from harness.lifecycle import RunInterrupted, interrupts_raised, mark_lost_runs
+
+    mark_lost_runs(spec.results_dir)
+    try:
+        with interrupts_raised():
+            result = run_sweep(spec, jobs, echo=lambda s: print(s, flush=True))
+    except KeyboardInterrupt as err:  # SIGINT/SIGTERM: the running run recorded itself as interrupted
+        print(f"fedharness: sweep {spec.name} interrupted ({err or 'SIGINT'}); the runs that finished are in "
+              f"{spec.results_dir}/ and listed in its sweeps/ manifest", file=sys.stderr)
+        return err.exit_code if isinstance(err, RunInterrupted) else 130
     return 0 if result.counts().get("failed", 0) == 0 else 3

@@ -34,10 +34,12 @@ def make_report(results_dir: str, targets: list[str] | None = None, scale_key: s
                 out: str | None = None, study: str | None = None, bootstrap: int | None = None,
                 level: float = 0.95, series: str = "iterate"):
     """The Report of a results directory (CLI and Python API); targets as text, e.g. 'subopt<=1e-3'."""
+    from harness.lifecycle import mark_lost_runs
     from harness.studies.reports.analysis import parse_target
     from harness.studies.reports.report import build_report
 
     parsed = None if targets is None else [parse_target(t) for t in targets]
+    mark_lost_runs(results_dir)  # so the report counts a killed run as lost, not running
     return build_report(results_dir, parsed, scale_key, out, study, bootstrap, level, series)
 
 

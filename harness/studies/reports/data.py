@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.errors import require
+from harness.errors import ConfigError, require
 
 # Keys that do not change a trajectory, or that identify a run rather than a design point.
 IGNORED = ("seed", "results_dir", "study", "experiment", "progress", "executor", "num_shards", "device", "trial",
@@ -27,12 +28,22 @@ class Results:
     runs: pd.DataFrame  # one row per run; `cfg` holds the flattened config dict
     rounds: pd.DataFrame  # one row per (run, replica, series, evaluated round)
     manifests: list[dict] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # unreadable Parquet files, with why
 
 
-def _read_parts(files: list[Path], run_ids: list[str]) -> pd.DataFrame:
+def _read_parts(files: list[Path], run_ids: list[str], skipped: list[str]) -> pd.DataFrame:
+    """The files as one table with their run_id; an unreadable file (truncated, not Parquet) is named on
+    stderr, listed in `skipped`, and left out, so one bad file does not hide all the others."""
     tables = []
     for path, run_id in zip(files, run_ids):
-        t = pq.read_table(path)
+        try:
+            t = pq.read_table(path)
+        except (pa.ArrowException, OSError) as err:
+            message = (str(err).splitlines() or [""])[0].replace(str(path), "file").replace("`", "'")
+            why = f"{path}: {type(err).__name__}: {message[:160]}"
+            print(f"fedharness report: warning: skipped an unreadable file, {why}", file=sys.stderr)
+            skipped.append(why)
+            continue
         if "run_id" in t.column_names:
             t = t.drop(["run_id"])
         tables.append(t.append_column("run_id", pa.array([run_id] * t.num_rows, pa.string())))
@@ -61,7 +72,8 @@ def load_results(results_dir: str | Path, study: str | None = None) -> Results:
     require(root.is_dir() and (root / "runs").is_dir(), "RESULTS_DIR", str(root),
             "a results directory with runs/ (and rounds/) written by fedharness run/sweep")
     run_files = sorted((root / "runs").glob("run_id=*/run.parquet"))
-    runs = _read_parts(run_files, [_run_id(p) for p in run_files])
+    skipped: list[str] = []
+    runs = _read_parts(run_files, [_run_id(p) for p in run_files], skipped)
     require(len(runs) > 0, "RESULTS_DIR", str(root), "holds no runs")
     if study is not None:
         studies = sorted(runs["study"].dropna().unique())
@@ -71,7 +83,7 @@ def load_results(results_dir: str | Path, study: str | None = None) -> Results:
     runs["cfg"] = [flatten(json.loads(c)) if isinstance(c, str) else {} for c in runs["config_json"]]
     keep = set(runs["run_id"])
     round_files = [p for p in sorted((root / "rounds").glob("run_id=*/part-*.parquet")) if _run_id(p) in keep]
-    rounds = _read_parts(round_files, [_run_id(p) for p in round_files])
+    rounds = _read_parts(round_files, [_run_id(p) for p in round_files], skipped)
     if len(rounds):
         rounds = rounds.sort_values(["run_id", "series", "replica", "round"], kind="stable").reset_index(drop=True)
     manifests = []
@@ -79,7 +91,7 @@ def load_results(results_dir: str | Path, study: str | None = None) -> Results:
         data = json.loads(path.read_text())
         if study is None or data.get("name") == study:
             manifests.append(data)
-    return Results(root, runs, rounds, manifests)
+    return Results(root, runs, rounds, manifests, skipped)
 
 
 def _hashable(v: Any) -> Any:
@@ -133,8 +145,26 @@ def design(runs: pd.DataFrame, scale_key: str, manifests: list[dict]) -> tuple[l
     return group, tied
 
 
-def scale_value(cfg: dict[str, Any], scale_key: str) -> float | None:
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_scale_key(runs: pd.DataFrame, scale_key: str) -> None:
+    """n must be a number in every run's config; otherwise name the numeric keys that vary between runs."""
+    if all(_number(scale_value_raw(cfg, scale_key)) for cfg in runs["cfg"]):
+        return
+    usable = [k for k in varying_keys(runs) if all(_number(cfg.get(k)) for cfg in runs["cfg"])]
+    raise ConfigError("--scale-key", scale_key, "a config key that is a number in every run; numeric keys that "
+                      f"vary between these runs: {', '.join(usable) or 'none (every run has the same n)'}")
+
+
+def scale_value_raw(cfg: dict[str, Any], scale_key: str) -> Any:
     v = cfg.get(scale_key)
     if scale_key == "algorithm.clients_per_round" and cfg.get("algorithm.sampler") == "full":
         v = cfg.get("dataset.num_clients")  # full participation: n is every client (Yang et al.'s m)
+    return v
+
+
+def scale_value(cfg: dict[str, Any], scale_key: str) -> float | None:
+    v = scale_value_raw(cfg, scale_key)
     return None if v is None else float(v)

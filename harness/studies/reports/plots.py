@@ -76,16 +76,21 @@ def collapse(curves: pd.DataFrame, metric: str, target: Target | None, path: Pat
     """Metric against n x (local steps so far) = n K T: under linear speedup the curves of all n coincide."""
     fig, panels, colors = _panels(curves)
     for ax, group, g in panels:
+        drawn = False
         for n, c in g.groupby("n"):
             x = n * c["local_steps"]
             keep = x > 0
             ax.plot(x[keep], c["mean"][keep], color=colors[n], label=f"n={n:g}")
+            drawn = drawn or bool(keep.any())
+        ax.set_title(group, fontsize=9)
+        if not drawn:  # every run of the group stopped (diverged, failed) before its first evaluation
+            _nothing(ax, "no evaluation after round 0 (diverged or failed)")
+            continue
         if target is not None and target.metric == metric:
             ax.axhline(target.value, color="k", linestyle="--", linewidth=0.8)
         ax.set_xscale("log")
         if _positive(curves["mean"]):
             ax.set_yscale("log")
-        ax.set_title(group, fontsize=9)
         ax.set_xlabel("n K T (clients x local steps so far)")
         ax.set_ylabel(metric)
         ax.legend(fontsize=7)
@@ -155,6 +160,5 @@ def cost_to_target(cells: pd.DataFrame, target: Target, scale_key: str, path: Pa
     return _save(fig, path)
 
 
-def _nothing(ax) -> None:
-    ax.text(0.5, 0.5, "no cell reached the target after round 0", ha="center", va="center",
-            transform=ax.transAxes, fontsize=8)
+def _nothing(ax, why: str = "no cell reached the target after round 0") -> None:
+    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, fontsize=8)

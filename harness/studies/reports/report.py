@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as _dt
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pandas as pd
 from harness.errors import require
 from harness.studies.reports import analysis, markdown, plots
 from harness.studies.reports.analysis import Design, Target, parse_target
-from harness.studies.reports.data import Results, load_results
+from harness.studies.reports.data import Results, check_scale_key, load_results
 
 DEFAULT_SCALE_KEY = "algorithm.clients_per_round"
 
@@ -70,14 +72,40 @@ def build_report(results_dir: str | Path, targets: list[Target] | None = None, s
                  out_dir: str | Path | None = None, study: str | None = None, bootstrap: int | None = None,
                  level: float = 0.95, series: str = "iterate", metrics: list[str] | None = None,
                  figures: bool = True) -> Report:
-    """Tables (and CSV), figures unless `figures=False` (analysis only), and report.md."""
+    """Tables (and CSV), figures unless `figures=False` (analysis only), and report.md.
+
+    Every argument is checked before any file; the report is built in a staging folder and moved into place
+    only when complete, so an error leaves no half-written report (and no empty tables/ or figures/)."""
     results = load_results(results_dir, study)
     targets, scale_key, bootstrap = _defaults(results, targets, scale_key, bootstrap)
     require(0 < level < 1, "--level", level, "must be in (0, 1)")
     require(bootstrap >= 1, "--bootstrap", bootstrap, "must be an integer >= 1")
-    out = Path(out_dir) if out_dir is not None else results.root / "report"
-    (out / "figures").mkdir(parents=True, exist_ok=True)
-    (out / "tables").mkdir(parents=True, exist_ok=True)
+    check_scale_key(results.runs, scale_key)
+    final = Path(out_dir) if out_dir is not None else results.root / "report"
+    stage = Path(tempfile.mkdtemp(prefix=f".{final.name}-", suffix=".tmp",
+                                  dir=final.parent if final.parent.is_dir() else None))
+    try:
+        report = _write_report(results, targets, scale_key, stage, bootstrap, level, series, metrics, figures)
+        _publish(stage, final)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    report.out_dir, report.markdown = final, final / "report.md"
+    report.figures = {name: final / path.relative_to(stage) for name, path in report.figures.items()}
+    return report
+
+
+def _publish(stage: Path, final: Path) -> None:
+    """Move the staged files into `final` (replacing files of an earlier report, keeping anything else)."""
+    for src in sorted(p for p in stage.rglob("*") if p.is_file()):
+        dest = final / src.relative_to(stage)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(src, dest)
+
+
+def _write_report(results: Results, targets: list[Target], scale_key: str, out: Path, bootstrap: int, level: float,
+                  series: str, metrics: list[str] | None, figures: bool) -> Report:
+    (out / "figures").mkdir()
+    (out / "tables").mkdir()
     labels, design = analysis.run_labels(results, scale_key)
     report = Report(out, out / "report.md", design, targets)
     report.tables["runs"] = _runs_table(results, labels)
@@ -138,6 +166,9 @@ def render_markdown(report: Report, results: Results, level: float) -> str:
     md += ["## Runs", "", f"{len(runs)} runs; not ok: {len(failed)}.", ""]
     if len(failed):
         md += [markdown.table(failed, ["run_id", "group", "n", "status", "rounds_done", "error"]), ""]
+    if results.skipped:
+        md += [f"Unreadable files, left out ({len(results.skipped)}):", "",
+               *[f"* `{why}`" for why in results.skipped], ""]
     md += ["<details><summary>All runs</summary>", "", markdown.table(runs.drop(columns=["error"])), "",
            "</details>", ""]
     for t in report.targets:

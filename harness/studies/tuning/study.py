@@ -640,8 +640,11 @@ def tune(spec: TuneSpec) -> dict:
     """Create or continue the study, run it to n_trials, export; returns the export summary."""
     from harness.studies.tuning.export import export_study
 
+    from harness.lifecycle import mark_lost_runs
+
     _quiet_optuna()
     check_reachable(spec)
+    mark_lost_runs(spec.results_dir)  # trial runs a killed worker left `running`
     open_study(spec, create=True)
     print(f"[{spec.study}] {spec.n_trials} trials of {spec.sampler} ({spec.objective.name}, "
           f"{spec.objective.direction}; budget {spec.budget.total} {spec.budget.kind}) in {mask_secrets(spec.storage)}",

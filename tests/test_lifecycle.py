@@ -1,0 +1,163 @@
+"""How runs end when they cannot finish: SIGTERM/SIGINT (one line, status interrupted, the true rounds_done,
+rounds flushed, a resume command that works), exceptions (failed, the true rounds_done), and SIGKILL (the next
+command marks the row lost). Real processes, real signals."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from harness.core.checkpoint import load_resume
+from harness.cli import main
+from harness.config import load_config
+from harness.lifecycle import mark_lost_runs, process_alive, process_start
+from harness.run import execute
+from harness.sinks.parquet import ParquetSink
+
+REPO = Path(__file__).resolve().parent.parent
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+# Far more rounds than the test waits for: the run is always mid-way when the signal lands.
+ENDLESS = ["dataset=quadratic", "rounds=10000000", "eval_every=1"]
+
+
+def _run_row(results: Path, run_id: str | None = None) -> dict:
+    files = list((results / "runs").glob(f"run_id={run_id or '*'}/run.parquet"))
+    assert len(files) == 1
+    return {**pq.read_table(files[0]).to_pylist()[0], "run_id": files[0].parent.name.split("=", 1)[1]}
+
+
+def _last_round_in_parquet(results: Path, run_id: str) -> int:
+    parts = sorted((results / "rounds" / f"run_id={run_id}").glob("part-*.parquet"))
+    return max(max(pq.read_table(p, columns=["round"]).column("round").to_pylist()) for p in parts)
+
+
+def _start_cli(results: Path, *overrides: str) -> tuple[subprocess.Popen, Path]:
+    err = results.parent / "stderr.txt"
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", f"results_dir={results}", *overrides],
+                            cwd=REPO, env=ONE_THREAD, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=open(err, "w"))
+    return proc, err
+
+
+def _wait_for(proc: subprocess.Popen, ready, err: Path) -> None:
+    deadline = time.monotonic() + 300  # a guard against a hang, not a timing assertion
+    while not ready():
+        assert proc.poll() is None, err.read_text()[-3000:]
+        assert time.monotonic() < deadline, "the run never got going"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_ends_a_run_with_one_line_interrupted_and_resumable(tmp_path, signum):
+    results = tmp_path / "results"
+    run = [*ENDLESS, "checkpoint_every=5", "progress=false"]
+    proc, err = _start_cli(results, *run)
+    _wait_for(proc, lambda: any((results / "checkpoints").glob("run_id=*/state.pt")), err)
+    proc.send_signal(signum)
+    assert proc.wait(timeout=120) == 128 + signum
+    lines = err.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fedharness: interrupted at round "), lines
+    row = _run_row(results)
+    assert row["status"] == "interrupted" and row["error"] == f"interrupted by {signum.name}"
+    assert row["rounds_done"] >= 5 and row["rounds_done"] == _last_round_in_parquet(results, row["run_id"])
+    assert f"interrupted at round {row['rounds_done']} " in lines[0]
+    # the printed command resumes this run from its last checkpoint
+    command = shlex.split(lines[0].split("resume with: ")[1].split(" (continues")[0])
+    assert command[:2] == ["fedharness", "run"] and command[-1] == f"resume={row['run_id']}"
+    resume = load_resume(load_config(command[2:]))
+    assert resume.run_id == row["run_id"] and resume.round % 5 == 0 and resume.round > 0
+    assert f"(continues from round {resume.round}, its last checkpoint)" in lines[0]
+
+
+def test_interrupted_run_without_checkpoints_says_it_cannot_be_resumed(tmp_path):
+    results = tmp_path / "results"
+    proc, err = _start_cli(results, *ENDLESS, "progress=true")
+    _wait_for(proc, lambda: "rounds:" in err.read_text(), err)  # the progress bar: rounds are running
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    text = err.read_text()
+    assert "Traceback" not in text
+    last = text.splitlines()[-1]
+    row = _run_row(results)
+    assert row["status"] == "interrupted" and row["rounds_done"] >= 1
+    assert row["rounds_done"] == _last_round_in_parquet(results, row["run_id"])  # flushed on the way out
+    assert last == (f"fedharness: interrupted at round {row['rounds_done']} (SIGINT); run {row['run_id']} cannot "
+                    "be resumed: no checkpoint (set checkpoint_every=N to make runs resumable)")
+
+
+def test_a_failed_run_records_the_rounds_it_completed(run_config, tmp_path):
+    def on_eval(rows, state):
+        if state.round == 7:
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        execute(run_config("dataset=quadratic", "rounds=20", "eval_every=1"), run_id="r", on_eval=on_eval)
+    row = _run_row(tmp_path / "results", "r")
+    assert (row["status"], row["rounds_done"], row["error"]) == ("failed", 7, "RuntimeError: boom")
+    assert _last_round_in_parquet(tmp_path / "results", "r") == 7
+    assert row["pid"] == os.getpid() and row["pid_start"] == process_start(os.getpid())
+
+
+def test_sigkilled_run_is_marked_lost_by_the_next_command(tmp_path, capsys):
+    results = tmp_path / "results"
+    proc, err = _start_cli(results, *ENDLESS, "checkpoint_every=5", "progress=false")
+    _wait_for(proc, lambda: any((results / "checkpoints").glob("run_id=*/state.pt")), err)
+    proc.kill()
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    victim = _run_row(results)
+    assert victim["status"] == "running" and victim["pid"] == proc.pid
+    assert main(["run", f"results_dir={results}", "dataset=quadratic", "rounds=2", "progress=false"]) == 0
+    lost = _run_row(results, victim["run_id"])
+    recorded = _last_round_in_parquet(results, victim["run_id"])
+    assert lost["status"] == "lost" and lost["rounds_done"] == recorded and recorded % 5 == 0 and recorded > 0
+    assert f"run {victim['run_id']} was left running by process {proc.pid}" in capsys.readouterr().err
+    resume = load_resume(load_config([f"results_dir={results}", *ENDLESS, "checkpoint_every=5",
+                                      f"resume={victim['run_id']}"]))
+    assert resume.round == recorded  # a lost run resumes from its checkpoint
+
+
+def _running_row(results: Path, run_id: str, host: str, pid: int, pid_start: int | None) -> None:
+    ParquetSink(results, run_id).write_run({"status": "running", "rounds_done": 0, "host": host, "pid": pid,
+                                            "pid_start": pid_start})
+
+
+def test_only_rows_of_gone_processes_on_this_host_are_marked_lost(tmp_path):
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(done.stdout)
+    me, started = os.getpid(), process_start(os.getpid())
+    assert process_alive(me, started) and not process_alive(me, started + 1) and not process_alive(dead, None)
+    host = platform.node()
+    _running_row(tmp_path, "alive", host, me, started)
+    _running_row(tmp_path, "reused-pid", host, me, started + 1)  # this pid now belongs to another process
+    _running_row(tmp_path, "dead", host, dead, None)
+    _running_row(tmp_path, "elsewhere", host + "-other", dead, None)
+    assert sorted(mark_lost_runs(tmp_path)) == ["dead", "reused-pid"]
+    assert [_run_row(tmp_path, r)["status"] for r in ("alive", "reused-pid", "dead", "elsewhere")] \
+        == ["running", "lost", "lost", "running"]
+
+
+def test_sigterm_ends_a_local_sweep_with_one_line_and_its_run_interrupted(tmp_path):
+    results = tmp_path / "results"
+    (tmp_path / "s.yaml").write_text("runner: local\nbase: {dataset: quadratic, rounds: 10000000, eval_every: 1, "
+                                     "checkpoint_every: 5}\ngrid: {seed: [0, 1]}\n")
+    err = tmp_path / "stderr.txt"
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "sweep", f"sweep={tmp_path / 's.yaml'}",
+                             f"results_dir={results}"], cwd=REPO, env=ONE_THREAD, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=open(err, "w"))
+    _wait_for(proc, lambda: any((results / "checkpoints").glob("run_id=*/state.pt")), err)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143
+    assert err.read_text().splitlines() == [f"fedharness: sweep s interrupted (SIGTERM); the runs that finished are "
+                                            f"in {results}/ and listed in its sweeps/ manifest"]
+    row = _run_row(results)  # the second point never started
+    assert row["status"] == "interrupted" and row["rounds_done"] == _last_round_in_parquet(results, row["run_id"])
+    assert len(list((results / "sweeps").glob("s-*.json"))) == 1

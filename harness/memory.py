@@ -9,9 +9,9 @@ certainly cannot run; a config near the limit may still fail.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
+from harness.core.runtime import available_ram
 from harness.errors import ConfigError
 
 # n_k ~ lognormal(4, 2) + 50 has mean exp(4 + 2^2 / 2) + 50 (Li et al.'s Synthetic).
@@ -20,18 +20,6 @@ SYNTHETIC_FEATURES, SYNTHETIC_CLASSES = 60, 10
 IMAGE_SHAPES = {"digits": ((1, 8, 8), 10), "mnist": ((1, 28, 28), 10), "fashion_mnist": ((1, 28, 28), 10),
                 "cifar10": ((3, 32, 32), 10)}
 SERVER_COPIES = 4  # x, the aggregate, server optimizer state, the reference
-
-
-def available_bytes() -> int:
-    """MemAvailable from /proc/meminfo, else physical memory."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def data_bytes(dcfg: dict[str, Any]) -> float:
@@ -85,7 +73,7 @@ def check_memory(cfg: dict[str, Any]) -> None:
     batched = acfg["clients_per_round"] if acfg["sampler"] != "full" else cfg["dataset"]["num_clients"]
     width = 8 if cfg["dtype"] == "float64" else 4
     models = cfg["replicas"] * (batched + SERVER_COPIES) * model_params(cfg) * width
-    have = available_bytes()
+    have = available_ram()
     if data + models <= have:
         return
     need = f"needs about {(data + models) / 2**30:.3g} GiB; {have / 2**30:.3g} GiB of memory is available"

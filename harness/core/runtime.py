@@ -17,26 +17,13 @@ from typing import Any
 
 import torch
 
-from harness.errors import require
 
-PRECISIONS = ("fp32", "tf32", "bf16")
 BUDGET_FRACTION = 0.5  # of the free device memory, for memory_budget_gb=null
-
-
-def validate_runtime(cfg: dict[str, Any]) -> None:
-    precision = cfg.get("precision", "fp32")
-    require(precision in PRECISIONS, "precision", precision, "one of: " + ", ".join(PRECISIONS))
-    det = cfg.get("deterministic", False)
-    require(isinstance(det, bool), "deterministic", det, "true or false")
-    budget = cfg.get("memory_budget_gb")
-    require(budget is None or (isinstance(budget, (int, float)) and not isinstance(budget, bool) and budget > 0),
-            "memory_budget_gb", budget, "null (a fraction of the free device memory) or a number of GB > 0")
 
 
 def apply_runtime(cfg: dict[str, Any]) -> None:
     """Set the process-wide torch flags of `precision` and `deterministic` (both ways: a process may run
     several configs). Call before the first CUDA matmul: cuBLAS reads its workspace setting once."""
-    validate_runtime(cfg)
     tf32 = cfg.get("precision", "fp32") == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
@@ -50,24 +37,23 @@ def apply_runtime(cfg: dict[str, Any]) -> None:
 
 def autocast_dtype(cfg: dict[str, Any]) -> torch.dtype | None:
     """The dtype networks' forward/backward run in under autocast (None: the parameters' own)."""
-    validate_runtime(cfg)
     return torch.bfloat16 if cfg.get("precision", "fp32") == "bf16" else None
 
 
 def memory_budget_bytes(cfg: dict[str, Any], device: torch.device) -> int:
     """memory_budget_gb in bytes, or BUDGET_FRACTION of what the device has free now."""
-    validate_runtime(cfg)
     budget = cfg.get("memory_budget_gb")
     if budget is not None:
         return int(budget * 1e9)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
     else:
-        free = _available_ram()
+        free = available_ram()
     return int(BUDGET_FRACTION * free)
 
 
-def _available_ram() -> int:
+def available_ram() -> int:
+    """MemAvailable from /proc/meminfo, else the free physical pages."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:

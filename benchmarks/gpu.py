@@ -37,7 +37,8 @@ from harness.core.executors import InlineExecutor, ReferenceExecutor
 from harness.problems.data import DataProblem
 from harness.problems.nets import build_net
 from harness.problems.objectives import NetObjective
-from harness.run import algorithm_for, prepare, set_threads
+from harness.parts import algorithm_for
+from harness.run import prepare, set_threads
 from harness.core.runtime import memory_budget_bytes
 
 NETS = {  # name: (model, image shape, clients K)

@@ -92,7 +92,7 @@ def test_registered_model_data_and_partitioner_run_and_are_listed(mypkg, capsys)
 
 def test_user_partitioner_splits_by_label(mypkg):
     from harness.config import load_config
-    from harness.run import build_parts
+    from harness.parts import build_parts
 
     pkg, _ = mypkg
     _register(pkg)

@@ -10,7 +10,8 @@ import torch
 from harness.core.engine import Engine
 from harness.core.executors import InlineExecutor, ReferenceExecutor
 from harness.problems.quadratic import QuadraticProblem
-from harness.run import algorithm_for, prepare
+from harness.parts import algorithm_for
+from harness.run import prepare
 from quadratic_runs import run_engine
 
 HETEROGENEOUS = ("dataset=quadratic", "dataset.num_clients=6", "dataset.dim=3", "dataset.curvature=random",

@@ -41,8 +41,11 @@ class RunInterrupted(KeyboardInterrupt):
 @contextlib.contextmanager
 def interrupts_raised() -> Iterator[None]:
     """While inside, SIGINT/SIGTERM raise RunInterrupted once; repeats are ignored so the recording that
-    follows is not cut short. Only the main thread can own signal handlers: elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
+    follows is not cut short. Nested inside another (a run inside a sweep or a study) it does nothing, so the
+    repeats stay ignored until the outermost one has recorded its part too. Only the main thread can own
+    signal handlers: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread() or \
+            getattr(signal.getsignal(signal.SIGTERM), "raises_run_interrupted", False):
         yield
         return
     raised = []
@@ -52,6 +55,7 @@ def interrupts_raised() -> Iterator[None]:
             raised.append(signum)
             raise RunInterrupted(signum)
 
+    handler.raises_run_interrupted = True
     old = {s: signal.signal(s, handler) for s in INTERRUPTING}
     try:
         yield

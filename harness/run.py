@@ -150,7 +150,6 @@ def execute(cfg: dict[str, Any], progress=None, run_id: str | None = None, on_ev
     wb = open_wandb(cfg, run_id)  # None unless wandb.enabled; offline without an API key
     if resumed:
         sink.drop_after(resumed.round)  # rows past the checkpoint are recomputed: each round lands once
-    sink.write_run({**_run_row(cfg, "running", 0, started), **exact})
 
     def on_rows(rows, state):
         sink.add_rounds(rows)
@@ -166,8 +165,11 @@ def execute(cfg: dict[str, Any], progress=None, run_id: str | None = None, on_ev
                     replicas=cfg["replicas"], eval_every=cfg["eval_every"], reference=reference,
                     on_rows=on_rows, progress=progress, layout=layout, series=series, network=network,
                     checkpoint=ckpt.save if ckpt else None, checkpoint_every=cfg.get("checkpoint_every", 0))
-    with interrupts_raised():  # also while recording the end, so a second signal cannot cut it short
+    # From the `running` row on, a signal records the run as interrupted; also while recording the end,
+    # so a second signal cannot cut it short.
+    with interrupts_raised():
         try:
+            sink.write_run({**_run_row(cfg, "running", 0, started), **exact})
             if resumed is not None and resumed.state is not None:
                 executor.set_state(resumed.client_state)
             outcome: RunOutcome = engine.run(resumed.state if resumed else None)

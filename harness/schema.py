@@ -407,6 +407,9 @@ def partition_fits_dataset(cfg: dict[str, Any]) -> None:
 
 
 def ray_keys_need_ray(cfg: dict[str, Any]) -> None:
+    from harness.backends.ray_cluster import parse_address
+
+    parse_address(cfg["ray"]["address"])  # first: its message hides credentials, the one below would echo them
     if cfg["executor"] == "ray":
         require(cfg["num_shards"] == 1, "num_shards", cfg["num_shards"],
                 "1 with executor=ray (its shards are ray.num_shards)")

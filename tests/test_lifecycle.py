@@ -161,3 +161,34 @@ def test_sigterm_ends_a_local_sweep_with_one_line_and_its_run_interrupted(tmp_pa
     row = _run_row(results)  # the second point never started
     assert row["status"] == "interrupted" and row["rounds_done"] == _last_round_in_parquet(results, row["run_id"])
     assert len(list((results / "sweeps").glob("s-*.json"))) == 1
+
+
+def test_sigterm_ends_a_study_with_one_line_and_the_same_command_continues_it(tmp_path):
+    """The trial that was cut short is FAIL (status interrupted), so it does not count and its slot runs again."""
+    import optuna
+
+    results = tmp_path / "results"
+    # two trials of 10000 GD rounds on a small quadratic: seconds each, so the signal lands mid-run
+    args = ["tune", "tune=quadratic_lr", "tune.space.client_lr.high=0.02", "tune.plots=false", "tune.study=s",
+            "tune.n_trials=2", "tune.budget.total=10000", f"results_dir={results}"]
+    err = tmp_path / "stderr.txt"
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=REPO, env=ONE_THREAD,
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(err, "w"))
+    _wait_for(proc, lambda: any((results / "runs").glob("run_id=*/run.parquet")), err)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 143
+    text = err.read_text()
+    assert "Traceback" not in text
+    assert text.splitlines() == [f"fedharness: study s interrupted (SIGTERM) with 0 of 2 trials finished; the same "
+                                 f"command continues it: fedharness {shlex.join(args)}"]
+    row = _run_row(results)
+    assert row["status"] == "interrupted" and row["trial"] == 0
+    storage = f"sqlite:///{results}/optuna.db"
+    [cut] = optuna.load_study(study_name="s", storage=storage).get_trials()
+    assert cut.state.name == "FAIL" and cut.user_attrs["status"] == "interrupted"
+
+    rerun = subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=REPO, env=ONE_THREAD,
+                           capture_output=True, text=True)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    states = [t.state.name for t in optuna.load_study(study_name="s", storage=storage).get_trials()]
+    assert states == ["FAIL", "COMPLETE", "COMPLETE"]

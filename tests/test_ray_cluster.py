@@ -39,9 +39,11 @@ def test_bad_ray_keys_are_named(run_config, override, key):
     assert err.value.key == key
 
 
-def test_credentials_in_the_address_are_refused_without_echoing_them(run_config):
+@pytest.mark.parametrize("executor", ["ray", "inline"])  # inline: also refused, as an address, not echoed
+def test_credentials_in_the_address_are_refused_without_echoing_them(run_config, executor):
     with pytest.raises(ConfigError) as err:
-        run_config("executor=ray", "ray.address=admin:s3cret@10.0.0.1:6379")
+        run_config(f"executor={executor}", "ray.address=admin:s3cret@10.0.0.1:6379")
+    assert err.value.key == "ray.address"
     assert "s3cret" not in str(err.value) and "RAY_AUTH_TOKEN_PATH" in str(err.value)
 
 

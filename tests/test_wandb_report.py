@@ -111,3 +111,22 @@ def test_project_and_entity_flags_name_the_report_s_home(run_config, tmp_path, m
                      "--project", "elsewhere", "--entity", "team"]) == 0
     spec = json.loads((results / "report" / "wandb_report.json").read_text())
     assert (spec["project"], spec["entity"]) == ("elsewhere", "team")
+
+
+def test_a_tuning_study_s_lines_are_grouped_by_trial(tmp_path, monkeypatch, capsys):
+    """Its runs share clients_per_round (the sweeps' scale key) and differ by trial: one line per trial."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    results = tmp_path / "results"
+    assert cli.main(["tune", "tune=quadratic_lr", "tune.n_trials=3", "tune.budget.total=10", "tune.plots=false",
+                     "tune.study=tw", f"results_dir={results}"]) == 0
+    assert cli.main(["report", str(results), "--wandb-report"]) == 0
+    spec = json.loads((results / "report" / "wandb_report.json").read_text())
+    lines = [p for b in spec["blocks"] for p in b.get("panels", []) if p["type"] == "line"]
+    assert [(p["y"], p["groupby"]) for p in lines] == [(["dist_to_opt"], "trial")]
+    assert spec["title"] == "Tuning study: tw" and "one run per trial, tuned: algorithm.client_lr" in spec["description"]
+    # and so is the panel wandb-workspaces builds from the spec (building a panel needs no network)
+    import wandb_workspaces.reports.v2 as wr
+
+    from harness.studies.reports.wandb_report import _panel
+
+    assert _panel(lines[0]).groupby == wr.Config("trial")

@@ -33,18 +33,13 @@ LOOPBACK = "127.0.0.1"
 CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 PLACEMENTS = {"spread": "SPREAD", "pack": "PACK"}
 _HOST_PORT = re.compile(r"^(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:]+\]):(?P<port>\d{1,5})$")
-RAY_DEFAULTS = {"address": None, "num_shards": 2, "cpus_per_shard": 1, "gpus_per_shard": 0, "placement": "spread",
-                "connect_timeout_s": 20, "reserve_timeout_s": 60, "max_restarts": 3}
 
 
-# ---------------------------------------------------------------- validation (no ray import)
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
+# ---------------------------------------------------------------- the address (no ray import)
 
 def parse_address(address: Any) -> tuple[str, int] | str | None:
-    """None (start a local instance), "auto" (the cluster this node belongs to) or (host, port)."""
+    """None (start a local instance), "auto" (the cluster this node belongs to) or (host, port).
+    The config schema checks `ray.address` with it (harness/schema.py); the other `ray` keys are the schema's."""
     if address is None or address == "auto":
         return address
     text = str(address)
@@ -57,31 +52,6 @@ def parse_address(address: Any) -> tuple[str, int] | str | None:
     require(m is not None and 0 < int(m["port"]) < 65536, "ray.address", text,
             "null (start a local Ray on 127.0.0.1), auto, or host:port of a running cluster's GCS")
     return m["host"].strip("[]"), int(m["port"])
-
-
-def validate_ray_config(rcfg: dict[str, Any], device: str = "cpu") -> None:
-    """Check the `ray` block: every key named in the message, before any cluster is touched."""
-    unknown = sorted(set(rcfg) - set(RAY_DEFAULTS))
-    require(not unknown, "ray", unknown, "known keys: " + ", ".join(RAY_DEFAULTS))
-    parse_address(rcfg["address"])
-    n = rcfg["num_shards"]
-    require(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "ray.num_shards", n, "must be an integer >= 1")
-    cpus, gpus = rcfg["cpus_per_shard"], rcfg["gpus_per_shard"]
-    require(_number(cpus) and cpus > 0, "ray.cpus_per_shard", cpus, "must be a number > 0 (fractions allowed)")
-    require(_number(gpus) and gpus >= 0, "ray.gpus_per_shard", gpus, "must be a number >= 0 (fractions allowed)")
-    if gpus > 1:
-        require(float(gpus).is_integer(), "ray.gpus_per_shard", gpus, "a share above 1 GPU must be a whole number")
-    require(rcfg["placement"] in PLACEMENTS, "ray.placement", rcfg["placement"], PLACEMENTS)
-    for key in ("connect_timeout_s", "reserve_timeout_s"):
-        v = rcfg[key]
-        require(_number(v) and v > 0, f"ray.{key}", v, "must be a number of seconds > 0")
-    r = rcfg["max_restarts"]
-    require(isinstance(r, int) and not isinstance(r, bool) and r >= 0, "ray.max_restarts", r,
-            "must be an integer >= 0")
-    if str(device).startswith("cuda"):
-        require(gpus > 0, "ray.gpus_per_shard", gpus, f"device={device} needs a GPU share per shard (> 0)")
-    else:
-        require(gpus == 0, "ray.gpus_per_shard", gpus, f"GPU shares need device=cuda (device is {device})")
 
 
 # ---------------------------------------------------------------- connecting

@@ -105,8 +105,7 @@ class RayExecutor:
     """Shards as Ray actors; `local_updates` has the InlineExecutor's contract."""
 
     def __init__(self, cfg: dict[str, Any], problem, solver):
-        rcfg = {**ray_cluster.RAY_DEFAULTS, **(cfg.get("ray") or {})}
-        ray_cluster.validate_ray_config(rcfg, str(cfg["device"]))
+        rcfg = cfg["ray"]  # composed and validated by load_config (harness/schema.py)
         self.cfg, self.rcfg, self.problem = cfg, rcfg, problem
         n, cpus, gpus = rcfg["num_shards"], float(rcfg["cpus_per_shard"]), float(rcfg["gpus_per_shard"])
         self.bundle = {"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {})}

@@ -48,9 +48,9 @@ def _trials(root: Path, studies: list[str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _line(metric: str, scale_key: str) -> dict:
-    return {"type": "line", "title": f"{metric} against round, grouped by {scale_key}", "x": "round",
-            "y": [metric], "groupby": scale_key, "log_y": metric in LOSSES}
+def _line(metric: str, groupby: str) -> dict:
+    return {"type": "line", "title": f"{metric} against round, grouped by {groupby}", "x": "round",
+            "y": [metric], "groupby": groupby, "log_y": metric in LOSSES}
 
 
 def _target_blocks(report: Report) -> list[dict]:
@@ -98,17 +98,21 @@ def build_spec(report: Report, results_dir: str | Path, study: str | None, proje
     studies = sorted(runs["study"].dropna().unique())
     trials = _trials(results.root, studies)
     kind = "Tuning study" if len(trials) else "Study"
+    # a sweep's runs differ in n (the scale key); a study's trials differ in the tuned keys, one run per trial
+    groupby = "trial" if len(trials) else d.scale_key
+    design = (f"one run per trial, tuned: {', '.join(d.group_keys) or 'nothing'}" if len(trials) else
+              f"n = {d.scale_key}; groups by {', '.join(d.group_keys) or 'nothing'}")
     counts = runs["status"].value_counts().to_dict()
     description = (f"{len(runs)} runs of {', '.join(studies)} ({', '.join(f'{v} {k}' for k, v in counts.items())}); "
-                   f"n = {d.scale_key}; groups by {', '.join(d.group_keys) or 'nothing'}; targets: "
-                   f"{', '.join(t.label for t in report.targets) or 'none'}. From fedharness report {results.root}.")
+                   f"{design}; targets: {', '.join(t.label for t in report.targets) or 'none'}. "
+                   f"From fedharness report {results.root}.")
     metrics = [t.metric for t in report.targets] or [_objective_metric(trials) or "train_loss"]
     run_note = (f"{len(logged)} of {len(runs)} runs were logged to W&B; offline ones appear after `wandb sync`."
                 if len(logged) else
                 "No run was logged to W&B (wandb.enabled=false): the runs are the Parquet rows below.")
     blocks: list[dict] = [
         {"markdown": f"{description}\n\n{run_note}\n\n## Groups\n\n{markdown.table(report.tables['groups'])}"},
-        {"panels": [_line(m, d.scale_key) for m in dict.fromkeys(metrics)]},
+        {"panels": [_line(m, groupby) for m in dict.fromkeys(metrics)]},
         *_target_blocks(report), *_tuning_blocks(trials),
         {"markdown": "## Runs\n\n" + markdown.table(runs.drop(columns=["error"], errors="ignore"))},
     ]

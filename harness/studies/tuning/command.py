@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import shlex
+import sys
+
 from harness.studies.tuning.compare import run_compare
-from harness.studies.tuning.study import build_spec, tune
+from harness.studies.tuning.study import StudyInterrupted, build_spec, tune
 
 
 def main(overrides: list[str], compare: str | None = None) -> int:
-    if compare is not None:
-        return run_compare(overrides, compare)
-    summary = tune(build_spec(overrides))
+    """SIGINT/SIGTERM end it with one line on stderr and exit status 130/143 (128 + the signal)."""
+    from harness.lifecycle import RunInterrupted, interrupts_raised
+
+    command = shlex.join(["fedharness", "tune", *overrides, *(["--compare", compare] if compare else [])])
+    with interrupts_raised():  # also while the line is printed, so a second signal cannot cut it short
+        try:
+            if compare is not None:
+                return run_compare(overrides, compare)
+            summary = tune(build_spec(overrides))
+        except StudyInterrupted as err:
+            print(f"fedharness: study {err.study} interrupted ({err}) with {err.finished} of {err.n_trials} trials "
+                  f"finished; the same command continues it: {command}", file=sys.stderr)
+            return err.exit_code
+        except RunInterrupted as err:  # before the study existed, or in --compare's re-runs
+            print(f"fedharness: tune interrupted ({err}); the same command continues: {command}", file=sys.stderr)
+            return err.exit_code
     print(summary["text"])
     return 0

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import ConfigError, require
+from harness.lifecycle import RunInterrupted
 from harness.sinks.masking import mask_secrets
 from harness.studies.tuning.budget import Budget
 from harness.studies.tuning.objective import Objective
@@ -501,9 +502,10 @@ def _run_one(spec: TuneSpec, study, worker: int, trial_number: int) -> int:
             study.tell(trial, state=TrialState.PRUNED)
             _log_trial(spec, trial, None)
             return 1
-        except BaseException as err:
-            trial.set_user_attr("status", "failed")
-            trial.set_user_attr("error", f"{type(err).__name__}: {err}")
+        except BaseException as err:  # FAIL, not PRUNED, also when interrupted: the slot is run again
+            interrupted = isinstance(err, KeyboardInterrupt)
+            trial.set_user_attr("status", "interrupted" if interrupted else "failed")
+            trial.set_user_attr("error", f"interrupted by {err}" if interrupted else f"{type(err).__name__}: {err}")
             study.tell(trial, state=TrialState.FAIL)
             raise
     try:
@@ -636,8 +638,18 @@ def run_workers(spec: TuneSpec) -> int:
 # -------------------------------------------------------------------------------------------- driver
 
 
+class StudyInterrupted(RunInterrupted):
+    """SIGINT or SIGTERM while a study ran. The trial it cut short is FAIL (status interrupted) and its run
+    `interrupted`; running the same command again continues the study to n_trials."""
+
+    def __init__(self, signum: int, study: str, finished: int, n_trials: int):
+        super().__init__(signum)
+        self.study, self.finished, self.n_trials = study, finished, n_trials
+
+
 def tune(spec: TuneSpec) -> dict:
-    """Create or continue the study, run it to n_trials, export; returns the export summary."""
+    """Create or continue the study, run it to n_trials, export; returns the export summary.
+    Raises StudyInterrupted on SIGINT/SIGTERM once the study exists (in the main thread, inside interrupts_raised)."""
     from harness.studies.tuning.export import export_study
 
     from harness.lifecycle import mark_lost_runs
@@ -645,9 +657,13 @@ def tune(spec: TuneSpec) -> dict:
     _quiet_optuna()
     check_reachable(spec)
     mark_lost_runs(spec.results_dir)  # trial runs a killed worker left `running`
-    open_study(spec, create=True)
+    study = open_study(spec, create=True)
     print(f"[{spec.study}] {spec.n_trials} trials of {spec.sampler} ({spec.objective.name}, "
           f"{spec.objective.direction}; budget {spec.budget.total} {spec.budget.kind}) in {mask_secrets(spec.storage)}",
           flush=True)
-    run_workers(spec)
-    return export_study(spec, open_study(spec))
+    try:
+        run_workers(spec)
+        return export_study(spec, open_study(spec))
+    except RunInterrupted as err:
+        finished, _ = _counts(study.get_trials(deepcopy=False))
+        raise StudyInterrupted(err.signum, spec.study, finished, spec.n_trials) from err

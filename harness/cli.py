@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from harness.errors import ConfigError, ResultsWriteError
@@ -95,7 +96,7 @@ def cmd_list() -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedharness", description="Federated optimization benchmark harness.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one experiment: fedharness run key=value ...", add_help=False)
@@ -122,32 +123,43 @@ def main(argv: list[str] | None = None) -> int:
 
     add_report_arguments(sub.add_parser("report", help="rounds to target, speedup and its fit with a bootstrap "
                                         "interval, plots and a Markdown report of a results directory"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        if args.multirun:
+            raise ConfigError("-m", "--multirun", "fedharness run makes one run; a grid of runs is: "
+                              "fedharness sweep k=a,b ...")
+        single_values(args.overrides)
+        return cmd_show_config(args.overrides) if args.cfg else cmd_run(args.overrides)
+    if args.command == "config":
+        return cmd_config(args.group, args.option)
+    if args.command == "tune":
+        from harness.studies.tuning.command import main as cmd_tune
+
+        return cmd_tune(args.overrides, args.compare)
+    if args.command == "sweep":
+        from harness.studies.sweep import main as cmd_sweep
+
+        return cmd_sweep(args.overrides, args.dry_run)
+    if args.command == "report":
+        from harness.studies.reports.command import main as cmd_report
+
+        return cmd_report(args)
+    return cmd_list()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Bad input and unwritable results: one line, exit 2. A closed pipe (`fedharness ... | head`): quiet."""
     try:
-        if args.command == "run":
-            if args.multirun:
-                raise ConfigError("-m", "--multirun", "fedharness run makes one run; a grid of runs is: "
-                                  "fedharness sweep k=a,b ...")
-            single_values(args.overrides)
-            return cmd_show_config(args.overrides) if args.cfg else cmd_run(args.overrides)
-        if args.command == "config":
-            return cmd_config(args.group, args.option)
-        if args.command == "tune":
-            from harness.studies.tuning.command import main as cmd_tune
-
-            return cmd_tune(args.overrides, args.compare)
-        if args.command == "sweep":
-            from harness.studies.sweep import main as cmd_sweep
-
-            return cmd_sweep(args.overrides, args.dry_run)
-        if args.command == "report":
-            from harness.studies.reports.command import main as cmd_report
-
-            return cmd_report(args)
-        return cmd_list()
+        return dispatch(build_parser().parse_args(argv))
     except (ConfigError, ResultsWriteError) as err:
         print(f"fedharness: error: {err if isinstance(err, ConfigError) else err.strerror}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit would fail too
+        return 141
 
 
 if __name__ == "__main__":

@@ -143,3 +143,11 @@ def test_several_values_point_at_sweep(argv, tmp_path, monkeypatch, capsys):
 def test_a_list_value_is_one_value(capsys):
     assert main(["run", "--cfg", "job", "algorithm.decay_at=[0.3,0.6]", "wandb.tags=[a,b]"]) == 0
     assert "- 0.3" in capsys.readouterr().out
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`fedharness run --help | head -3`: the reader goes away before the help is written; no traceback."""
+    proc = subprocess.Popen([*FEDHARNESS, "run", "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the command has even imported: every write it makes hits a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == "", err

@@ -192,3 +192,17 @@ def test_sigterm_ends_a_study_with_one_line_and_the_same_command_continues_it(tm
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     states = [t.state.name for t in optuna.load_study(study_name="s", storage=storage).get_trials()]
     assert states == ["FAIL", "COMPLETE", "COMPLETE"]
+
+
+def test_a_sweep_from_python_marks_rows_of_killed_runs_lost(tmp_path):
+    """The Python API's sweep takes the CLI's path: rows a killed process left `running` become `lost`."""
+    import fedharness
+
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    results = tmp_path / "res"
+    _running_row(results, "killed", platform.node(), dead, None)
+    (tmp_path / "tiny.yaml").write_text("name: tiny\nrunner: local\nbase:\n  dataset: quadratic\n  rounds: 2\n"
+                                        "grid:\n  seed: [0]\n")
+    done = fedharness.sweep([f"sweep={tmp_path / 'tiny.yaml'}", f"results_dir={results}", "progress=false"])
+    assert list(done.statuses.values()) == ["ok"] and _run_row(results, "killed")["status"] == "lost"

@@ -499,6 +499,9 @@ def run_sweep(spec: SweepSpec, jobs: list[Job] | None = None, echo: Callable[[st
         except BaseException:
             conn.close()
             raise
+    from harness.lifecycle import mark_lost_runs
+
+    mark_lost_runs(spec.results_dir)  # rows a killed sweep left `running` (CLI and Python API alike)
     started = _dt.datetime.now(_dt.timezone.utc)
     stamp = started.strftime("%Y%m%d-%H%M%S")
     manifest = Path(spec.results_dir) / "sweeps" / f"{spec.name}-{stamp}.json"
@@ -547,9 +550,8 @@ def main(args: list[str], dry_run: bool = False) -> int:
             print(f"{job.run_id}  {' '.join(job.overrides)}")
         print(f"{len(jobs)} runs (dry run: nothing started)")
         return 0
-    from harness.lifecycle import RunInterrupted, interrupts_raised, mark_lost_runs
+    from harness.lifecycle import RunInterrupted, interrupts_raised
 
-    mark_lost_runs(spec.results_dir)
     try:
         with interrupts_raised():
             result = run_sweep(spec, jobs, echo=lambda s: print(s, flush=True))

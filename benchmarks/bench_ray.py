@@ -89,6 +89,8 @@ def paired_rounds(variants: dict, rounds: int, warmup: int) -> dict[str, list[fl
             torch.set_num_threads(threads)
             start = time.perf_counter()
             states[name] = engine.step(state)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # a GPU works asynchronously: the round ends when its kernels do
             if r >= warmup:  # the first rounds pay torch's lazy initialisation and the first client builds
                 times[name].append(time.perf_counter() - start)
     return times

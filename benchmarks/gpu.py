@@ -7,12 +7,15 @@ Workloads (full participation, random data of the real shapes: timing does not d
   resnet18_cifar_K50  ResNet-18, K = 50
   wang_cifar10        `experiment=wang_cifar10 scale=paper algorithm=fednova` on a random CIFAR-10-shaped
                       data set written in the real file format (Dirichlet(0.1) sizes, so tau_k differ)
-For each: ms/round (steady state, the first round left out) of executor=inline (vectorized) and
+For each: the kernel formulations of the batched client gradient (harness/core/kernels.py: vmap, loop,
+loop_channels_last), ms per batched gradient of min(K, 64) copies, and the fastest; then ms/round
+(steady state, the first round left out) of executor=inline with that kernel (or --kernel) and of
 executor=reference (one client at a time), achieved TFLOP/s (FLOPs of one client step counted once with
 FlopCounterMode), and the useful fraction of the computed steps, sum tau / (K max tau), before the
 shrinking batch (every client ran max tau steps under a mask) and after it (sum tau rows: 1).
 
     python benchmarks/gpu.py --device cuda [--rounds 3] [--workloads a,b] [--precision fp32|tf32|bf16]
+                             [--kernel fastest|vmap|loop|loop_channels_last]
     python benchmarks/gpu.py --device cpu --smoke        # tiny sizes, a check that it all runs
 Writes benchmarks/out/gpu.json. A benchmark, not a test: nothing asserts a time.
 """
@@ -39,6 +42,7 @@ from harness.problems.nets import build_net
 from harness.problems.objectives import NetObjective
 from harness.parts import algorithm_for
 from harness.run import prepare, set_threads
+from harness.core import kernels
 from harness.core.runtime import memory_budget_bytes
 
 NETS = {  # name: (model, image shape, clients K)
@@ -127,13 +131,24 @@ def time_rounds(problem, algorithm, executor_cls, rounds: int, device: str) -> t
     return (time.perf_counter() - start) / rounds, tau
 
 
+def choose_kernel(problem, args, clients: int) -> tuple[str, dict[str, float]]:
+    """Every formulation's ms per batched gradient, and the kernel the rounds use (--kernel, or the fastest)."""
+    copies = min(kernels.MEASURE_COPIES, clients)
+    timings = kernels.measure(problem.objective, copies, problem.batch_size, problem.device, problem.dtype)
+    chosen = min(timings, key=timings.get) if args.kernel == "fastest" else args.kernel
+    problem.objective.kernel = chosen
+    return chosen, {name: 1e3 * s for name, s in timings.items()}
+
+
 def measure(name: str, args) -> dict:
     cfg, problem, algorithm = wang_workload(args) if name == "wang_cifar10" else net_workload(name, args)
     flops_step = flops_per_client_step(problem, algorithm.batch_size)
+    kernel, kernel_ms = choose_kernel(problem, args, problem.num_clients)
     fast, tau = time_rounds(problem, algorithm, InlineExecutor, args.rounds, args.device)
     slow, _ = time_rounds(problem, algorithm, ReferenceExecutor, args.loop_rounds, args.device)
     steps = tau.sum(1).mean()  # client steps per round (full participation)
-    return {"workload": name, "clients": int(tau.shape[1]), "tau_min": int(tau.min()), "tau_max": int(tau.max()),
+    return {"workload": name, "kernel": kernel, "kernel_ms": kernel_ms, "clients": int(tau.shape[1]),
+            "tau_min": int(tau.min()), "tau_max": int(tau.max()),
             "sum_tau": float(steps), "K_max_tau": float((tau.shape[1] * tau.max(1)).mean()),
             "useful_before": float(tau.sum() / (tau.shape[1] * tau.max(1)).sum()), "useful_after": 1.0,
             "ms_vectorized": fast * 1e3, "ms_loop": slow * 1e3, "speedup": slow / fast,
@@ -148,6 +163,8 @@ def main() -> None:
     parser.add_argument("--loop-rounds", type=int, default=1, help="timed rounds of the per-client loop")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
+    parser.add_argument("--kernel", default="fastest", choices=("fastest", *kernels.KERNELS),
+                        help="the kernel of the vectorized rounds (fastest: the fastest measured)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that everything runs")
     args = parser.parse_args()
@@ -156,18 +173,20 @@ def main() -> None:
     print(f"{'smoke, ' if args.smoke else ''}{args.device} ({device}), torch {torch.__version__}, "
           f"threads {torch.get_num_threads()}, precision {args.precision}")
     print(f"{'workload':<20}{'K':>4}{'tau':>10}{'useful before/after':>21}{'vectorized ms':>15}{'loop ms':>11}"
-          f"{'speedup':>9}{'TFLOP/s vec':>13}{'loop':>8}")
+          f"{'speedup':>9}{'TFLOP/s vec':>13}{'loop':>8}   kernel (ms per batched gradient)")
     records = []
     for name in args.workloads.split(","):
         r = measure(name, args)
         records.append(r)
+        listed = ", ".join(f"{k} {ms:.3g}" for k, ms in r["kernel_ms"].items())
         print(f"{name:<20}{r['clients']:>4}{r['tau_min']:>5}..{r['tau_max']:<3}{r['useful_before']:>14.2f} / 1.00"
               f"{r['ms_vectorized']:>15.1f}{r['ms_loop']:>11.1f}{r['speedup']:>8.1f}x"
-              f"{r['tflops_vectorized']:>13.4f}{r['tflops_loop']:>8.4f}", flush=True)
+              f"{r['tflops_vectorized']:>13.4f}{r['tflops_loop']:>8.4f}   {r['kernel']} ({listed})", flush=True)
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
     (out / "gpu.json").write_text(json.dumps({"device": args.device, "name": device, "smoke": args.smoke,
-                                              "precision": args.precision, "results": records}, indent=2))
+                                              "precision": args.precision, "kernel": args.kernel,
+                                              "results": records}, indent=2))
 
 
 if __name__ == "__main__":

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from harness.closed_forms import heterogeneity
-from harness.core.checkpoint import Checkpointer, load_resume
+from harness.core.checkpoint import Checkpointer, checkpointed, load_resume
 from harness.core.engine import Engine, NetworkModel, RunOutcome
 from harness.core.executors import InlineExecutor, ReferenceExecutor
+from harness.core.kernels import resolve_kernel
 from harness.core.series import build_series
 from harness.lifecycle import RunInterrupted, interrupts_raised, process_start
 from harness.parts import build_parts
@@ -81,6 +82,7 @@ def build_executor(cfg: dict[str, Any], problem, solver):
 def prepare(cfg: dict[str, Any]):
     """Build problem, algorithm and exact reference: every check that can fail happens here, before any file."""
     problem, algorithm = build_parts(cfg)
+    resolve_kernel(cfg, problem, checkpointed(cfg, "kernel") if cfg.get("resume") else None)
     build_series(cfg["algorithm"], cfg["replicas"])  # validates rr / burn_in / average
     return problem, algorithm, run_reference(cfg, problem)  # per `reference: auto | on | off`
 

@@ -152,6 +152,16 @@ def _run_status(results_dir: str | Path, run_id: str) -> str | None:
     return pq.read_table(path, columns=["status"]).column("status")[0].as_py()
 
 
+def checkpointed(cfg: dict[str, Any], key: str) -> Any:
+    """cfg[key] as the checkpoint of the run that `resume` names recorded it; None without a readable one
+    (load_resume says why, later)."""
+    try:
+        meta = json.loads((checkpoint_dir(cfg["results_dir"], cfg["resume"]) / "meta.json").read_text())
+        return meta["config"].get(key)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def load_resume(cfg: dict[str, Any]) -> Resume:
     """Check that `cfg["resume"]` names a checkpointed, unfinished run with the same config; load its state.
 

@@ -52,12 +52,13 @@ def _pooled(dcfg: dict[str, Any], seed: int):
 
 
 def _objective(model: str, mcfg: dict[str, Any], in_shape: tuple[int, ...], num_classes: int,
-               autocast: torch.dtype | None):
+               autocast: torch.dtype | None, kernel: str):
     l2 = mcfg.get("l2", 0.0)
     if model in LINEAR_MODELS:
         return LINEAR_MODELS[model](in_shape, num_classes, l2)
     params = {k: v for k, v in mcfg.items() if k not in ("name", "l2", "_target_")}  # a user model's own keys
-    return NetObjective(build_net(model, in_shape, num_classes, **params), model, l2, in_shape, autocast)
+    kernel = "vmap" if kernel == "auto" else kernel  # auto: harness/core/kernels.py resolves it for the run
+    return NetObjective(build_net(model, in_shape, num_classes, **params), model, l2, in_shape, autocast, kernel)
 
 
 def _partition(pcfg: dict[str, Any], y: np.ndarray, owner, num_clients: int, seed: int) -> list[np.ndarray]:
@@ -112,9 +113,10 @@ def _build_problem(cfg: dict[str, Any], batch_size: int):
         from harness.problems.lazy import build_lazy_synthetic
 
         return build_lazy_synthetic(cfg, batch_size, lambda shape, classes: _objective(
-            model, mcfg, shape, classes, autocast_dtype(cfg)), data_seed, dtype)
+            model, mcfg, shape, classes, autocast_dtype(cfg), cfg.get("kernel", "auto")), data_seed, dtype)
     x, y, xt, yt, owner = _pooled(dcfg, data_seed)
     num_classes = int(y.max() if yt is None else max(y.max(), yt.max())) + 1  # a user data set may have no test
-    objective = _objective(model, mcfg, tuple(x.shape[1:]), num_classes, autocast_dtype(cfg))
+    objective = _objective(model, mcfg, tuple(x.shape[1:]), num_classes, autocast_dtype(cfg),
+                           cfg.get("kernel", "auto"))
     index = _partition(cfg["partition"], y, owner, num_clients, data_seed)
     return DataProblem(objective, x, y, index, xt, yt, batch_size, dtype, cfg["device"])

@@ -117,25 +117,28 @@ class NetObjective:
 
     `autocast` (precision=bf16): the training forward/backward runs under torch.autocast in that dtype;
     parameters, gradients and the loss stay in the parameters' dtype. Evaluation runs in full precision.
+    `kernel` (vmap | loop | loop_channels_last, harness/core/kernels.py): how `batch_grad` computes the copies'
+    gradients; all give the same gradients up to rounding.
     """
 
     convex = False
 
     def __init__(self, net: nn.Module, name: str, l2: float, in_shape: tuple[int, ...],
-                 autocast: torch.dtype | None = None):
+                 autocast: torch.dtype | None = None, kernel: str = "vmap"):
         for buffer, _ in net.named_buffers():
             raise ConfigError("model", name, f"the module holds a buffer '{buffer}'; the engine trains a model as a "
                               "pure function of its parameters (vmapped over clients), so it cannot keep state such "
                               "as BatchNorm's running statistics: use GroupNorm or LayerNorm, and keep constants as "
                               "plain tensor attributes")
         self.net, self.name, self.l2 = net, name, l2
-        self.in_shape, self.autocast = in_shape, autocast
+        self.in_shape, self.autocast, self.kernel = in_shape, autocast, kernel
         self._sample_activations: int | None = None
         self.names = [n for n, _ in net.named_parameters()]
         self.shapes = [p.shape for _, p in net.named_parameters()]
         self.numels = [p.numel() for _, p in net.named_parameters()]
         self.dim = sum(self.numels)
         self._grad = vmap(grad(self._loss))
+        self._client_grad = {"loop": grad(self._loss), "loop_channels_last": grad(self._loss_channels_last)}
 
     def prepare(self, x: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.as_tensor(x, dtype=dtype).to(device)
@@ -164,13 +167,25 @@ class NetObjective:
             loss = loss + self.l2 * sum((p * p).sum() for p in params.values())
         return loss
 
+    def _loss_channels_last(self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        cl = torch.channels_last
+        params = {n: p.contiguous(memory_format=cl) if p.dim() == 4 else p for n, p in params.items()}
+        return self._loss(params, x.contiguous(memory_format=cl) if x.dim() == 4 else x, y)
+
     def prepare_chunk(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return x, y
 
     def batch_grad(self, w: torch.Tensor, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
         x, y = batch
-        grads = self._grad(self._params(w), x, y)
-        return torch.cat([grads[n].reshape(w.shape[0], -1) for n in self.names], dim=1)
+        if self.kernel == "vmap":
+            grads = self._grad(self._params(w), x, y)
+            return torch.cat([grads[n].reshape(w.shape[0], -1) for n in self.names], dim=1)
+        client_grad = self._client_grad[self.kernel]
+        out = torch.empty_like(w)
+        for m in range(w.shape[0]):
+            grads = client_grad(self._params(w[m]), x[m], y[m])
+            torch.cat([grads[n].reshape(-1) for n in self.names], out=out[m])
+        return out
 
     def loss_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         losses, correct = [], []

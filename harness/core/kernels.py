@@ -1,0 +1,148 @@
+"""How a network's clients' minibatch gradients are computed in one batched step (`kernel`), and `auto`'s choice.
+
+  vmap                 torch.func.vmap over the client copies: one batched computation per step (a convolution
+                       over the copies' own weights becomes one grouped convolution)
+  loop                 one client copy after another inside the shard's step (the solver still updates all
+                       copies at once): wins where a grouped convolution is slower than K plain ones
+  loop_channels_last   the loop with images and convolution weights in channels-last memory format (tensor cores
+                       prefer it for convolutions on CUDA)
+  auto                 the fastest of those on this machine, for the run's model, batch size, dtype, precision,
+                       threads and copies per step: timed once (a few gradients each) and remembered in
+                       $FEDHARNESS_CACHE/kernels.json, so later runs make the same choice and repeat bit for bit
+                       (the formulations agree only up to rounding). Delete the entry to time it again.
+Linear models have one formulation (their closed-form gradient) and ignore the key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.reference_cache import cache_dir
+
+KERNELS = ("vmap", "loop", "loop_channels_last")
+MEASURE_COPIES = 64  # at most this many copies are timed: enough to fill a GPU, bounded start-up cost
+REPEATS = 3  # timed calls per formulation after one warm-up call; the median counts
+
+CACHE_FORMAT = 1  # bump when the meaning of a remembered choice changes
+
+
+def candidates(objective) -> tuple[str, ...]:
+    """The formulations worth timing: channels-last only for a network with 4-D (convolution) weights."""
+    conv = any(len(shape) == 4 for shape in objective.shapes)
+    return KERNELS if conv else KERNELS[:2]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(objective, copies: int, batch: int, device: torch.device, dtype: torch.dtype) -> dict[str, float]:
+    """Median seconds of one batched gradient of `copies` client copies, per formulation (random inputs of the
+    model's shape: the time of a network's step does not depend on the pixel values)."""
+    gen = torch.Generator().manual_seed(0)
+    w = objective.init(1, 0, dtype).to(device).expand(copies, -1).contiguous()
+    x = torch.randn(copies, batch, *objective.in_shape, generator=gen, dtype=dtype).to(device)
+    y = torch.zeros(copies, batch, dtype=torch.int64, device=device)
+    chosen, timings = objective.kernel, {}
+    try:
+        for name in candidates(objective):
+            objective.kernel = name
+            objective.batch_grad(w, (x, y))  # warm-up: cuDNN's plans, allocator
+            seconds = []
+            for _ in range(REPEATS):
+                _sync(device)
+                start = time.perf_counter()
+                objective.batch_grad(w, (x, y))
+                _sync(device)
+                seconds.append(time.perf_counter() - start)
+            timings[name] = float(np.median(seconds))
+    finally:
+        objective.kernel = chosen
+    return timings
+
+
+def copies_per_step(cfg: dict[str, Any], num_clients: int) -> int:
+    """Client copies in a shard's first batched step of a round: sampled clients x replicas over the shards."""
+    acfg = cfg["algorithm"]
+    per_round = num_clients if acfg.get("sampler", "full") == "full" else acfg.get("clients_per_round", num_clients)
+    shards = cfg["ray"]["num_shards"] if cfg.get("executor") == "ray" else cfg.get("num_shards", 1)
+    return max(1, -(-int(per_round) * int(cfg.get("replicas", 1)) // max(1, int(shards))))
+
+
+def resolve_kernel(cfg: dict[str, Any], problem, resumed_kernel: str | None = None) -> str:
+    """The formulation this run uses, written into cfg["kernel"] (so the runs/ row and every Ray shard see it)
+    and set on the problem's network. A resumed run keeps the one its checkpoint recorded."""
+    objective = getattr(problem, "objective", None)
+    wanted = cfg.get("kernel", "auto")
+    if not hasattr(objective, "kernel"):  # a linear model or a quadratic: nothing to choose
+        return wanted
+    if wanted == "auto":
+        wanted = resumed_kernel if resumed_kernel in KERNELS else _auto(cfg, problem)
+    cfg["kernel"] = objective.kernel = wanted
+    return wanted
+
+
+def _auto(cfg: dict[str, Any], problem) -> str:
+    objective, device = problem.objective, problem.device
+    copies = min(MEASURE_COPIES, copies_per_step(cfg, problem.num_clients))
+    key = json.dumps([CACHE_FORMAT, objective.name, objective.in_shape, objective.dim, copies, problem.batch_size,
+                      _device_name(device), str(problem.dtype), cfg.get("precision", "fp32"),
+                      torch.get_num_threads(), torch.__version__])
+    known = _read_cache()
+    if known.get(key, {}).get("kernel") in candidates(objective):
+        return known[key]["kernel"]
+    timings = measure(objective, copies, problem.batch_size, device, problem.dtype)
+    chosen = min(timings, key=timings.get)
+    _remember(key, {"kernel": chosen, "ms": {k: 1e3 * v for k, v in timings.items()}})
+    if cfg.get("progress", True):
+        print(f"fedharness: kernel=auto chose {describe(chosen, timings, copies)}; remembered in {cache_path()}",
+              file=sys.stderr, flush=True)
+    return chosen
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu {platform.machine()} {platform.processor()} x{os.cpu_count()}"
+
+
+def cache_path() -> Path:
+    return cache_dir() / "kernels.json"
+
+
+def _read_cache() -> dict:
+    try:
+        found = json.loads(cache_path().read_text())
+        return found if isinstance(found, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _remember(key: str, entry: dict) -> None:
+    """Add one choice; written through a unique temporary name and renamed, so a reader never sees half a file.
+    A cache that cannot be written only costs the next run a measurement."""
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
+        tmp.write_text(json.dumps({**_read_cache(), key: entry}, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def describe(chosen: str, timings: dict[str, float], copies: int) -> str:
+    """'loop (ms per batched gradient of 16 copies: vmap 12.1, loop 8.3)'."""
+    listed = ", ".join(f"{name} {seconds * 1e3:.3g}" for name, seconds in timings.items())
+    return f"{chosen} (ms per batched gradient of {copies} copies: {listed})"

@@ -25,9 +25,9 @@ bench: $(STAMP)  ## performance workloads (about 8 minutes); figures go to docs/
 	$(BIN)/python benchmarks/run.py $(ARGS)
 	$(BIN)/python benchmarks/bench_ray.py $(RAY_ARGS)
 
-bench-gpu: $(STAMP)  ## networks at paper scale, kernels, GPU-sharing shards, determinism (CUDA; ARGS="--device cpu --smoke" on CPU)
-	$(BIN)/python benchmarks/gpu.py $(ARGS)
-	$(BIN)/python benchmarks/gpu_shards.py $(ARGS)
+bench-gpu: $(STAMP)  ## nets at paper scale, kernels, GPU-sharing shards, determinism (CUDA; ARGS="--device cpu --smoke" on CPU)
+	$(BIN)/python benchmarks/gpu.py $(ARGS) $(NETS_ARGS)
+	$(BIN)/python benchmarks/gpu_shards.py $(ARGS) $(SHARDS_ARGS)
 
 reproduce: $(STAMP)  ## every paper claim at smoke scale: docs/reproductions/*.png, results.json (docs/reproductions.md)
 	$(BIN)/python -m harness.studies.reproduce $(ARGS)

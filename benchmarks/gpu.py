@@ -12,12 +12,15 @@ loop_channels_last), ms per batched gradient of min(K, 64) copies, and the faste
 (steady state, the first round left out) of executor=inline with that kernel (or --kernel) and of
 executor=reference (one client at a time), achieved TFLOP/s (FLOPs of one client step counted once with
 FlopCounterMode), and the useful fraction of the computed steps, sum tau / (K max tau), before the
-shrinking batch (every client ran max tau steps under a mask) and after it (sum tau rows: 1).
+shrinking batch (every client ran max tau steps under a mask) and after it (sum tau rows: 1), and on CUDA
+the peak memory of the vectorized rounds (chunked to memory_budget_gb: --replicas 3 on wang_cifar10 is the
+case that ran out of memory before chunking).
 
     python benchmarks/gpu.py --device cuda [--rounds 3] [--workloads a,b] [--precision fp32|tf32|bf16]
-                             [--kernel fastest|vmap|loop|loop_channels_last]
+                             [--kernel fastest|vmap|loop|loop_channels_last] [--replicas R]
     python benchmarks/gpu.py --device cpu --smoke        # tiny sizes, a check that it all runs
-Writes benchmarks/out/gpu.json. A benchmark, not a test: nothing asserts a time.
+`make bench-gpu ARGS="--device cuda" NETS_ARGS="--replicas 3"` runs this and benchmarks/gpu_shards.py (ARGS
+go to both, NETS_ARGS here only). Writes benchmarks/out/gpu.json. A benchmark, not a test: nothing asserts a time.
 """
 
 from __future__ import annotations
@@ -117,10 +120,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_rounds(problem, algorithm, executor_cls, rounds: int, device: str) -> tuple[float, np.ndarray]:
-    """Seconds per round after one untimed round, and the timed rounds' tau [rounds, K]."""
+def time_rounds(problem, algorithm, executor_cls, rounds: int, device: str,
+                replicas: int) -> tuple[float, np.ndarray]:
+    """Seconds per round after one untimed round, and the timed rounds' tau [rounds, K] (replica 0's)."""
     engine = Engine(problem, algorithm, executor_cls(problem, algorithm.solver), rounds=rounds + 1, seed=0,
-                    replicas=1, eval_every=10**9)
+                    replicas=replicas, eval_every=10**9)
     state = engine.step(engine.initial_state())
     tau = np.stack([engine.plan_round(r)[0].tau[0] for r in range(1, rounds + 1)])
     _sync(device)
@@ -144,10 +148,14 @@ def measure(name: str, args) -> dict:
     cfg, problem, algorithm = wang_workload(args) if name == "wang_cifar10" else net_workload(name, args)
     flops_step = flops_per_client_step(problem, algorithm.batch_size)
     kernel, kernel_ms = choose_kernel(problem, args, problem.num_clients)
-    fast, tau = time_rounds(problem, algorithm, InlineExecutor, args.rounds, args.device)
-    slow, _ = time_rounds(problem, algorithm, ReferenceExecutor, args.loop_rounds, args.device)
-    steps = tau.sum(1).mean()  # client steps per round (full participation)
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    fast, tau = time_rounds(problem, algorithm, InlineExecutor, args.rounds, args.device, args.replicas)
+    peak_gb = torch.cuda.max_memory_allocated() / 1e9 if args.device.startswith("cuda") else None
+    slow, _ = time_rounds(problem, algorithm, ReferenceExecutor, args.loop_rounds, args.device, args.replicas)
+    steps = args.replicas * tau.sum(1).mean()  # client steps per round (full participation, every replica)
     return {"workload": name, "kernel": kernel, "kernel_ms": kernel_ms, "clients": int(tau.shape[1]),
+            "replicas": args.replicas, "peak_gb": peak_gb, "budget_gb": problem.memory_budget / 1e9,
             "tau_min": int(tau.min()), "tau_max": int(tau.max()),
             "sum_tau": float(steps), "K_max_tau": float((tau.shape[1] * tau.max(1)).mean()),
             "useful_before": float(tau.sum() / (tau.shape[1] * tau.max(1)).sum()), "useful_after": 1.0,
@@ -165,15 +173,17 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
     parser.add_argument("--kernel", default="fastest", choices=("fastest", *kernels.KERNELS),
                         help="the kernel of the vectorized rounds (fastest: the fastest measured)")
+    parser.add_argument("--replicas", type=int, default=1, help="seeds batched with the clients (memory: chunked "
+                        "to memory_budget_gb, e.g. --replicas 3 on wang_cifar10)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that everything runs")
     args = parser.parse_args()
     set_threads({"threads": args.threads, "model": {"name": "cnn"}, "replicas": 1, "precision": args.precision})
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     print(f"{'smoke, ' if args.smoke else ''}{args.device} ({device}), torch {torch.__version__}, "
-          f"threads {torch.get_num_threads()}, precision {args.precision}")
+          f"threads {torch.get_num_threads()}, precision {args.precision}, replicas {args.replicas}")
     print(f"{'workload':<20}{'K':>4}{'tau':>10}{'useful before/after':>21}{'vectorized ms':>15}{'loop ms':>11}"
-          f"{'speedup':>9}{'TFLOP/s vec':>13}{'loop':>8}   kernel (ms per batched gradient)")
+          f"{'speedup':>9}{'TFLOP/s vec':>13}{'loop':>8}{'peak GB':>9}   kernel (ms per batched gradient)")
     records = []
     for name in args.workloads.split(","):
         r = measure(name, args)
@@ -181,7 +191,8 @@ def main() -> None:
         listed = ", ".join(f"{k} {ms:.3g}" for k, ms in r["kernel_ms"].items())
         print(f"{name:<20}{r['clients']:>4}{r['tau_min']:>5}..{r['tau_max']:<3}{r['useful_before']:>14.2f} / 1.00"
               f"{r['ms_vectorized']:>15.1f}{r['ms_loop']:>11.1f}{r['speedup']:>8.1f}x"
-              f"{r['tflops_vectorized']:>13.4f}{r['tflops_loop']:>8.4f}   {r['kernel']} ({listed})", flush=True)
+              f"{r['tflops_vectorized']:>13.4f}{r['tflops_loop']:>8.4f}"
+              f"{'-' if r['peak_gb'] is None else format(r['peak_gb'], '.2f'):>9}   {r['kernel']} ({listed})", flush=True)
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
     (out / "gpu.json").write_text(json.dumps({"device": args.device, "name": device, "smoke": args.smoke,

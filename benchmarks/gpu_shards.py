@@ -12,6 +12,7 @@ clients (full participation), 5 local steps of b = 32 (smoke: N = 4, 2 steps of 
     deterministic=true against the default (its cost).
 
     python benchmarks/gpu_shards.py --device cuda [--rounds 5] [--sections sharing,determinism]
+                                    [--precision fp32|tf32|bf16] [--threads N]
     python benchmarks/gpu_shards.py --device cpu --smoke
 Writes benchmarks/out/gpu_shards.json. A benchmark, not a test: nothing asserts a time.
 """
@@ -43,7 +44,8 @@ def workload(args, data_dir: Path, *extra: str) -> dict:
         "model=cnn", "dataset=mnist", f"dataset.data_dir={data_dir}", f"dataset.num_clients={clients}",
         "algorithm.sampler=full", f"algorithm.local_steps={steps}", f"algorithm.batch_size={batch}",
         "algorithm.client_lr=0.05", "heterogeneity=false", f"device={args.device}", "progress=false",
-        f"results_dir={tempfile.mkdtemp()}", *extra])
+        f"precision={args.precision}", f"threads={args.threads or 'null'}", f"results_dir={tempfile.mkdtemp()}",
+        *extra])
 
 
 def ray_overrides(args, shards: int) -> list[str]:
@@ -118,12 +120,15 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds of each variant in (a)")
     parser.add_argument("--sections", default="sharing,determinism")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of inline runs and of each shard")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that everything runs")
     args = parser.parse_args()
     data_dir = Path(tempfile.mkdtemp())
     write_mnist_shaped(data_dir, 400 if args.smoke else 16_000, 100 if args.smoke else 1_000)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    print(f"{'smoke, ' if args.smoke else ''}{args.device} ({name}), torch {torch.__version__}")
+    print(f"{'smoke, ' if args.smoke else ''}{args.device} ({name}), torch {torch.__version__}, "
+          f"precision {args.precision}, threads {args.threads or 'default'}")
     report = {"device": args.device, "name": name, "smoke": args.smoke}
     sections = args.sections.split(",")
     if "sharing" in sections:

@@ -150,8 +150,8 @@ TOP: dict[str, Key] = {
                      "exact w*, F* for subopt/dist_to_opt: auto (where strongly convex), on (always, or fail), off"),
     "precision": choice("fp32 | tf32 (TF32 matmuls on CUDA) | bf16 (nets' training under bf16 autocast)",
                         ("fp32", "tf32", "bf16")),
-    "kernel": choice("how nets' batched client gradients are computed: auto (measured on CUDA, else vmap) | vmap "
-                     "| loop | loop_channels_last", ("auto", "vmap", "loop", "loop_channels_last")),
+    "kernel": choice("nets' batched client gradients: auto (the fastest, timed once per shape on this machine and "
+                     "remembered) | vmap | loop | loop_channels_last", ("auto", "vmap", "loop", "loop_channels_last")),
     "deterministic": boolean("deterministic CUDA kernels (cuBLAS workspace, cuDNN): same bits run to run, slower"),
     "memory_budget_gb": number("GB (10^9 bytes) a batched training or evaluation step may use", lo=0, lo_open=True,
                                null="half the device's free memory"),

@@ -114,7 +114,7 @@ def _auto(cfg: dict[str, Any], problem) -> str:
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu {platform.machine()} {platform.processor()} x{os.cpu_count()}"
+    return " ".join(filter(None, ("cpu", platform.machine(), platform.processor(), f"x{os.cpu_count()}")))
 
 
 def cache_path() -> Path:

@@ -115,11 +115,6 @@ def flops_per_client_step(problem, batch: int) -> float:
     return float(counter.get_total_flops())
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
 def time_rounds(problem, algorithm, executor_cls, rounds: int, device: str,
                 replicas: int) -> tuple[float, np.ndarray]:
     """Seconds per round after one untimed round, and the timed rounds' tau [rounds, K] (replica 0's)."""
@@ -127,11 +122,11 @@ def time_rounds(problem, algorithm, executor_cls, rounds: int, device: str,
                     replicas=replicas, eval_every=10**9)
     state = engine.step(engine.initial_state())
     tau = np.stack([engine.plan_round(r)[0].tau[0] for r in range(1, rounds + 1)])
-    _sync(device)
+    kernels.synchronize(device)
     start = time.perf_counter()
     for _ in range(rounds):
         state = engine.step(state)
-    _sync(device)
+    kernels.synchronize(device)
     return (time.perf_counter() - start) / rounds, tau
 
 

@@ -18,12 +18,12 @@ import hashlib
 import json
 import math
 import os
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from harness.files import atomic_write
 from harness.reference import Reference, SolveFailed
 
 FORMAT = 2  # bump when the meaning of a cached entry changes
@@ -65,10 +65,7 @@ def _path(cfg: dict[str, Any], what: str) -> Path:
 
 
 def _save(path: Path, **arrays: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
 def _cached(path: Path, timeout_s: float | None, solve: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

@@ -13,8 +13,6 @@ torch.load(weights_only=True): a planted file cannot run code when a run is resu
 from __future__ import annotations
 
 import json
-import os
-import uuid
 import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -26,6 +24,7 @@ import torch
 
 from harness.core.engine import RunState
 from harness.errors import ConfigError, require
+from harness.files import atomic_text, atomic_write
 
 FORMAT = 2  # 2: numpy arrays as plain (dtype, shape, bytes), loadable with weights_only=True
 _NDARRAY = "__ndarray__"  # marks an encoded numpy array in a checkpoint
@@ -36,21 +35,6 @@ RESUME_FREE = ("resume", "progress", "executor", "num_shards", "ray", "checkpoin
 
 def checkpoint_dir(results_dir: str | Path, run_id: str) -> Path:
     return Path(results_dir) / "checkpoints" / f"run_id={run_id}"
-
-
-def _atomic(path: Path, write) -> None:
-    """Write through a unique temporary name in the same folder, fsync, rename: never a half file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -68,14 +52,14 @@ class Checkpointer:
         if not meta.exists():  # a resumed run keeps its original meta
             text = json.dumps({"format": FORMAT, "run_id": run_id, "started_at": started, "config": _plain(cfg)},
                               sort_keys=True, indent=1)
-            _atomic(meta, lambda f: f.write(text.encode()))
+            atomic_text(meta, text)
 
     def save(self, state: RunState) -> None:
         self.sink.flush()  # rows up to this round are on disk before the state that follows them
         run_state = {f.name: getattr(state, f.name) for f in fields(RunState)}
         payload = {"format": FORMAT, "round": state.round, "run_state": _map(_to(run_state, "cpu"), _encode_array),
                    "client_state": _map(self.executor.get_state(), _encode_array)}
-        _atomic(self.dir / "state.pt", lambda f: torch.save(payload, f))
+        atomic_write(self.dir / "state.pt", lambda f: torch.save(payload, f))
         self.round = state.round
 
 

@@ -20,13 +20,13 @@ import os
 import platform
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from harness.files import atomic_text
 from harness.reference_cache import cache_dir
 
 KERNELS = ("vmap", "loop", "loop_channels_last")
@@ -42,8 +42,9 @@ def candidates(objective) -> tuple[str, ...]:
     return KERNELS if conv else KERNELS[:2]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the device's queued work (a GPU runs asynchronously: a timing ends when its kernels do)."""
+    if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
 
 
@@ -61,10 +62,10 @@ def measure(objective, copies: int, batch: int, device: torch.device, dtype: tor
             objective.batch_grad(w, (x, y))  # warm-up: cuDNN's plans, allocator
             seconds = []
             for _ in range(REPEATS):
-                _sync(device)
+                synchronize(device)
                 start = time.perf_counter()
                 objective.batch_grad(w, (x, y))
-                _sync(device)
+                synchronize(device)
                 seconds.append(time.perf_counter() - start)
             timings[name] = float(np.median(seconds))
     finally:
@@ -130,14 +131,10 @@ def _read_cache() -> dict:
 
 
 def _remember(key: str, entry: dict) -> None:
-    """Add one choice; written through a unique temporary name and renamed, so a reader never sees half a file.
-    A cache that cannot be written only costs the next run a measurement."""
-    path = cache_path()
+    """Add one choice (the file is replaced whole). A cache that cannot be written only costs the next run a
+    measurement."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}")
-        tmp.write_text(json.dumps({**_read_cache(), key: entry}, indent=1))
-        os.replace(tmp, path)
+        atomic_text(cache_path(), json.dumps({**_read_cache(), key: entry}, indent=1))
     except OSError:
         pass
 

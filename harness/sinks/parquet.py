@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from harness.files import atomic_write
 
 ROUND_SCHEMA = pa.schema([
     ("replica", pa.int64()), ("series", pa.string()), ("round", pa.int64()),
@@ -32,17 +32,8 @@ RUN_SCHEMA = pa.schema([
 
 
 def atomic_write_table(table: pa.Table, path: Path) -> None:
-    """Write to a unique temporary name in the same folder, fsync, then rename: never a half file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        pq.write_table(table, tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """The table as one Parquet file at `path`, whole or not at all."""
+    atomic_write(path, lambda f: pq.write_table(table, f))
 
 
 def _table(rows: list[dict], schema: pa.Schema) -> pa.Table:

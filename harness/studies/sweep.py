@@ -27,6 +27,7 @@ import yaml
 from harness.compose import CONF_DIR, group_options
 from harness.config import load_config
 from harness.errors import ConfigError, require
+from harness.files import atomic_text
 
 PROTOCOLS = ("fixed", "theory", "tuned")
 RUNNERS = ("ray", "local")
@@ -476,10 +477,7 @@ def _write_manifest(path: Path, spec: SweepSpec, jobs: list[Job], outcomes: dict
                                                           "worker": outcomes[j.run_id].worker})}
                  for j in jobs],
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
+    atomic_text(path, json.dumps(data, indent=1, default=str))
 
 
 def _label(point: dict[str, str]) -> str:

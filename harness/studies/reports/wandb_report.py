@@ -25,11 +25,12 @@ import pandas as pd
 
 from harness.config import load_config
 from harness.errors import require
+from harness.files import atomic_text
 from harness.sinks.masking import mask_secrets
 from harness.studies.reports import markdown
 from harness.studies.reports.data import load_results
 from harness.studies.reports.report import Report
-from harness.studies.tuning.export import atomic_text, shown
+from harness.studies.tuning.export import shown
 
 SPEC_FORMAT = "fedharness-wandb-report/1"
 SPEC_NAME = "wandb_report.json"

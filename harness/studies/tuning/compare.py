@@ -19,8 +19,9 @@ import numpy as np
 import pyarrow as pa
 
 from harness.errors import ConfigError, require
+from harness.files import atomic_text
 from harness.sinks.parquet import atomic_write_table
-from harness.studies.tuning.export import atomic_text, best_trial, shown
+from harness.studies.tuning.export import best_trial, shown
 from harness.studies.tuning.study import (TuneSpec, build_spec, check_reachable, compose_tune, open_study,
                                           split_overrides, trial_config, tune)
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import uuid
 import warnings
 from pathlib import Path
 
 import pyarrow as pa
 
+from harness.files import atomic_text, atomic_write
 from harness.sinks.masking import mask_secrets
 from harness.sinks.parquet import atomic_write_table
 
@@ -95,23 +95,14 @@ def shown(path: str | Path) -> str:
     return str(path) if rel.startswith("..") else rel
 
 
-def atomic_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _save_figure(ax, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig = ax.figure
     fig.set_size_inches(7, 4.5)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}.png")
-    fig.savefig(tmp, dpi=110)
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def plot_study(spec, study, out_dir: Path) -> dict[str, str]:

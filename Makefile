@@ -30,7 +30,7 @@ bench-gpu: $(STAMP)  ## nets at paper scale, kernels, GPU-sharing shards, determ
 	$(BIN)/python benchmarks/gpu_shards.py $(ARGS) $(SHARDS_ARGS)
 
 reproduce: $(STAMP)  ## every paper claim at smoke scale: docs/reproductions/*.png, results.json (docs/reproductions.md)
-	$(BIN)/python -m harness.studies.reproduce $(ARGS)
+	$(BIN)/python -m fedharness.studies.reproduce $(ARGS)
 
 list: $(STAMP)
 	$(BIN)/fedharness list

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from algorithms.solvers import WeightStats
-from harness.errors import require
+from fedharness.algorithms.solvers import WeightStats
+from fedharness.errors import require
 
 
 @dataclass

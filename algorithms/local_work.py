@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.core import streams
-from harness.errors import require
+from fedharness.core import streams
+from fedharness.errors import require
 
 
 def _is_int(v) -> bool:

@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from harness.errors import require
+from fedharness.errors import require
 
 
 class PerClientSteps:

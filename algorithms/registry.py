@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from algorithms import aggregators, local_work, local_work_fixed, samplers, schedules, server, solvers
-from harness.core.engine import Algorithm
-from harness.errors import ConfigError, require
+from fedharness.algorithms import aggregators, local_work, local_work_fixed, samplers, schedules, server, solvers
+from fedharness.core.engine import Algorithm
+from fedharness.errors import ConfigError, require
 
 Factory = Callable[[dict[str, Any], Any], Any]
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.core import streams
-from harness.errors import require
+from fedharness.core import streams
+from fedharness.errors import require
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.errors import ConfigError, require
+from fedharness.errors import ConfigError, require
 
 
 def _is_number(v) -> bool:
@@ -77,7 +77,7 @@ class StepDecay(Constant):
                 "must be a number in (0, 1]")
         if rounds is None:
             raise ConfigError("algorithm.lr_schedule", "step_decay",
-                              "needs the number of rounds: build the algorithm through harness.run.prepare")
+                              "needs the number of rounds: build the algorithm through fedharness.runner.prepare")
         self.boundaries = np.floor(np.asarray(decay_at, dtype=np.float64) * rounds).astype(np.int64)
         self.decay_factor = float(decay_factor)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.errors import require
+from fedharness.errors import require
 
 
 def _is_number(v) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness.errors import require
+from fedharness.errors import require
 
 
 @dataclass

@@ -64,7 +64,7 @@ def peak_rss_bytes() -> int:
 
 
 def _engine(cfg: dict, problem, algorithm, executor):
-    from harness.core.engine import Engine
+    from fedharness.core.engine import Engine
 
     return Engine(problem, algorithm, executor, rounds=cfg["rounds"], seed=cfg["seed"], replicas=1, eval_every=10**9)
 
@@ -97,11 +97,11 @@ def paired_rounds(variants: dict, rounds: int, warmup: int) -> dict[str, list[fl
 
 
 def cnn_child(data_dir: str, rounds: int) -> dict:
-    from harness.backends import ray_cluster
-    from harness.config import load_config
-    from harness.core.executors import InlineExecutor
-    from harness.backends.ray_executor import RayExecutor
-    from harness.parts import build_parts
+    from fedharness.backends import ray_cluster
+    from fedharness.config import load_config
+    from fedharness.core.executors import InlineExecutor
+    from fedharness.backends.ray_executor import RayExecutor
+    from fedharness.parts import build_parts
 
     cores = os.cpu_count() or 1
     cfg = load_config([*CNN, f"dataset.data_dir={data_dir}", "progress=false", "rounds=1000"])
@@ -124,9 +124,9 @@ def cnn_child(data_dir: str, rounds: int) -> dict:
 
 def lazy_memory_child(overrides: list[str], rounds: int) -> dict:
     """Peak resident memory of the driver and each shard over a run of `rounds` (this process alone)."""
-    from harness.config import load_config
-    from harness.backends.ray_executor import RayExecutor
-    from harness.parts import build_parts
+    from fedharness.config import load_config
+    from fedharness.backends.ray_executor import RayExecutor
+    from fedharness.parts import build_parts
 
     after_imports = peak_rss_bytes()
     cfg = load_config([*LAZY, *overrides, "executor=ray", "progress=false", f"rounds={rounds}"])
@@ -146,10 +146,10 @@ def lazy_memory_child(overrides: list[str], rounds: int) -> dict:
 
 
 def lazy_timing_child(cases: dict[str, list[str]], rounds: int) -> dict:
-    from harness.backends import ray_cluster
-    from harness.config import load_config
-    from harness.backends.ray_executor import RayExecutor
-    from harness.parts import build_parts
+    from fedharness.backends import ray_cluster
+    from fedharness.config import load_config
+    from fedharness.backends.ray_executor import RayExecutor
+    from fedharness.parts import build_parts
 
     ray_cluster.start_local(num_cpus=2 * len(cases))  # every case's 2 shards at once, busy one case at a time
     variants = {}

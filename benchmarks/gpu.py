@@ -37,16 +37,16 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from harness.config import load_config
-from harness.core.engine import Engine
-from harness.core.executors import InlineExecutor, ReferenceExecutor
-from harness.problems.data import DataProblem
-from harness.problems.nets import build_net
-from harness.problems.objectives import NetObjective
-from harness.parts import algorithm_for
-from harness.run import prepare, set_threads
-from harness.core import kernels
-from harness.core.runtime import memory_budget_bytes
+from fedharness.config import load_config
+from fedharness.core.engine import Engine
+from fedharness.core.executors import InlineExecutor, ReferenceExecutor
+from fedharness.problems.data import DataProblem
+from fedharness.problems.nets import build_net
+from fedharness.problems.objectives import NetObjective
+from fedharness.parts import algorithm_for
+from fedharness.runner import prepare, set_threads
+from fedharness.core import kernels
+from fedharness.core.runtime import memory_budget_bytes
 
 NETS = {  # name: (model, image shape, clients K)
     "cnn_mnist_K100": ("cnn", (1, 28, 28), 100),

@@ -29,10 +29,10 @@ import numpy as np
 import torch
 
 from bench_ray import paired_rounds, write_mnist_shaped
-from harness.config import load_config
-from harness.core.executors import InlineExecutor
-from harness.parts import build_parts
-from harness.run import execute, set_threads
+from fedharness.config import load_config
+from fedharness.core.executors import InlineExecutor
+from fedharness.parts import build_parts
+from fedharness.runner import execute, set_threads
 
 OUT = Path(__file__).parent / "out"
 
@@ -58,8 +58,8 @@ def sharing(args, data_dir: Path) -> list[dict]:
     the whole GPU between its shards)."""
     import ray
 
-    from harness.backends import ray_cluster
-    from harness.backends.ray_executor import RayExecutor
+    from fedharness.backends import ray_cluster
+    from fedharness.backends.ray_executor import RayExecutor
 
     cfg = workload(args, data_dir, "rounds=1000")
     set_threads(cfg)

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from harness.config import load_config
-from harness.core.engine import Engine
-from harness.core.executors import InlineExecutor, ReferenceExecutor
-from harness.run import prepare
+from fedharness.config import load_config
+from fedharness.core.engine import Engine
+from fedharness.core.executors import InlineExecutor, ReferenceExecutor
+from fedharness.runner import prepare
 
 W1 = ["dataset.samples_per_client=200", "dataset.num_clients=100", "algorithm.clients_per_round=10",
       "algorithm.local_steps=20", "algorithm.batch_size=24", "algorithm.client_lr=0.05"]

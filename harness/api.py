@@ -15,14 +15,14 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.errors import ConfigError, raise_for_results_write
+from fedharness.errors import ConfigError, raise_for_results_write
 
 Overrides = Sequence[str] | Mapping[str, Any] | None
 
 
 def as_overrides(overrides: Overrides = None, **kwargs: Any) -> list[str]:
     """`["k=v", ...]`, `{"k": v}` (nested or dotted keys) and keyword arguments, as Hydra overrides."""
-    from harness.studies.sweep import dict_overrides
+    from fedharness.studies.sweep import dict_overrides
 
     if overrides is None:
         out = []
@@ -86,10 +86,10 @@ def run(overrides: Overrides = None, **kwargs: Any) -> Result:
 
     The tqdm progress bar follows the `progress` key (on by default, also in notebooks).
     """
-    from harness.config import load_config
-    from harness.lifecycle import mark_lost_runs
-    from harness.progress import ProgressBar
-    from harness.run import execute
+    from fedharness.config import load_config
+    from fedharness.lifecycle import mark_lost_runs
+    from fedharness.progress import ProgressBar
+    from fedharness.runner import execute
 
     cfg = load_config(as_overrides(overrides, **kwargs))
     mark_lost_runs(cfg["results_dir"])  # rows a killed process left `running`
@@ -117,8 +117,8 @@ class Study:
 
 def tune(overrides: Overrides = None, **kwargs: Any) -> Study:
     """A study, as `fedharness tune`: e.g. tune(["tune=quadratic_lr", "tune.n_trials=8"])."""
-    from harness.studies.tuning.study import build_spec
-    from harness.studies.tuning.study import tune as run_study
+    from fedharness.studies.tuning.study import build_spec
+    from fedharness.studies.tuning.study import tune as run_study
 
     spec = build_spec(as_overrides(overrides, **kwargs))
     summary = run_study(spec)
@@ -131,7 +131,7 @@ def sweep(overrides: Overrides = None, **kwargs: Any) -> Result:
 
     A grid dimension is a comma-separated list in the list form (`key=a,b`); progress lines are printed.
     """
-    from harness.studies.sweep import plan, run_sweep
+    from fedharness.studies.sweep import plan, run_sweep
 
     spec, jobs = plan(as_overrides(overrides, **kwargs))
     done = run_sweep(spec, jobs, echo=lambda s: print(s, flush=True))
@@ -144,7 +144,7 @@ def report(results_dir: str | Path, targets: Sequence[str] | None = None, scale_
            level: float = 0.95, series: str = "iterate"):
     """Rounds to target, speedup fits, plots and Markdown, as `fedharness report`; returns the Report
     (`.tables` of DataFrames, `.figures`, `.markdown`)."""
-    from harness.studies.reports.command import make_report
+    from fedharness.studies.reports.command import make_report
 
     return make_report(str(results_dir), None if targets is None else list(targets), scale_key, out, study,
                        bootstrap, level, series)

@@ -6,14 +6,14 @@ import argparse
 import os
 import sys
 
-from harness.errors import ConfigError, ResultsWriteError
+from fedharness.errors import ConfigError, ResultsWriteError
 
 
 def cmd_run(overrides: list[str]) -> int:
     """One run. SIGINT/SIGTERM end it with one line on stderr and exit status 130/143 (128 + the signal)."""
-    from harness.api import run
-    from harness.lifecycle import RunInterrupted
-    from harness.run import summary_table
+    from fedharness.api import run
+    from fedharness.lifecycle import RunInterrupted
+    from fedharness.runner import summary_table
 
     try:
         result = run(overrides)  # the Python API's code path
@@ -46,14 +46,14 @@ def cmd_show_config(overrides: list[str]) -> int:
     """`fedharness run --cfg job ...`: the resolved, validated config as YAML; runs nothing."""
     from omegaconf import OmegaConf
 
-    from harness.config import load_config
+    from fedharness.config import load_config
 
     print(OmegaConf.to_yaml(load_config(overrides)), end="")
     return 0
 
 
 def cmd_config(group: str | None, option: str | None) -> int:
-    from harness.confighelp import describe_group, describe_run
+    from fedharness.confighelp import describe_group, describe_run
 
     print(describe_group(group, option) if group else describe_run())
     return 0
@@ -74,17 +74,17 @@ class RunHelp(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, help="show the config groups and keys with defaults")
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from harness.confighelp import describe_run
+        from fedharness.confighelp import describe_run
 
         print(parser.format_help() + "\n" + describe_run())
         parser.exit()
 
 
 def cmd_list() -> int:
-    from algorithms.registry import PARTS
-    from harness.compose import group_options
-    from harness.problems import DATASETS, MODELS
-    from partitions import PARTITIONERS
+    from fedharness.algorithms.registry import PARTS
+    from fedharness.compose import group_options
+    from fedharness.problems import DATASETS, MODELS
+    from fedharness.partitions import PARTITIONERS
 
     sections = {
         "datasets": DATASETS, "partitions": ("auto", *PARTITIONERS), "models": MODELS,
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "(e.g. sweep.runner=local, sweep.resources.num_cpus=2); k=v fixes a run key; k=a,b adds a "
                        "grid dimension")
     sweep.add_argument("--dry-run", action="store_true", help="list the runs and their overrides; start nothing")
-    from harness.studies.reports.command import add_arguments as add_report_arguments
+    from fedharness.studies.reports.command import add_arguments as add_report_arguments
 
     add_report_arguments(sub.add_parser("report", help="rounds to target, speedup and its fit with a bootstrap "
                                         "interval, plots and a Markdown report of a results directory"))
@@ -136,15 +136,15 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "config":
         return cmd_config(args.group, args.option)
     if args.command == "tune":
-        from harness.studies.tuning.command import main as cmd_tune
+        from fedharness.studies.tuning.command import main as cmd_tune
 
         return cmd_tune(args.overrides, args.compare)
     if args.command == "sweep":
-        from harness.studies.sweep import main as cmd_sweep
+        from fedharness.studies.sweep import main as cmd_sweep
 
         return cmd_sweep(args.overrides, args.dry_run)
     if args.command == "report":
-        from harness.studies.reports.command import main as cmd_report
+        from fedharness.studies.reports.command import main as cmd_report
 
         return cmd_report(args)
     return cmd_list()

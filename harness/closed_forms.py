@@ -148,8 +148,8 @@ def client_minima(problem, solve: Callable | None = None) -> np.ndarray | None:
     """
     if hasattr(problem, "client_minima"):
         return np.asarray(problem.client_minima(), np.float64)
-    from harness.problems.data import DataProblem
-    from harness.problems.quadratic import QuadraticProblem
+    from fedharness.problems.data import DataProblem
+    from fedharness.problems.quadratic import QuadraticProblem
 
     if isinstance(problem, QuadraticProblem):  # 1/2 (x - e)^T A (x - e), A positive semi-definite: 0 at e
         return np.zeros(problem.num_clients)
@@ -157,7 +157,7 @@ def client_minima(problem, solve: Callable | None = None) -> np.ndarray | None:
         return None
     if not getattr(problem.objective, "l2", 0) > 0:
         return None  # no ridge term: a client's minimum need not be attained (separable classes)
-    from harness.reference import solve_reference
+    from fedharness.reference import solve_reference
 
     solve = solve or solve_reference
     x, y, _, _ = problem._raw  # the clients' samples back to back, as DataProblem.with_dtype rebuilds them

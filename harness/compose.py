@@ -15,14 +15,14 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from harness.errors import ConfigError, require
+from fedharness.errors import ConfigError, require
 
 
 def _conf_dir() -> Path:
     """$FEDHARNESS_CONF, else the configs shipped in the package: harness/conf, in a checkout a link to the
     top-level conf/ (resolved, so that conf/'s neighbours such as docs/ are CONF_DIR.parent there)."""
     override = os.environ.get("FEDHARNESS_CONF")
-    return Path(override) if override else Path(str(files("harness") / "conf")).resolve()
+    return Path(override) if override else Path(str(files("fedharness") / "conf")).resolve()
 
 
 CONF_DIR = _conf_dir()

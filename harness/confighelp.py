@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness import schema
-from harness.errors import ConfigError
+from fedharness import schema
+from fedharness.errors import ConfigError
 
 HELP_GROUPS = ("dataset", "partition", "model", "algorithm")
 WIDTH = 34  # "key = default" column
@@ -27,7 +27,7 @@ def _line(key: str, default: Any, doc: str) -> str:
 
 
 def _options_line(group: str, default: str) -> str:
-    from harness.compose import group_options
+    from fedharness.compose import group_options
 
     names = [f"{o}*" if o == default else o for o in group_options(group)]
     return f"  {group:<11}{', '.join(names)}"
@@ -50,7 +50,7 @@ def describe_run() -> str:
 
 def describe_group(group: str, option: str | None = None) -> str:
     """A group's options and the keys of one option (the default one unless named): `fedharness config GROUP`."""
-    from harness.compose import group_options
+    from fedharness.compose import group_options
 
     if group not in HELP_GROUPS:
         raise ConfigError("group", group, HELP_GROUPS)

@@ -14,12 +14,12 @@ from typing import Any, Callable
 
 from hydra.core.config_store import ConfigStore
 
-from algorithms.registry import PARTS
-from harness.errors import ConfigError, require
-from harness.problems import DATASETS, MODELS
-from harness.problems.nets import NETS
-from harness.problems.user import USER_DATASETS
-from partitions import PARTITIONERS
+from fedharness.algorithms.registry import PARTS
+from fedharness.errors import ConfigError, require
+from fedharness.problems import DATASETS, MODELS
+from fedharness.problems.nets import NETS
+from fedharness.problems.user import USER_DATASETS
+from fedharness.partitions import PARTITIONERS
 
 _BUILTIN = {"model": set(MODELS), "dataset": set(DATASETS), "partition": {"auto", *PARTITIONERS},
             **{kind: set(reg) for kind, reg in PARTS.items()}}

@@ -1,7 +1,7 @@
 """How a run ends when it cannot finish: interrupted by a signal, or killed outright (found later as `lost`).
 
 SIGINT and SIGTERM during a run raise `RunInterrupted` in the main thread, so the run records
-`status=interrupted` with its rounds (see `harness.run.execute`). A run killed with SIGKILL cannot write
+`status=interrupted` with its rounds (see `fedharness.runner.execute`). A run killed with SIGKILL cannot write
 anything: its `runs/` row stays `running`. The next command that opens the same results directory
 (`fedharness run`, `tune`, `sweep`, `report`) marks such a row `lost` when the process that wrote it is
 gone: same host, and no process with that pid and start time is alive. Rows of other hosts are left alone.
@@ -93,7 +93,7 @@ def last_recorded_round(results_dir: str | Path, run_id: str) -> int:
 
 def mark_lost_runs(results_dir: str | Path) -> list[str]:
     """Mark `running` rows of this host whose process is gone as `lost`, with the rounds they recorded."""
-    from harness.sinks.parquet import RUN_SCHEMA, ParquetSink
+    from fedharness.sinks.parquet import RUN_SCHEMA, ParquetSink
 
     root, host, marked = Path(results_dir), platform.node(), []
     for path in sorted((root / "runs").glob("run_id=*/run.parquet")):

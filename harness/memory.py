@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from harness.core.runtime import available_ram
-from harness.errors import ConfigError
+from fedharness.core.runtime import available_ram
+from fedharness.errors import ConfigError
 
 # n_k ~ lognormal(4, 2) + 50 has mean exp(4 + 2^2 / 2) + 50 (Li et al.'s Synthetic).
 SYNTHETIC_MEAN_SAMPLES = math.exp(6.0) + 50
@@ -60,7 +60,7 @@ def model_params(cfg: dict[str, Any]) -> int:
         return (math.prod(shape) + 1) * classes
     import torch
 
-    from harness.problems.nets import build_net, count_params
+    from fedharness.problems.nets import build_net, count_params
 
     with torch.device("meta"):  # shapes only: nothing is allocated
         return count_params(build_net(model, shape, classes))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from algorithms.registry import build_algorithm
-from harness.core.executors import require_fits_budget
-from harness.extend import register_targets
-from harness.problems import build_problem
+from fedharness.algorithms.registry import build_algorithm
+from fedharness.core.executors import require_fits_budget
+from fedharness.extend import register_targets
+from fedharness.problems import build_problem
 
 
 def algorithm_for(cfg: dict[str, Any], problem):

@@ -17,18 +17,20 @@ import functools
 import hashlib
 import json
 import math
+import importlib.util
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from harness.files import atomic_write
-from harness.reference import Reference, SolveFailed
+from fedharness.files import atomic_write
+from fedharness.reference import Reference, SolveFailed
 
 FORMAT = 2  # bump when the meaning of a cached entry changes
 _HERE = Path(__file__).resolve().parent
-_SOURCES = sorted([*(_HERE / "problems").glob("*.py"), *(_HERE.parent / "partitions").glob("*.py"),
+_PARTITIONS = Path(importlib.util.find_spec("fedharness.partitions").origin).parent  # the checkout's or the wheel's
+_SOURCES = sorted([*(_HERE / "problems").glob("*.py"), *_PARTITIONS.glob("*.py"),
                    _HERE / "reference.py", _HERE / "closed_forms.py"])
 # dataset keys that change how data are fetched or evaluated, not the training samples
 NOT_DATA = ("data_seed", "download", "cache_mb", "eval_clients")

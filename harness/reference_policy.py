@@ -15,10 +15,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from harness.closed_forms import client_minima
-from harness.errors import ConfigError, require
-from harness.reference import Reference, SolveFailed, SolveProgress, optimum_doubt, solve_reference
-from harness.reference_cache import cached_client_minima, cached_reference
+from fedharness.closed_forms import client_minima
+from fedharness.errors import ConfigError, require
+from fedharness.reference import Reference, SolveFailed, SolveProgress, optimum_doubt, solve_reference
+from fedharness.reference_cache import cached_client_minima, cached_reference
 
 DEFAULT_TIMEOUT_S = 600.0
 _REPORTED: set[str] = set()  # a tuning study or sweep runs many configs in one process: say each thing once

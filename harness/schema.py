@@ -1,6 +1,6 @@
 """The one declaration of every run-config key: its type, what is allowed, and a one-line doc.
 
-Defaults live in the YAML under conf/ (`harness.compose.defaults()` reads them); this module says what each key may
+Defaults live in the YAML under conf/ (`fedharness.compose.defaults()` reads them); this module says what each key may
 hold. `validate(cfg)` checks a composed config against it and raises the first ConfigError, naming
 the key, the value and what is allowed. A new key is one line in the table of its section; a rule
 that ties keys together is one small function in RULES. Part names are checked against the live
@@ -16,105 +16,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from harness.compose import defaults
-from harness.errors import ConfigError, require
+from fedharness.compose import defaults
+from fedharness.errors import ConfigError, require
 
 
-@dataclass(frozen=True)
-class Key:
-    check: Callable[[Any], bool]
-    allowed: str
-    doc: str
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_real(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _nullable(check: Callable[[Any], bool], allowed: str, null: str | None) -> tuple[Callable[[Any], bool], str]:
-    if null is None:
-        return check, allowed
-    return (lambda v: v is None or check(v)), f"null ({null}) or {allowed}"
-
-
-def _bounds(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> tuple[Callable, str]:
-    def ok(v) -> bool:
-        return ((lo is None or (v > lo if lo_open else v >= lo)) and (hi is None or (v < hi if hi_open else v <= hi)))
-
-    if lo is not None and hi is not None:
-        text = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
-    elif lo is not None:
-        text = f"{'>' if lo_open else '>='} {lo:g}"
-    else:
-        text = f"{'<' if hi_open else '<='} {hi:g}" if hi is not None else ""
-    return ok, text
-
-
-def integer(doc: str, lo: int | None = None, hi: int | None = None, null: str | None = None) -> Key:
-    ok, text = _bounds(lo, hi, False, False)
-    return Key(*_nullable(lambda v: _is_int(v) and ok(v), f"an integer {text}".rstrip(), null), doc)
-
-
-def number(doc: str, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-           hi_open: bool = False, null: str | None = None) -> Key:
-    ok, text = _bounds(lo, hi, lo_open, hi_open)
-    return Key(*_nullable(lambda v: _is_real(v) and ok(v), f"a finite number {text}".rstrip(), null), doc)
-
-
-def boolean(doc: str) -> Key:
-    return Key(lambda v: isinstance(v, bool), "true or false", doc)
-
-
-def text(doc: str, null: str | None = None) -> Key:
-    return Key(*_nullable(lambda v: isinstance(v, str) and v != "", "a non-empty string", null), doc)
-
-
-def choice(doc: str, options: Iterable[str] | Callable[[], Iterable[str]]) -> Key:
-    """One of `options`; a callable is read at validation time (live registries)."""
-    names = options if callable(options) else (lambda fixed=tuple(options): fixed)
-
-    class _Allowed(str):  # the message lists the registry as it is when the error is raised
-        def __str__(self) -> str:
-            return "one of: " + ", ".join(names())
-
-    return Key(lambda v: isinstance(v, str) and v in tuple(names()), _Allowed(), doc)
-
-
-def anything(doc: str) -> Key:
-    return Key(lambda v: True, "anything", doc)
-
-
-def _is_list(v: Any, item: Callable[[Any], bool]) -> bool:
-    return isinstance(v, list) and all(item(x) for x in v)
+from fedharness.keys import Key, _is_int, _is_list, _is_real, anything, boolean, choice, integer, number, text  # noqa: F401
 
 
 # --- registries, read when a config is checked (parts can be registered at run time) -----------------------
 
 def _datasets() -> tuple[str, ...]:
-    from harness.problems import DATASETS
+    from fedharness.problems import DATASETS
 
     return tuple(DATASETS)
 
 
 def _models() -> tuple[str, ...]:
-    from harness.problems import MODELS
+    from fedharness.problems import MODELS
 
     return tuple(MODELS)
 
 
 def _partitions() -> tuple[str, ...]:
-    from partitions import PARTITIONERS
+    from fedharness.partitions import PARTITIONERS
 
     return ("auto", *PARTITIONERS)
 
 
 def _parts(kind: str) -> Callable[[], tuple[str, ...]]:
     def names() -> tuple[str, ...]:
-        from algorithms.registry import PARTS
+        from fedharness.algorithms.registry import PARTS
 
         return tuple(PARTS[kind])
 
@@ -349,7 +280,7 @@ def _check_section(cfg: dict[str, Any], keys: dict[str, Key], prefix: str, extra
 
 def _uses_user_parts(group: str, gcfg: dict[str, Any]) -> bool:
     """An algorithm with a user's part: its other keys (e.g. algorithm.clip) are that part's parameters."""
-    from algorithms.registry import BUILTIN_PARTS
+    from fedharness.algorithms.registry import BUILTIN_PARTS
 
     return group == "algorithm" and any(gcfg.get(kind) not in names for kind, names in BUILTIN_PARTS.items())
 
@@ -409,7 +340,7 @@ def partition_fits_dataset(cfg: dict[str, Any]) -> None:
 
 
 def ray_keys_need_ray(cfg: dict[str, Any]) -> None:
-    from harness.backends.ray_cluster import parse_address
+    from fedharness.backends.ray_cluster import parse_address
 
     parse_address(cfg["ray"]["address"])  # first: its message hides credentials, the one below would echo them
     if cfg["executor"] == "ray":
@@ -502,6 +433,6 @@ def validate(cfg: dict[str, Any]) -> None:
     check_keys(cfg)
     for rule in RULES:
         rule(cfg)
-    from harness.memory import check_memory
+    from fedharness.memory import check_memory
 
     check_memory(cfg)

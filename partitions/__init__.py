@@ -1,6 +1,6 @@
 """Partitioners that split a pooled labelled dataset across clients.
 
-    from partitions import partition
+    from fedharness.partitions import partition
     parts = partition("dirichlet", labels, num_clients=100, seed=0, alpha=0.1)
 
 `parts` is a list of `num_clients` sorted int64 index arrays into `labels`.
@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from harness.errors import ConfigError, require
-from partitions.core import classes_per_client, dirichlet, iid, natural, powerlaw, shards
+from fedharness.errors import ConfigError, require
+from fedharness.partitions.core import classes_per_client, dirichlet, iid, natural, powerlaw, shards
 
 PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "iid": iid,

@@ -7,7 +7,7 @@ Every partitioner has the signature
 and returns `num_clients` int64 index arrays into `labels`, each sorted
 ascending. All randomness comes from `rng` (a `np.random.Generator`), so the
 same seed gives the same split. Callers normally go through
-`partitions.partition`, which validates the name, the labels, the number of
+`fedharness.partitions.partition`, which validates the name, the labels, the number of
 clients and the parameter names before calling one of these.
 
 Parameter errors are `ConfigError`s keyed `partition.<param>`.
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.errors import ConfigError, require
+from fedharness.errors import ConfigError, require
 
 # Resampling budget for `dirichlet`'s min_size constraint: enough for any
 # reasonable setting, small enough that an infeasible one fails fast.

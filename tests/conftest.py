@@ -28,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def run_config(tmp_path):
     """Load a run config with overrides, results going to a temporary folder."""
-    from harness.config import load_config
+    from fedharness.config import load_config
 
     def load(*overrides: str) -> dict:
         return load_config([f"results_dir={tmp_path / 'results'}", "progress=false", *overrides])

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.core.engine import Engine, ReplicaLayout, RunOutcome
-from harness.core.executors import InlineExecutor
-from harness.run import prepare
-from harness.core.series import build_series
+from fedharness.core.engine import Engine, ReplicaLayout, RunOutcome
+from fedharness.core.executors import InlineExecutor
+from fedharness.runner import prepare
+from fedharness.core.series import build_series
 
 
 @dataclass

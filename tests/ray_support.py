@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow.dataset as ds
 import torch
 
-from harness.core.engine import Engine
-from harness.core.executors import InlineExecutor
-from harness.parts import build_parts
+from fedharness.core.engine import Engine
+from fedharness.core.executors import InlineExecutor
+from fedharness.parts import build_parts
 
 # Small problems: these tests check equality of trajectories, not learning.
 SMALL = ["dataset.num_clients=12", "dataset.samples_per_client=30", "dtype=float64", "replicas=2",

@@ -7,8 +7,8 @@ import json
 import pytest
 
 import fedharness
-from harness.api import as_overrides
-from harness.cli import main as cli_main
+from fedharness.api import as_overrides
+from fedharness.cli import main as cli_main
 
 RUN = {"dataset": "digits", "dataset.num_clients": 5, "algorithm": {"clients_per_round": 3, "local_steps": 2},
        "rounds": 4, "eval_every": 2, "progress": False}

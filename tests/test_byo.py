@@ -13,11 +13,11 @@ import pytest
 from hydra.core.config_store import ConfigStore
 
 import fedharness
-from algorithms.registry import PARTS
-from harness.problems import DATASETS, MODELS
-from harness.problems.nets import NETS
-from harness.problems.user import USER_DATASETS
-from partitions import PARTITIONERS
+from fedharness.algorithms.registry import PARTS
+from fedharness.problems import DATASETS, MODELS
+from fedharness.problems.nets import NETS
+from fedharness.problems.user import USER_DATASETS
+from fedharness.partitions import PARTITIONERS
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["dataset=gaussian", "algorithm.clients_per_round=3", "rounds=4", "eval_every=2", "progress=false"]
@@ -82,7 +82,7 @@ def test_registered_model_data_and_partitioner_run_and_are_listed(mypkg, capsys)
     ds = fedharness.run(["model=tiny", "model.hidden=8", "partition=label_blocks", *SMALL, "dataset=gaussian_ds"])
     np.testing.assert_allclose(ds.rounds["train_loss"], losses, rtol=1e-6)
     assert ds.rounds["test_acc"].isna().all()
-    from harness.cli import cmd_list
+    from fedharness.cli import cmd_list
 
     cmd_list()
     out = capsys.readouterr().out
@@ -91,8 +91,8 @@ def test_registered_model_data_and_partitioner_run_and_are_listed(mypkg, capsys)
 
 
 def test_user_partitioner_splits_by_label(mypkg):
-    from harness.config import load_config
-    from harness.parts import build_parts
+    from fedharness.config import load_config
+    from fedharness.parts import build_parts
 
     pkg, _ = mypkg
     _register(pkg)
@@ -150,7 +150,7 @@ def test_target_configs_run_from_the_command_line_outside_the_checkout(mypkg):
     _, tmp = mypkg
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp)]),
            "FEDHARNESS_CONFIG_PATH": str(tmp / "myconf")}
-    cmd = [sys.executable, "-m", "harness.cli", "run", "model=tiny", "partition=label_blocks", "algorithm=fedclip",
+    cmd = [sys.executable, "-m", "fedharness.cli", "run", "model=tiny", "partition=label_blocks", "algorithm=fedclip",
            *SMALL, "results_dir=out"]
     done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from harness import cli
-from harness.config import load_config
-from harness.errors import ConfigError
-from harness.run import execute
+from fedharness import cli
+from fedharness.config import load_config
+from fedharness.errors import ConfigError
+from fedharness.runner import execute
 from ray_support import QUADRATIC, read_rounds
 
 # SCAFFOLD keeps control variates per (replica, client); two replicas with averaging add series state
@@ -85,7 +85,7 @@ def test_a_checkpoint_of_another_format_is_refused(tmp_path):
 
 
 def test_numpy_values_keep_their_bits():
-    from harness.core.checkpoint import _decode_array, _encode_array, _map
+    from fedharness.core.checkpoint import _decode_array, _encode_array, _map
 
     state = {(0, 3): {"c": torch.arange(3.0)}, "counters": {"steps": np.array([1, 2**40], np.int64),
              "sim_s": np.array([0.1, 1 / 3]), "half": np.float16(1.5).reshape(()), "u": np.uint8(7)},

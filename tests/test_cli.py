@@ -12,9 +12,9 @@ import numpy as np
 import pyarrow.dataset as ds
 import pytest
 
-from harness.cli import main
+from fedharness.cli import main
 
-FEDHARNESS = [sys.executable, "-m", "harness.cli"]
+FEDHARNESS = [sys.executable, "-m", "fedharness.cli"]
 
 
 def test_default_run_end_to_end(tmp_path):
@@ -28,8 +28,8 @@ def test_default_run_end_to_end(tmp_path):
     assert sorted(r["round"] for r in rounds) == list(range(0, 101, 10))
     final = max(rounds, key=lambda r: r["round"])
     # Scheme I draws with replacement: a client drawn twice trains once and counts twice in the average.
-    from harness.problems import synthetic
-    from algorithms.samplers import SchemeI
+    from fedharness.problems import synthetic
+    from fedharness.algorithms.samplers import SchemeI
 
     sizes = np.array([int(0.9 * synthetic.client_size(0, k)) for k in range(100)])
     sampler = SchemeI(100, 10)

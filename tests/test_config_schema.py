@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from harness import schema
-from harness.cli import main
-from harness.compose import group_options
-from harness.config import load_config
+from fedharness import schema
+from fedharness.cli import main
+from fedharness.compose import group_options
+from fedharness.config import load_config
 
 CASES = [  # (overrides, the key the message must name, words of what is allowed)
     (["dataset.alpha=nan"], "dataset.alpha", "finite"),
@@ -104,7 +104,7 @@ def test_every_option_and_experiment_validates():
 
 
 def test_a_part_registered_at_run_time_is_accepted(monkeypatch):
-    from algorithms.registry import PARTS
+    from fedharness.algorithms.registry import PARTS
 
     with pytest.raises(Exception, match="algorithm.sampler"):
         load_config(["algorithm.sampler=mine"])
@@ -113,13 +113,13 @@ def test_a_part_registered_at_run_time_is_accepted(monkeypatch):
 
 
 def test_a_full_disk_during_the_run_is_one_line(tmp_path, monkeypatch, capsys):
-    import harness.run
+    import fedharness.runner
 
-    class FullDisk(harness.run.ParquetSink):
+    class FullDisk(fedharness.runner.ParquetSink):
         def write_run(self, row):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(harness.run, "ParquetSink", FullDisk)
+    monkeypatch.setattr(fedharness.runner, "ParquetSink", FullDisk)
     results = tmp_path / "res"
     assert main(["run", f"results_dir={results}", "progress=false", "dataset=quadratic", "rounds=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

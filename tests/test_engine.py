@@ -9,9 +9,9 @@ import torch
 from closeness import assert_close_to_scale
 from fakes import fake_mnist
 from ray_support import trajectory
-from harness.core.executors import InlineExecutor, ReferenceExecutor
-from harness.reference import _newton_cg, solve_reference
-from harness.run import prepare
+from fedharness.core.executors import InlineExecutor, ReferenceExecutor
+from fedharness.reference import _newton_cg, solve_reference
+from fedharness.runner import prepare
 
 
 def _trajectory(cfg: dict, executor_cls, rounds: int, num_shards: int = 1) -> torch.Tensor:

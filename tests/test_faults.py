@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import ray
 
-from harness.backends import ray_cluster
-from harness.config import load_config
-from harness.errors import ConfigError
-from harness.backends.ray_executor import RayExecutor
-from harness.parts import build_parts
-from harness.run import execute
+from fedharness.backends import ray_cluster
+from fedharness.config import load_config
+from fedharness.errors import ConfigError
+from fedharness.backends.ray_executor import RayExecutor
+from fedharness.parts import build_parts
+from fedharness.runner import execute
 from ray_support import (QUADRATIC, assert_rows_match, inline_trajectory, max_rel_diff, read_rounds,
                          shard_actor_pids, trajectory)
 
@@ -100,9 +100,9 @@ def test_sigkilled_shard_process_mid_run_keeps_parquet_exact(local_ray, tmp_path
 # A driver that blocks right after evaluating a given round, to be SIGKILLed there.
 _DRIVER = """
 import sys, time
-from harness.config import load_config
-from harness.errors import ConfigError
-from harness.run import execute
+from fedharness.config import load_config
+from fedharness.errors import ConfigError
+from fedharness.runner import execute
 stop_round, marker, *overrides = sys.argv[1:]
 
 def on_eval(rows, state):
@@ -145,7 +145,7 @@ def _crash_driver_at(stop_round: int, overrides: list[str]) -> None:
 
 
 def _resume_with_cli(overrides: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", "run", *overrides, "resume=victim"], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "fedharness.cli", "run", *overrides, "resume=victim"], cwd=REPO,
                           env=ONE_THREAD, capture_output=True, text=True, timeout=600)
 
 

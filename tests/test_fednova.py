@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from algorithms.aggregators import NormalizedAverage, WeightedAverage
-from algorithms.schedules import InverseStep
-from algorithms.solvers import LocalSGD
-from harness import closed_forms as cf
+from fedharness.algorithms.aggregators import NormalizedAverage, WeightedAverage
+from fedharness.algorithms.schedules import InverseStep
+from fedharness.algorithms.solvers import LocalSGD
+from fedharness import closed_forms as cf
 from quadratic_runs import factor_layout, run_engine
 
 TAU = [1, 2, 3, 5, 8, 13]
@@ -32,7 +32,7 @@ def _config(run_config, aggregator: str, *extra: str) -> dict:
 @pytest.fixture(scope="module")
 def limits(tmp_path_factory):
     """Final iterates of FedAvg and FedNova for every step size of the grid (one engine run each)."""
-    from harness.config import load_config
+    from fedharness.config import load_config
 
     def run_config(*overrides):
         return load_config([f"results_dir={tmp_path_factory.mktemp('r')}", "progress=false", *overrides])

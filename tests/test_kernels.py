@@ -13,11 +13,11 @@ import torch
 
 from closeness import assert_close_to_scale
 from fakes import fake_mnist
-from harness.core import kernels
-from harness.core.checkpoint import checkpointed
-from harness.problems.base import ClientKeys
-from harness.run import execute, prepare
-from harness.schema import TOP
+from fedharness.core import kernels
+from fedharness.core.checkpoint import checkpointed
+from fedharness.problems.base import ClientKeys
+from fedharness.runner import execute, prepare
+from fedharness.schema import TOP
 
 
 def _cnn(run_config, tmp_path, *extra: str) -> dict:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.core.executors import InlineExecutor
-from harness.parts import build_parts
+from fedharness.core.executors import InlineExecutor
+from fedharness.parts import build_parts
 from ray_support import trajectory
 
 COMMON = ["dataset.num_clients=15", "dataset.alpha=0.5", "dataset.beta=0.5", "algorithm.clients_per_round=4",

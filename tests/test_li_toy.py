@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from harness import closed_forms as cf
-from harness.problems.li_toy import LiToyProblem, li_toy_matrices
+from fedharness import closed_forms as cf
+from fedharness.problems.li_toy import LiToyProblem, li_toy_matrices
 from quadratic_runs import factor_layout, run_engine
 
 # N = 3 clients, p = 2: R^7. mu = 0.05 keeps the slowest rate (E eta lambda_min ~ 0.02 per round) testable.
@@ -43,7 +43,7 @@ def test_construction_matches_appendix_c():
 @pytest.fixture(scope="module")
 def grid_limits(tmp_path_factory):
     """One engine run: every (E, eta) of the grid as a replica (local-step and step-size factors)."""
-    from harness.config import load_config
+    from fedharness.config import load_config
 
     cfg = load_config([f"results_dir={tmp_path_factory.mktemp('r')}", "progress=false", *TOY,
                        "algorithm.client_lr=0.1", "rounds=1100"])

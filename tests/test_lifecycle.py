@@ -16,12 +16,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from harness.core.checkpoint import load_resume
-from harness.cli import main
-from harness.config import load_config
-from harness.lifecycle import mark_lost_runs, process_alive, process_start
-from harness.run import execute
-from harness.sinks.parquet import ParquetSink
+from fedharness.core.checkpoint import load_resume
+from fedharness.cli import main
+from fedharness.config import load_config
+from fedharness.lifecycle import mark_lost_runs, process_alive, process_start
+from fedharness.runner import execute
+from fedharness.sinks.parquet import ParquetSink
 
 REPO = Path(__file__).resolve().parent.parent
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -42,7 +42,7 @@ def _last_round_in_parquet(results: Path, run_id: str) -> int:
 
 def _start_cli(results: Path, *overrides: str) -> tuple[subprocess.Popen, Path]:
     err = results.parent / "stderr.txt"
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", f"results_dir={results}", *overrides],
+    proc = subprocess.Popen([sys.executable, "-m", "fedharness.cli", "run", f"results_dir={results}", *overrides],
                             cwd=REPO, env=ONE_THREAD, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=open(err, "w"))
     return proc, err
@@ -150,7 +150,7 @@ def test_sigterm_ends_a_local_sweep_with_one_line_and_its_run_interrupted(tmp_pa
     (tmp_path / "s.yaml").write_text("runner: local\nbase: {dataset: quadratic, rounds: 10000000, eval_every: 1, "
                                      "checkpoint_every: 5}\ngrid: {seed: [0, 1]}\n")
     err = tmp_path / "stderr.txt"
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "sweep", f"sweep={tmp_path / 's.yaml'}",
+    proc = subprocess.Popen([sys.executable, "-m", "fedharness.cli", "sweep", f"sweep={tmp_path / 's.yaml'}",
                              f"results_dir={results}"], cwd=REPO, env=ONE_THREAD, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=open(err, "w"))
     _wait_for(proc, lambda: any((results / "checkpoints").glob("run_id=*/state.pt")), err)
@@ -172,7 +172,7 @@ def test_sigterm_ends_a_study_with_one_line_and_the_same_command_continues_it(tm
     args = ["tune", "tune=quadratic_lr", "tune.space.client_lr.high=0.02", "tune.plots=false", "tune.study=s",
             "tune.n_trials=2", "tune.budget.total=10000", f"results_dir={results}"]
     err = tmp_path / "stderr.txt"
-    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=REPO, env=ONE_THREAD,
+    proc = subprocess.Popen([sys.executable, "-m", "fedharness.cli", *args], cwd=REPO, env=ONE_THREAD,
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(err, "w"))
     _wait_for(proc, lambda: any((results / "runs").glob("run_id=*/run.parquet")), err)
     proc.send_signal(signal.SIGTERM)
@@ -187,7 +187,7 @@ def test_sigterm_ends_a_study_with_one_line_and_the_same_command_continues_it(tm
     [cut] = optuna.load_study(study_name="s", storage=storage).get_trials()
     assert cut.state.name == "FAIL" and cut.user_attrs["status"] == "interrupted"
 
-    rerun = subprocess.run([sys.executable, "-m", "harness.cli", *args], cwd=REPO, env=ONE_THREAD,
+    rerun = subprocess.run([sys.executable, "-m", "fedharness.cli", *args], cwd=REPO, env=ONE_THREAD,
                            capture_output=True, text=True)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     states = [t.state.name for t in optuna.load_study(study_name="s", storage=storage).get_trials()]

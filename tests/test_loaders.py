@@ -11,9 +11,9 @@ from urllib.error import URLError
 import numpy as np
 import pytest
 
-from harness.errors import ConfigError
-from harness.problems import loaders
-from harness.problems.loaders import IDX_FILES, load_pooled
+from fedharness.errors import ConfigError
+from fedharness.problems import loaders
+from fedharness.problems.loaders import IDX_FILES, load_pooled
 from fakes import fake_mnist as _fake_mnist
 
 REAL_MNIST = Path("/work/shared/data/mnist")

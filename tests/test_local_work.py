@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from algorithms import local_work
-from harness.core.engine import Engine
-from harness.errors import ConfigError
-from harness.core.executors import InlineExecutor
-from harness.run import prepare
+from fedharness.algorithms import local_work
+from fedharness.core.engine import Engine
+from fedharness.errors import ConfigError
+from fedharness.core.executors import InlineExecutor
+from fedharness.runner import prepare
 
 SIZES = np.array([10, 24, 25, 100, 7, 48])
 B = 24

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from closeness import assert_close_to_scale
-from harness.core.engine import Engine
-from harness.errors import ConfigError
-from harness.core.executors import InlineExecutor, entry_bytes
-from harness.run import execute, prepare
+from fedharness.core.engine import Engine
+from fedharness.errors import ConfigError
+from fedharness.core.executors import InlineExecutor, entry_bytes
+from fedharness.runner import execute, prepare
 
 STEPS_HIGH = 9
 

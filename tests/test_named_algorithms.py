@@ -1,6 +1,6 @@
 """Every named algorithm under conf/algorithm/ runs end to end through the CLI and records its diagnostics.
 
-The fast suite runs each through the CLI's entry point in-process (harness.cli.main, the function the
+The fast suite runs each through the CLI's entry point in-process (fedharness.cli.main, the function the
 `fedharness` script calls) and a few through the installed `fedharness` executable; the slow suite runs
 every one of them as a subprocess.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
-from harness.compose import group_options
+from fedharness.compose import group_options
 
 REQUIRED = {"fedavg", "fedprox", "fednova", "scaffold", "fedavg_rr", "fedavgm", "fedadam", "fedyogi",
             "nesterov_fedavg"}
@@ -36,7 +36,7 @@ def test_the_papers_algorithms_are_all_configured():
 
 
 def test_list_shows_every_algorithm_and_part(tmp_path):
-    from algorithms.registry import PARTS
+    from fedharness.algorithms.registry import PARTS
 
     out = _cli("list", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
@@ -63,7 +63,7 @@ def _check_results(results: Path, name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_named_algorithm_runs_through_the_cli_entry_point(name, tmp_path, capsys):
-    from harness.cli import main
+    from fedharness.cli import main
 
     results = tmp_path / "results"
     assert main(["run", f"algorithm={name}", *SMALL, f"results_dir={results}"]) == 0, capsys.readouterr().err

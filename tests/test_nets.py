@@ -7,8 +7,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
-from harness.errors import ConfigError
-from harness.problems.nets import (
+from fedharness.errors import ConfigError
+from fedharness.problems.nets import (
     CNN,
     NETS,
     VGG11,

@@ -61,7 +61,7 @@ def test_wheel_runs_outside_the_checkout(tmp_path):
     assert probe.returncode != 0 and "ModuleNotFoundError" in probe.stderr, probe.stderr
     install = _run([py, "-m", "pip", "install", "--no-deps", "--ignore-installed", "-q", wheel], work)
     assert install.returncode == 0, install.stderr
-    where = _run([py, "-c", "import harness.compose as c; print(c.__file__); print(c.CONF_DIR)"], work)
+    where = _run([py, "-c", "import fedharness.compose as c; print(c.__file__); print(c.CONF_DIR)"], work)
     module_file, conf_dir = where.stdout.split()
     assert module_file.startswith(str(venv)) and conf_dir.startswith(str(venv)), where.stdout
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.errors import ConfigError
-from partitions import PARTITIONERS, partition
+from fedharness.errors import ConfigError
+from fedharness.partitions import PARTITIONERS, partition
 
 NUM_LABELS = 10
 PER_LABEL = 600

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends import ray_cluster
-from harness.config import load_config
-from harness.errors import ConfigError
+from fedharness.backends import ray_cluster
+from fedharness.config import load_config
+from fedharness.errors import ConfigError
 from ray_support import (QUADRATIC, assert_rows_match, descendants, eventually, inline_trajectory, max_rel_diff,
                          read_rounds, trajectory)
 
@@ -54,7 +54,7 @@ def _free_port() -> int:
 
 
 def _cli(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", "run", *QUADRATIC, "rounds=2", "progress=false",
+    return subprocess.run([sys.executable, "-m", "fedharness.cli", "run", *QUADRATIC, "rounds=2", "progress=false",
                            f"results_dir={tmp_path / 'results'}", "executor=ray", *overrides],
                           cwd=REPO, env=ONE_THREAD, capture_output=True, text=True, timeout=300)
 
@@ -115,8 +115,8 @@ def _joined(run_config, cluster, *overrides: str) -> dict:
 @pytest.mark.slow
 def test_spread_shards_land_on_both_nodes_and_follow_inline(two_nodes, run_config):
     import ray
-    from harness.backends.ray_executor import RayExecutor
-    from harness.parts import build_parts
+    from fedharness.backends.ray_executor import RayExecutor
+    from fedharness.parts import build_parts
 
     cluster, second = two_nodes
     cfg = _joined(run_config, cluster, "ray.num_shards=2", "ray.placement=spread")
@@ -137,8 +137,8 @@ def test_spread_shards_land_on_both_nodes_and_follow_inline(two_nodes, run_confi
 
 @pytest.mark.slow
 def test_pack_keeps_shards_on_one_node(two_nodes, run_config):
-    from harness.backends.ray_executor import RayExecutor
-    from harness.parts import build_parts
+    from fedharness.backends.ray_executor import RayExecutor
+    from fedharness.parts import build_parts
 
     cluster, _ = two_nodes
     cfg = _joined(run_config, cluster, "ray.num_shards=2", "ray.placement=pack")
@@ -152,8 +152,8 @@ def test_pack_keeps_shards_on_one_node(two_nodes, run_config):
 
 @pytest.mark.slow
 def test_shard_bigger_than_any_node_names_the_key(two_nodes, run_config):
-    from harness.backends.ray_executor import RayExecutor
-    from harness.parts import build_parts
+    from fedharness.backends.ray_executor import RayExecutor
+    from fedharness.parts import build_parts
 
     cluster, _ = two_nodes
     cfg = _joined(run_config, cluster, "ray.cpus_per_shard=3")  # the cluster has 3 CPUs, no node has 3
@@ -167,7 +167,7 @@ def test_shard_bigger_than_any_node_names_the_key(two_nodes, run_config):
 def test_losing_the_second_node_mid_run_keeps_parquet_exact(two_nodes, tmp_path):
     """Last in the module: the second node leaves after round 6; its shard moves to the head and replays."""
     import ray
-    from harness.run import execute
+    from fedharness.runner import execute
 
     cluster, second = two_nodes
     run = ["algorithm=scaffold", "algorithm.client_lr=0.1", *QUADRATIC, "rounds=12", "eval_every=2",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.reference import Reference
-from harness.reference_cache import cached_reference
+from fedharness.reference import Reference
+from fedharness.reference_cache import cached_reference
 
 
 def test_hit_returns_the_stored_reference_and_other_objectives_miss(tmp_path, monkeypatch):

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from harness import closed_forms as cf
-from harness.problems.li_toy import LiToyProblem
-from harness.run import execute, prepare
+from fedharness import closed_forms as cf
+from fedharness.problems.li_toy import LiToyProblem
+from fedharness.runner import execute, prepare
 
 
 def _random_quadratic(seed: int = 0, n: int = 4, d: int = 3):

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.errors import ConfigError
-from harness.studies.reports.analysis import bootstrap_exponent, fit_power_law, median_censored, parse_target
+from fedharness.errors import ConfigError
+from fedharness.studies.reports.analysis import bootstrap_exponent, fit_power_law, median_censored, parse_target
 
 SWEEP = """
 name: rep
@@ -42,7 +42,7 @@ TARGET = 0.1
 
 
 def fedharness(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "fedharness.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def direct_time_to_target(results: Path) -> pd.DataFrame:
@@ -139,8 +139,8 @@ def test_report_command_names_a_bad_directory(tmp_path):
 def diverged_group(tmp_path_factory) -> Path:
     """fedavg at n = 1, 2, 4 (ok), and a fednova group at n = 2, 4 that diverges before its first evaluation
     after round 0 (eval_every=10, a client step size of 50)."""
-    from harness.config import load_config
-    from harness.run import execute
+    from fedharness.config import load_config
+    from fedharness.runner import execute
 
     results = tmp_path_factory.mktemp("diverged") / "res"
     base = [f"results_dir={results}", "progress=false", "dataset=quadratic", "dataset.num_clients=10", "rounds=20",
@@ -161,7 +161,7 @@ def _copy(results: Path, tmp_path: Path) -> Path:
 
 
 def _report(results: Path, *args: str) -> int:
-    from harness.cli import main
+    from fedharness.cli import main
 
     return main(["report", str(results), "--target", "subopt<=0.5", *args])
 
@@ -198,7 +198,7 @@ def test_report_bad_scale_key_lists_the_usable_ones_and_writes_nothing(diverged_
 
 
 def test_report_that_fails_midway_leaves_no_half_written_folder(diverged_group, tmp_path, monkeypatch):
-    from harness.studies.reports import plots
+    from fedharness.studies.reports import plots
 
     results = _copy(diverged_group, tmp_path)
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import yaml
 
-from harness.studies import reproduce as R
-from harness.compose import CONF_DIR, group_options
-from harness.config import load_config
-from harness.errors import ConfigError
+from fedharness.studies import reproduce as R
+from fedharness.compose import CONF_DIR, group_options
+from fedharness.config import load_config
+from fedharness.errors import ConfigError
 
 
 def _quiet(_: str) -> None:
@@ -63,7 +63,7 @@ def test_bad_experiment_or_scale_is_one_config_error():
 
 
 def test_every_repro_sweep_composes_at_both_scales():
-    from harness.studies.sweep import apply_cli, grid_points, load_spec
+    from fedharness.studies.sweep import apply_cli, grid_points, load_spec
 
     sweeps = [n for n in group_options("sweep") if n.startswith("repro_")]
     assert len(sweeps) >= 14
@@ -93,7 +93,7 @@ def test_each_claim_is_registered_and_documented():
 def test_cli_runs_an_experiment_and_records_it(tmp_path):
     import pyarrow.parquet as pq
 
-    from harness.cli import main
+    from fedharness.cli import main
 
     rc = main(["run", "experiment=li_toy", "algorithm.local_steps=5", "rounds=20", "eval_every=10",
                "progress=false", f"results_dir={tmp_path}"])

@@ -12,8 +12,8 @@ import textwrap
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from harness.run import execute
-from harness.sinks.parquet import ROUND_SCHEMA, RUN_SCHEMA
+from fedharness.runner import execute
+from fedharness.sinks.parquet import ROUND_SCHEMA, RUN_SCHEMA
 
 
 def test_round_trip_matches_in_memory_rows(run_config, tmp_path):
@@ -57,7 +57,7 @@ def test_killed_writer_leaves_no_partial_file(tmp_path):
     script = textwrap.dedent(f"""
         import pyarrow as pa
         from pathlib import Path
-        from harness.sinks.parquet import atomic_write_table
+        from fedharness.sinks.parquet import atomic_write_table
         table = pa.table({{"x": list(range(3_000_000))}})
         i = 0
         while True:

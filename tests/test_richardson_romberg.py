@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from harness import closed_forms as cf
-from harness.errors import ConfigError
-from harness.run import execute
+from fedharness import closed_forms as cf
+from fedharness.errors import ConfigError
+from fedharness.runner import execute
 from quadratic_runs import run_engine
 
 H = 4
@@ -23,7 +23,7 @@ QUAD = ("dataset=quadratic", "dataset.num_clients=5", "dataset.dim=3", "dataset.
 @pytest.fixture(scope="module")
 def deterministic(tmp_path_factory):
     """rr=gamma at gamma = 0.01 and 0.02 (chains at 0.01/0.02 and 0.02/0.04), rr=H at gamma = 0.01 and 0.02."""
-    from harness.config import load_config
+    from fedharness.config import load_config
 
     out = {}
     for kind in ("gamma", "H"):
@@ -142,10 +142,10 @@ def test_bad_rr_config_stops_before_any_file(run_config, tmp_path, override, key
 @pytest.mark.parametrize("shared", [True, False])
 def test_coupled_chains_start_from_the_same_point(run_config, shared):
     # a net's initial point is drawn per replica: replica R + r must start where replica r does
-    from harness.core.engine import Engine
-    from harness.core.executors import InlineExecutor
-    from harness.run import prepare
-    from harness.core.series import build_series
+    from fedharness.core.engine import Engine
+    from fedharness.core.executors import InlineExecutor
+    from fedharness.runner import prepare
+    from fedharness.core.series import build_series
 
     cfg = run_config("dataset.num_clients=4", "dataset.samples_per_client=10", "model=2nn", "algorithm=fedavg_rr",
                      f"algorithm.rr_shared_noise={str(shared).lower()}", "replicas=3")

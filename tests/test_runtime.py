@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from fakes import fake_mnist
-from harness.errors import ConfigError
-from harness.problems.base import ClientKeys
-from harness.run import execute
-from harness.core.runtime import apply_runtime
+from fedharness.errors import ConfigError
+from fedharness.problems.base import ClientKeys
+from fedharness.runner import execute
+from fedharness.core.runtime import apply_runtime
 from quadratic_runs import run_engine
 
 

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms import samplers
-from algorithms.registry import build_algorithm
-from harness.core.engine import Engine
-from harness.errors import ConfigError
-from harness.core.executors import ClientShard, InlineExecutor
-from harness.problems.data import DataProblem
-from harness.problems.objectives import SoftmaxRegression
-from harness.run import prepare
+from fedharness.algorithms import samplers
+from fedharness.algorithms.registry import build_algorithm
+from fedharness.core.engine import Engine
+from fedharness.errors import ConfigError
+from fedharness.core.executors import ClientShard, InlineExecutor
+from fedharness.problems.data import DataProblem
+from fedharness.problems.objectives import SoftmaxRegression
+from fedharness.runner import prepare
 
 N, K, DIM = 8, 3, 3
 DRAWS = 40_000  # Monte Carlo draws: one per replica of a single select call

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from harness.core.engine import Engine
-from harness.core.executors import InlineExecutor, ReferenceExecutor
-from harness.problems.quadratic import QuadraticProblem
-from harness.parts import algorithm_for
-from harness.run import prepare
+from fedharness.core.engine import Engine
+from fedharness.core.executors import InlineExecutor, ReferenceExecutor
+from fedharness.problems.quadratic import QuadraticProblem
+from fedharness.parts import algorithm_for
+from fedharness.runner import prepare
 from quadratic_runs import run_engine
 
 HETEROGENEOUS = ("dataset=quadratic", "dataset.num_clients=6", "dataset.dim=3", "dataset.curvature=random",

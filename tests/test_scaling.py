@@ -6,9 +6,9 @@ from __future__ import annotations
 import pyarrow.dataset as ds
 import pytest
 
-from harness.studies.reports import build_report, parse_target
-from harness.run import execute
-from harness.studies.sweep import run_sweep, spec_from_dict
+from fedharness.studies.reports import build_report, parse_target
+from fedharness.runner import execute
+from fedharness.studies.sweep import run_sweep, spec_from_dict
 
 # Yang et al.'s theory schedule eta_L = c1 / (K sqrt(T)), eta = c2 sqrt(K n), with each n given the horizon
 # T = T0 / n that linear speedup predicts, and evaluations every e0 / n rounds so that the resolution of

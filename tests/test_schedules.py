@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms import schedules
-from harness.errors import ConfigError
-from harness.problems.data import DataProblem
-from harness.problems.objectives import LinearRegression, SoftmaxRegression
-from harness.problems.quadratic import QuadraticProblem
-from harness.run import prepare
+from fedharness.algorithms import schedules
+from fedharness.errors import ConfigError
+from fedharness.problems.data import DataProblem
+from fedharness.problems.objectives import LinearRegression, SoftmaxRegression
+from fedharness.problems.quadratic import QuadraticProblem
+from fedharness.runner import prepare
 
 
 def test_constant_and_inverse_round_exact():

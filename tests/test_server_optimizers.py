@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms import server
-from harness.core.engine import Engine
-from harness.errors import ConfigError
-from harness.core.executors import InlineExecutor
-from harness.run import prepare
+from fedharness.algorithms import server
+from fedharness.core.engine import Engine
+from fedharness.errors import ConfigError
+from fedharness.core.executors import InlineExecutor
+from fedharness.runner import prepare
 
 X0 = torch.tensor([[1.0, -2.0]], dtype=torch.float64)
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from closeness import assert_close_to_scale
-from harness.core.engine import Engine
-from harness.core.executors import ClientShard, InlineExecutor, RoundPlan, ShardResult
-from harness.problems.base import ClientKeys
-from harness.run import prepare
+from fedharness.core.engine import Engine
+from fedharness.core.executors import ClientShard, InlineExecutor, RoundPlan, ShardResult
+from fedharness.problems.base import ClientKeys
+from fedharness.runner import prepare
 
 CASES = {
     "fedavg_random_epochs": ("algorithm.local_work=random_epochs", "algorithm.epochs_low=1",

@@ -9,9 +9,9 @@ import math
 import pyarrow.dataset as ds
 import pytest
 
-from harness.config import load_config
-from harness.errors import ConfigError
-from harness.studies.sweep import apply_cli, expand, grid_points, run_sweep, spec_from_dict, split_overrides
+from fedharness.config import load_config
+from fedharness.errors import ConfigError
+from fedharness.studies.sweep import apply_cli, expand, grid_points, run_sweep, spec_from_dict, split_overrides
 
 BASE = {"dataset": "quadratic", "dataset.num_clients": 20, "rounds": 4, "eval_every": 2}
 
@@ -129,7 +129,7 @@ def test_a_failed_run_is_recorded_and_the_others_go_on(tmp_path):
 @pytest.fixture(scope="module")
 def local_ray():
     """One embedded Ray (127.0.0.1, 2 CPUs) for this module's sweeps; they use it and leave it running."""
-    from harness.backends import ray_cluster
+    from fedharness.backends import ray_cluster
 
     conn = ray_cluster.start_local(num_cpus=2)
     yield conn
@@ -163,8 +163,8 @@ def test_a_request_no_node_can_meet_is_named_before_any_file(tmp_path, local_ray
 
 
 def _shipped(tmp_path):
-    from harness.compose import group_options
-    from harness.studies.sweep import load_spec
+    from fedharness.compose import group_options
+    from fedharness.studies.sweep import load_spec
 
     (tmp_path / "best.overrides").write_text("algorithm.client_lr=0.02\nalgorithm.server_lr=1.5\n")
     for name in group_options("sweep"):
@@ -217,7 +217,7 @@ def test_a_list_for_a_zipped_key_replaces_its_column(tmp_path):
 
 
 def test_cli_dry_run_counts_a_fixed_zipped_key_once(capsys):
-    from harness.cli import main
+    from fedharness.cli import main
 
     assert main(["sweep", "sweep=speedup_quadratic", "rounds=300", "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.problems import synthetic
+from fedharness.problems import synthetic
 
 
 def test_shapes_sizes_and_split():

@@ -7,10 +7,10 @@ import json
 import pandas as pd
 import pytest
 
-from harness import cli
-from harness.config import load_config
-from harness.run import execute
-from harness.studies.tuning.budget import Budget
+from fedharness import cli
+from fedharness.config import load_config
+from fedharness.runner import execute
+from fedharness.studies.tuning.budget import Budget
 
 QUAD = ["dataset=quadratic", "algorithm.sampler=full", "dtype=float64"]
 

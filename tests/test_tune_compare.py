@@ -8,7 +8,7 @@ import numpy as np
 import optuna
 import pandas as pd
 
-from harness import cli
+from fedharness import cli
 
 
 def test_compare_two_algorithms(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from harness import cli
+from fedharness import cli
 
 BASE = ["tune=default", "dataset=quadratic", "tune.plots=false"]
 CASES = {

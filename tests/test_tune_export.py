@@ -9,10 +9,10 @@ import optuna
 import pandas as pd
 import pytest
 
-from harness import cli
-from harness.config import load_config
-from harness.run import execute
-from harness.studies.tuning.study import build_spec, make_sampler
+from fedharness import cli
+from fedharness.config import load_config
+from fedharness.runner import execute
+from fedharness.studies.tuning.study import build_spec, make_sampler
 
 # scheme_i sampling and noisy gradients: the objective depends on every random stream, so an exact
 # reproduction means the same config, seed and rounds, not just the same step size

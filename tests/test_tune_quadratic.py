@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harness import cli
-from harness.config import load_config
-from harness.problems import build_problem
-from harness.studies.tuning.study import build_spec
+from fedharness import cli
+from fedharness.config import load_config
+from fedharness.problems import build_problem
+from fedharness.studies.tuning.study import build_spec
 
 
 

@@ -8,7 +8,7 @@ import optuna
 import pandas as pd
 import pytest
 
-from harness import cli
+from fedharness import cli
 
 
 @pytest.mark.slow

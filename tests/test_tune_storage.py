@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 import sqlalchemy
 
-from harness import cli
-from harness.studies.tuning.study import _run_one, build_spec, check_reachable, open_study, work
+from fedharness import cli
+from fedharness.studies.tuning.study import _run_one, build_spec, check_reachable, open_study, work
 
 PG_URL = os.environ.get("FEDHARNESS_TEST_PG_URL")
 # a small space below 2 / lambda_max, so every trial converges and has a finite value
@@ -42,7 +42,7 @@ def _runs(results) -> pd.DataFrame:
 
 def _tuner(args: list[str], **kw) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "tune", *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "fedharness.cli", "tune", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 

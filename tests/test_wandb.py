@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 
-from harness.run import execute
+from fedharness.runner import execute
 
 BLOCK = 32 * 1024  # the .wandb file is a LevelDB-style log: 32 KiB blocks of 7-byte-headed chunks
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
@@ -123,7 +123,7 @@ def test_offline_history_equals_parquet_rows(run_config, offline, tmp_path, capf
 
 
 def test_auto_mode_without_a_key_is_offline(monkeypatch, tmp_path):
-    from harness.sinks.wandb_sink import resolve_mode
+    from fedharness.sinks.wandb_sink import resolve_mode
 
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
@@ -137,7 +137,7 @@ def test_auto_mode_without_a_key_is_offline(monkeypatch, tmp_path):
 
 
 def test_bad_wandb_settings_stop_before_any_file(run_config, offline, tmp_path):
-    from harness.errors import ConfigError
+    from fedharness.errors import ConfigError
 
     with pytest.raises(ConfigError, match="wandb.mode"):  # the schema stops it when the config is loaded
         execute(run_config("dataset=quadratic", "rounds=2", "wandb.enabled=true", "wandb.mode=sometimes"))
@@ -145,9 +145,9 @@ def test_bad_wandb_settings_stop_before_any_file(run_config, offline, tmp_path):
 
 
 def test_report_figures_and_tables_are_logged(run_config, offline, tmp_path):
-    from harness.config import load_config
-    from harness.studies.reports import build_report, parse_target
-    from harness.sinks.wandb_sink import log_report
+    from fedharness.config import load_config
+    from fedharness.studies.reports import build_report, parse_target
+    from fedharness.sinks.wandb_sink import log_report
 
     for n in (1, 2):
         execute(run_config("dataset=quadratic", "rounds=20", "eval_every=1", "replicas=2", "study=wbr",
@@ -186,8 +186,8 @@ def test_a_storage_password_reaches_no_file_and_no_output(offline, tmp_path, mon
     the PostgreSQL URL, so everything before the connection (argv, spec, messages) sees the real URL."""
     import optuna
 
-    from harness import cli
-    from harness.studies.tuning import study as study_mod
+    from fedharness import cli
+    from fedharness.studies.tuning import study as study_mod
 
     for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
         monkeypatch.setenv(var, str(offline / var.lower()))  # artifact staging copies too

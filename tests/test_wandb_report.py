@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from harness import cli
-from harness.run import execute
+from fedharness import cli
+from fedharness.runner import execute
 
 ENTITY, PROJECT = "fh-entity", "fh-demo"
 PROJECT_NODE = {"__typename": "Project", "id": "UHJvamVjdDox", "name": PROJECT, "entityName": ENTITY,
@@ -127,6 +127,6 @@ def test_a_tuning_study_s_lines_are_grouped_by_trial(tmp_path, monkeypatch, caps
     # and so is the panel wandb-workspaces builds from the spec (building a panel needs no network)
     import wandb_workspaces.reports.v2 as wr
 
-    from harness.studies.reports.wandb_report import _panel
+    from fedharness.studies.reports.wandb_report import _panel
 
     assert _panel(lines[0]).groupby == wr.Config("trial")

@@ -27,7 +27,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from harness.errors import ConfigError, require
+from fedharness.errors import ConfigError, require
 
 LOOPBACK = "127.0.0.1"
 CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"

@@ -30,11 +30,11 @@ import torch
 from ray.exceptions import GetTimeoutError, NodeDiedError, ObjectLostError, RayActorError, WorkerCrashedError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from harness.backends import ray_cluster
-from harness.errors import ConfigError, require
-from harness.core.executors import ClientShard, RoundPlan, ShardResult, balanced_shards
-from harness.parts import algorithm_for, build_parts
-from harness.core.runtime import apply_runtime
+from fedharness.backends import ray_cluster
+from fedharness.errors import ConfigError, require
+from fedharness.core.executors import ClientShard, RoundPlan, ShardResult, balanced_shards
+from fedharness.parts import algorithm_for, build_parts
+from fedharness.core.runtime import apply_runtime
 
 SNAPSHOT_EVERY = 10  # rounds of replay history kept in memory for stateful solvers (SCAFFOLD)
 RECOVERABLE = (RayActorError, ObjectLostError, WorkerCrashedError, NodeDiedError)

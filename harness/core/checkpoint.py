@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
-from harness.core.engine import RunState
-from harness.errors import ConfigError, require
-from harness.files import atomic_text, atomic_write
+from fedharness.core.engine import RunState
+from fedharness.errors import ConfigError, require
+from fedharness.files import atomic_text, atomic_write
 
 FORMAT = 2  # 2: numpy arrays as plain (dtype, shape, bytes), loadable with weights_only=True
 _NDARRAY = "__ndarray__"  # marks an encoded numpy array in a checkpoint

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from harness.errors import require
-from harness.core.executors import RoundPlan
+from fedharness.errors import require
+from fedharness.core.executors import RoundPlan
 
 
 @dataclass

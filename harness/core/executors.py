@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from harness.errors import require
-from harness.problems.base import ClientKeys
+from fedharness.errors import require
+from fedharness.problems.base import ClientKeys
 
 
 @dataclass

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.files import atomic_text
-from harness.reference_cache import cache_dir
+from fedharness.files import atomic_text
+from fedharness.reference_cache import cache_dir
 
 KERNELS = ("vmap", "loop", "loop_channels_last")
 MEASURE_COPIES = 64  # at most this many copies are timed: enough to fill a GPU, bounded start-up cost

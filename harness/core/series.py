@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.closed_forms import rr_coefficients
-from harness.core.engine import ReplicaLayout
-from harness.errors import require
+from fedharness.closed_forms import rr_coefficients
+from fedharness.core.engine import ReplicaLayout
+from fedharness.errors import require
 
 RR_KINDS = ("none", "gamma", "H")
 

@@ -11,21 +11,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.errors import ConfigError, require
-from harness.problems import blobs, synthetic
-from harness.problems.data import DataProblem
-from harness.problems.li_toy import LiToyProblem
-from harness.problems.loaders import LOADERS, load_pooled
-from harness.problems.nets import NETS, build_net
-from harness.problems.objectives import LinearRegression, NetObjective, SoftmaxRegression
-from harness.problems.quadratic import make_quadratic
-from harness.problems.user import USER_DATASETS, load_user_dataset
-from harness.core.runtime import autocast_dtype, memory_budget_bytes
-from partitions import PARTITIONERS, partition
+from fedharness.errors import ConfigError, require
+from fedharness.problems import blobs, synthetic
+from fedharness.problems.data import DataProblem
+from fedharness.problems.li_toy import LiToyProblem
+from fedharness.problems.loaders import LOADERS, load_pooled
+from fedharness.problems.nets import NETS, build_net
+from fedharness.problems.objectives import LinearRegression, NetObjective, SoftmaxRegression
+from fedharness.problems.quadratic import make_quadratic
+from fedharness.problems.user import USER_DATASETS, load_user_dataset
+from fedharness.core.runtime import autocast_dtype, memory_budget_bytes
+from fedharness.partitions import PARTITIONERS, partition
 
 GENERATED = ("synthetic", "synthetic_lazy", "blobs")
 ANALYTIC = ("quadratic", "li_toy")
-DATASETS = [*GENERATED, *ANALYTIC, *LOADERS.keys()]  # lists: harness.extend registers more
+DATASETS = [*GENERATED, *ANALYTIC, *LOADERS.keys()]  # lists: fedharness.extend registers more
 LINEAR_MODELS = {"logreg": SoftmaxRegression, "linreg": LinearRegression}
 MODELS = ["auto", *LINEAR_MODELS, *NETS, "quadratic"]
 CURVATURES = ("identity", "diagonal", "random")
@@ -110,7 +110,7 @@ def _build_problem(cfg: dict[str, Any], batch_size: int):
     require(model != "quadratic", "model", model, "only the quadratic dataset uses model=quadratic")
     require(mcfg.get("l2", 0.0) >= 0, "model.l2", mcfg.get("l2"), "must be >= 0")
     if dcfg["name"] == "synthetic_lazy":  # clients generated when sampled (harness/problems/lazy.py)
-        from harness.problems.lazy import build_lazy_synthetic
+        from fedharness.problems.lazy import build_lazy_synthetic
 
         return build_lazy_synthetic(cfg, batch_size, lambda shape, classes: _objective(
             model, mcfg, shape, classes, autocast_dtype(cfg), cfg.get("kernel", "auto")), data_seed, dtype)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.errors import require
+from fedharness.errors import require
 
 VARIANTS = ("noisy", "heterogeneous")
 DEFAULT_STD = {"noisy": 2.0, "heterogeneous": 0.3}

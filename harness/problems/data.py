@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from harness.core import streams
-from harness.problems.base import ClientKeys, Evaluation
+from fedharness.core import streams
+from fedharness.problems.base import ClientKeys, Evaluation
 
 EVAL_CHUNK = 16384  # samples per evaluation chunk: bounds memory for large data sets
 GATHER_ELEMENTS = 1 << 20  # floats gathered at once when prefetching a round's minibatches

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.errors import require
-from harness.problems import synthetic
-from harness.problems.base import ClientKeys, Evaluation
-from harness.problems.data import DataProblem, RoundBatches
+from fedharness.errors import require
+from fedharness.problems import synthetic
+from fedharness.problems.base import ClientKeys, Evaluation
+from fedharness.problems.data import DataProblem, RoundBatches
 
 
 @dataclass

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.errors import require
-from harness.problems.quadratic import QuadraticProblem
+from fedharness.errors import require
+from fedharness.problems.quadratic import QuadraticProblem
 
 
 def li_toy_matrices(num_clients: int, block: int) -> tuple[np.ndarray, np.ndarray]:

@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from harness.errors import ConfigError
+from fedharness.errors import ConfigError
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 

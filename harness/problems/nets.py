@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from harness.errors import ConfigError, require
+from fedharness.errors import ConfigError, require
 
 
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:

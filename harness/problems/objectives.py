@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from harness.errors import ConfigError
+from fedharness.errors import ConfigError
 
 
 class SoftmaxRegression:

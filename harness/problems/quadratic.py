@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from harness.core import streams
-from harness.problems.base import ClientKeys, Evaluation
+from fedharness.core import streams
+from fedharness.problems.base import ClientKeys, Evaluation
 
 
 class QuadraticProblem:

@@ -7,9 +7,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from harness.errors import require
+from fedharness.errors import require
 
-USER_DATASETS: dict[str, Callable[..., Any]] = {}  # filled by harness.extend.register_dataset
+USER_DATASETS: dict[str, Callable[..., Any]] = {}  # filled by fedharness.extend.register_dataset
 OWN_KEYS = ("name", "num_clients", "data_seed", "_target_")  # read by the harness; the rest go to the factory
 
 

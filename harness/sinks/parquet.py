@@ -7,7 +7,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.files import atomic_write
+from fedharness.files import atomic_write
 
 ROUND_SCHEMA = pa.schema([
     ("replica", pa.int64()), ("series", pa.string()), ("round", pa.int64()),

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from harness.errors import require
-from harness.sinks.masking import mask_secrets
+from fedharness.errors import require
+from fedharness.sinks.masking import mask_secrets
 
 MODES = ("auto", "online", "offline")
 INIT_TIMEOUT_S = 30.0

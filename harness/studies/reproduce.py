@@ -6,8 +6,8 @@ this process on the engine directly: exact references (w*, F*) are solved once p
 claim needs them, and nothing is written to Parquet. Every claim returns a dict of the numbers it found; the
 tests (tests/test_reproductions.py) assert their direction and rough size, docs/reproductions.md quotes them.
 
-    python -m harness.studies.reproduce                    # every claim, smoke scale
-    python -m harness.studies.reproduce --only li_toy,wang_quadratic
+    python -m fedharness.studies.reproduce                    # every claim, smoke scale
+    python -m fedharness.studies.reproduce --only li_toy,wang_quadratic
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _problem_key(cfg: dict[str, Any]) -> str:
 
 def reference_for(cfg: dict[str, Any], problem):
     """w* and F* of a convex problem, solved once per distinct problem (Newton-CG in float64)."""
-    from harness.reference import solve_reference
+    from fedharness.reference import solve_reference
 
     key = _problem_key(cfg)
     if key not in _REFERENCES:
@@ -57,11 +57,11 @@ def final_iterates(engine, outcome) -> dict[str, np.ndarray]:
 
 def run_overrides(overrides: list[str], reference: bool = False):
     """One run of a composed config on the engine: (outcome, config, problem, reference, final iterates)."""
-    from harness.config import load_config
-    from harness.core.engine import Engine, NetworkModel
-    from harness.parts import build_parts
-    from harness.run import build_executor
-    from harness.core.series import build_series
+    from fedharness.config import load_config
+    from fedharness.core.engine import Engine, NetworkModel
+    from fedharness.parts import build_parts
+    from fedharness.runner import build_executor
+    from fedharness.core.series import build_series
 
     cfg = load_config(overrides)
     problem, algorithm = build_parts(cfg)
@@ -108,7 +108,7 @@ class Grid:
 
 
 def _grid_value(v: Any) -> str:
-    from harness.studies.sweep import format_value
+    from fedharness.studies.sweep import format_value
 
     return v if isinstance(v, str) else format_value(v)
 
@@ -118,7 +118,7 @@ def run_grid(sweep: str, extra: list[str] = (), reference: bool = False, log: Ca
     """Every point of conf/sweep/<sweep>.yaml, run here one after the other. `extra` overrides fix keys (as on
     `fedharness sweep`'s command line); `only` keeps the points whose values are among the listed ones, e.g.
     {"algorithm": ["fedavg", "fedavg_rr"]} (a point without such a key is dropped)."""
-    from harness.studies.sweep import apply_cli, expand, load_spec
+    from fedharness.studies.sweep import apply_cli, expand, load_spec
 
     spec = apply_cli(load_spec(sweep, []), list(extra), {})
     wanted = {k: {_grid_value(v) for v in vals} for k, vals in (only or {}).items()}
@@ -319,7 +319,7 @@ def mangold(out: Path, log=print) -> dict:
 
 def mangold_bias(out: Path, log=print) -> dict:
     """Stationary bias of FedAvg (and of the RR extrapolation) against gamma and H, beside (gamma (H-1)/2) b_h."""
-    from harness import closed_forms as cf
+    from fedharness import closed_forms as cf
 
     g = run_grid("repro_mangold_bias", reference=True, log=log)
     p = g.problems[0]
@@ -623,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     _register()
-    parser = argparse.ArgumentParser(prog="python -m harness.studies.reproduce", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m fedharness.studies.reproduce", description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help=f"comma-separated claims (default: all): {', '.join(CLAIMS)}")
     parser.add_argument("--out", default=str(OUT_DIR), help="folder for the figures and results.json")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: the grids are many small runs)")

@@ -4,7 +4,7 @@ A sweep config names what every run shares (`base`), what varies (`grid`: a cart
 vary together, e.g. a horizon tied to the number of clients), and how step sizes are set per grid point
 (`protocol`: fixed, Yang et al.'s theory schedule, or a tuned override file). Every point is composed and
 validated before any run starts, so a bad key stops the sweep with one message and no files. Each point is
-one `harness.run.execute` in a Ray task with its resource request; all runs land in one results directory with
+one `fedharness.runner.execute` in a Ray task with its resource request; all runs land in one results directory with
 `study` = the sweep's name. A run that fails is recorded with status=failed and the others go on.
 """
 
@@ -24,10 +24,10 @@ from typing import Any, Callable
 
 import yaml
 
-from harness.compose import CONF_DIR, group_options
-from harness.config import load_config
-from harness.errors import ConfigError, require
-from harness.files import atomic_text
+from fedharness.compose import CONF_DIR, group_options
+from fedharness.config import load_config
+from fedharness.errors import ConfigError, require
+from fedharness.files import atomic_text
 
 PROTOCOLS = ("fixed", "theory", "tuned")
 RUNNERS = ("ray", "local")
@@ -334,7 +334,7 @@ def theory_step_sizes(cfg: dict[str, Any], c1: float, c2: float, T: int | None =
 
 def expand(spec: SweepSpec, new_id: Callable[[], str] | None = None) -> list[Job]:
     """Compose and validate every point (ConfigError before any file); protocol step sizes are set here."""
-    from harness.run import new_run_id
+    from fedharness.runner import new_run_id
 
     new_id = new_id or new_run_id
     forced = [f"results_dir={spec.results_dir}", f"study={spec.name}", "progress=false"]
@@ -378,9 +378,9 @@ def _existing_status(results_dir: str, run_id: str) -> str | None:
 
 def record_failure(overrides: list[str], run_id: str, error: str) -> None:
     """A runs/ row with status=failed and the rounds it recorded, unless the run itself wrote its final row."""
-    from harness.lifecycle import last_recorded_round
-    from harness.run import _now, _run_row
-    from harness.sinks.parquet import ParquetSink
+    from fedharness.lifecycle import last_recorded_round
+    from fedharness.runner import _now, _run_row
+    from fedharness.sinks.parquet import ParquetSink
 
     cfg = load_config(overrides)
     if _existing_status(cfg["results_dir"], run_id) not in (None, "running"):
@@ -395,7 +395,7 @@ def run_job(overrides: list[str], run_id: str, num_threads: int = 1) -> JobOutco
 
     import torch
 
-    from harness.run import execute
+    from fedharness.runner import execute
 
     torch.set_num_threads(max(1, num_threads))
     start = time.perf_counter()
@@ -440,7 +440,7 @@ def _run_ray(jobs: list[Job], spec: SweepSpec, on_done: Callable[[Job, JobOutcom
 
 def _check_job_fits(cpus: float, gpus: float) -> None:
     """A request no node can meet would wait forever: say which resource instead."""
-    from harness.backends import ray_cluster
+    from fedharness.backends import ray_cluster
 
     nodes = ray_cluster.alive_nodes()
     for resource, amount, key in (("CPU", cpus, "sweep.resources.num_cpus"), ("GPU", gpus, "sweep.resources.num_gpus")):
@@ -489,7 +489,7 @@ def run_sweep(spec: SweepSpec, jobs: list[Job] | None = None, echo: Callable[[st
     jobs = jobs if jobs is not None else expand(spec)
     conn = None
     if spec.runner == "ray":  # reach the cluster and check the request fits before any file is written
-        from harness.backends import ray_cluster
+        from fedharness.backends import ray_cluster
 
         conn = ray_cluster.connect(spec.address)
         try:
@@ -497,7 +497,7 @@ def run_sweep(spec: SweepSpec, jobs: list[Job] | None = None, echo: Callable[[st
         except BaseException:
             conn.close()
             raise
-    from harness.lifecycle import mark_lost_runs
+    from fedharness.lifecycle import mark_lost_runs
 
     mark_lost_runs(spec.results_dir)  # rows a killed sweep left `running` (CLI and Python API alike)
     started = _dt.datetime.now(_dt.timezone.utc)
@@ -548,7 +548,7 @@ def main(args: list[str], dry_run: bool = False) -> int:
             print(f"{job.run_id}  {' '.join(job.overrides)}")
         print(f"{len(jobs)} runs (dry run: nothing started)")
         return 0
-    from harness.lifecycle import RunInterrupted, interrupts_raised
+    from fedharness.lifecycle import RunInterrupted, interrupts_raised
 
     try:
         with interrupts_raised():

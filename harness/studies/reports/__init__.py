@@ -1,6 +1,6 @@
 """Scaling reports: rounds to target, speedup S(n) and the fit T = a n^-b with a bootstrap interval, plots, Markdown.
 
-    from harness.studies.reports import build_report, parse_target
+    from fedharness.studies.reports import build_report, parse_target
     report = build_report("results/sweeps/speedup", [parse_target("subopt<=0.1")])
     report.markdown                          # <results_dir>/report/report.md
     report.tables["fit_subopt_le_0.1"]       # per group: a, b and b's bootstrap interval over seeds
@@ -21,4 +21,4 @@ def __getattr__(name: str):
         raise AttributeError(name)
     from importlib import import_module
 
-    return getattr(import_module(f"harness.studies.reports.{_EXPORTS[name]}"), name)
+    return getattr(import_module(f"fedharness.studies.reports.{_EXPORTS[name]}"), name)

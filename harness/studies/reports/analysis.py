@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from harness.errors import ConfigError
-from harness.studies.reports.data import Results, design, scale_value
+from fedharness.errors import ConfigError
+from fedharness.studies.reports.data import Results, design, scale_value
 
 OPS = {"<=": operator.le, ">=": operator.ge}
 _TARGET = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=)\s*([-+0-9.eE]+)\s*$")

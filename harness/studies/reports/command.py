@@ -34,9 +34,9 @@ def make_report(results_dir: str, targets: list[str] | None = None, scale_key: s
                 out: str | None = None, study: str | None = None, bootstrap: int | None = None,
                 level: float = 0.95, series: str = "iterate"):
     """The Report of a results directory (CLI and Python API); targets as text, e.g. 'subopt<=1e-3'."""
-    from harness.lifecycle import mark_lost_runs
-    from harness.studies.reports.analysis import parse_target
-    from harness.studies.reports.report import build_report
+    from fedharness.lifecycle import mark_lost_runs
+    from fedharness.studies.reports.analysis import parse_target
+    from fedharness.studies.reports.report import build_report
 
     parsed = None if targets is None else [parse_target(t) for t in targets]
     mark_lost_runs(results_dir)  # so the report counts a killed run as lost, not running
@@ -45,7 +45,7 @@ def make_report(results_dir: str, targets: list[str] | None = None, scale_key: s
 
 def main(args: argparse.Namespace) -> int:
     if args.publish:
-        from harness.studies.reports.wandb_report import publish_file
+        from fedharness.studies.reports.wandb_report import publish_file
 
         return publish_file(args)
     report = make_report(args.results_dir, args.target, args.scale_key, args.out, args.study, args.bootstrap,
@@ -60,8 +60,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"  {row.group}: {b}")
     print(f"report: {report.markdown} ({len(report.figures)} figures, tables in {report.out_dir / 'tables'})")
     if args.wandb:
-        from harness.config import load_config
-        from harness.sinks.wandb_sink import log_report
+        from fedharness.config import load_config
+        from fedharness.sinks.wandb_sink import log_report
 
         wcfg = load_config([])["wandb"]
         for key in ("project", "entity", "group", "mode"):
@@ -70,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
                 wcfg[key] = value
         log_report(report, wcfg)
     if args.wandb_report:
-        from harness.studies.reports.wandb_report import write
+        from fedharness.studies.reports.wandb_report import write
 
         write(report, args)
     return 0

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from harness.errors import ConfigError, require
+from fedharness.errors import ConfigError, require
 
 # Keys that do not change a trajectory, or that identify a run rather than a design point.
 IGNORED = ("seed", "results_dir", "study", "experiment", "progress", "executor", "num_shards", "device", "trial",

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from harness.studies.reports.analysis import Target  # noqa: E402
+from fedharness.studies.reports.analysis import Target  # noqa: E402
 
 
 def _grid(count: int, width: float = 4.2, height: float = 3.3):

@@ -23,14 +23,14 @@ from typing import Any
 
 import pandas as pd
 
-from harness.config import load_config
-from harness.errors import require
-from harness.files import atomic_text
-from harness.sinks.masking import mask_secrets
-from harness.studies.reports import markdown
-from harness.studies.reports.data import load_results
-from harness.studies.reports.report import Report
-from harness.studies.tuning.export import shown
+from fedharness.config import load_config
+from fedharness.errors import require
+from fedharness.files import atomic_text
+from fedharness.sinks.masking import mask_secrets
+from fedharness.studies.reports import markdown
+from fedharness.studies.reports.data import load_results
+from fedharness.studies.reports.report import Report
+from fedharness.studies.tuning.export import shown
 
 SPEC_FORMAT = "fedharness-wandb-report/1"
 SPEC_NAME = "wandb_report.json"
@@ -177,7 +177,7 @@ def spec_path(args: argparse.Namespace) -> Path:
 
 def write(report: Report, args: argparse.Namespace) -> None:
     """`--wandb-report`: write the spec; publish it now when W&B is online, else print the command that will."""
-    from harness.sinks.wandb_sink import resolve_mode
+    from fedharness.sinks.wandb_sink import resolve_mode
 
     spec = build_spec(report, args.results_dir, args.study, args.wandb_project, args.wandb_entity)
     path = report.out_dir / SPEC_NAME

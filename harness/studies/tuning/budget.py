@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.errors import ConfigError, require
+from fedharness.errors import ConfigError, require
 
 KINDS = ("local_steps", "rounds", "grad_evals", "bytes")
 MAX_ROUNDS = 1_000_000  # a budget that needs more rounds than this is a typo, not a study
@@ -73,7 +73,7 @@ _PROBLEMS: dict[str, Any] = {}
 
 def problem_for(cfg: dict[str, Any]):
     """Problems are rebuilt only when their config changes (the tuned keys are usually the algorithm's)."""
-    from harness.problems import build_problem
+    from fedharness.problems import build_problem
 
     key = json.dumps([cfg[k] for k in ("dataset", "partition", "model", "seed", "dtype", "device")]
                      + [cfg["algorithm"]["batch_size"]], sort_keys=True, default=str)
@@ -85,9 +85,9 @@ def problem_for(cfg: dict[str, Any]):
 
 def _cumulative_cost(cfg: dict[str, Any], kind: str, total: int) -> np.ndarray:
     """Cost after rounds 1, 2, ... (max over replicas), replayed until it passes `total`."""
-    from algorithms.registry import build_algorithm
-    from harness.core.engine import Engine, NetworkModel
-    from harness.core.series import build_series
+    from fedharness.algorithms.registry import build_algorithm
+    from fedharness.core.engine import Engine, NetworkModel
+    from fedharness.core.series import build_series
 
     problem = problem_for(cfg)
     algorithm = build_algorithm({**cfg["algorithm"], "rounds": cfg["rounds"]}, problem)

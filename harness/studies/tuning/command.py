@@ -5,13 +5,13 @@ from __future__ import annotations
 import shlex
 import sys
 
-from harness.studies.tuning.compare import run_compare
-from harness.studies.tuning.study import StudyInterrupted, build_spec, tune
+from fedharness.studies.tuning.compare import run_compare
+from fedharness.studies.tuning.study import StudyInterrupted, build_spec, tune
 
 
 def main(overrides: list[str], compare: str | None = None) -> int:
     """SIGINT/SIGTERM end it with one line on stderr and exit status 130/143 (128 + the signal)."""
-    from harness.lifecycle import RunInterrupted, interrupts_raised
+    from fedharness.lifecycle import RunInterrupted, interrupts_raised
 
     command = shlex.join(["fedharness", "tune", *overrides, *(["--compare", compare] if compare else [])])
     with interrupts_raised():  # also while the line is printed, so a second signal cannot cut it short

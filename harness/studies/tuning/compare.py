@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from harness.errors import ConfigError, require
-from harness.files import atomic_text
-from harness.sinks.parquet import atomic_write_table
-from harness.studies.tuning.export import best_trial, shown
-from harness.studies.tuning.study import (TuneSpec, build_spec, check_reachable, compose_tune, open_study,
+from fedharness.errors import ConfigError, require
+from fedharness.files import atomic_text
+from fedharness.sinks.parquet import atomic_write_table
+from fedharness.studies.tuning.export import best_trial, shown
+from fedharness.studies.tuning.study import (TuneSpec, build_spec, check_reachable, compose_tune, open_study,
                                           split_overrides, trial_config, tune)
 
 COMPARE_SCHEMA = pa.schema([
@@ -36,7 +36,7 @@ COMPARE_SCHEMA = pa.schema([
 
 
 def _algorithms(text: str) -> list[str]:
-    from harness.compose import group_options
+    from fedharness.compose import group_options
 
     algs = [a.strip() for a in text.split(",") if a.strip()]
     require(len(algs) >= 1, "--compare", text, "a comma-separated list of algorithms, e.g. fedavg,fednova")
@@ -65,8 +65,8 @@ def rerun_overrides(spec: TuneSpec, params: dict) -> list[str]:
 
 
 def _rerun(spec: TuneSpec, study_name: str, algorithm: str) -> dict:
-    from harness.config import load_config
-    from harness.run import execute
+    from fedharness.config import load_config
+    from fedharness.runner import execute
 
     study = open_study(spec)
     best = best_trial(spec, study.get_trials(deepcopy=False))

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from harness.files import atomic_text, atomic_write
-from harness.sinks.masking import mask_secrets
-from harness.sinks.parquet import atomic_write_table
+from fedharness.files import atomic_text, atomic_write
+from fedharness.sinks.masking import mask_secrets
+from fedharness.sinks.parquet import atomic_write_table
 
 TRIAL_COLUMNS = [  # `study` is the hive partition (trials/study=<name>/), as run_id is for runs/
     ("trial", pa.int64()), ("state", pa.string()), ("status", pa.string()),

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.errors import require
+from fedharness.errors import require
 
 METRICS = ("train_loss", "subopt", "dist_to_opt", "grad_norm_sq", "test_loss", "test_acc")
 MAXIMIZED = ("test_acc",)

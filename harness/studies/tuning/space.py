@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from harness.errors import ConfigError, require
+from fedharness.errors import ConfigError, require
 
 TYPES = ("float", "int", "categorical")
 FIELDS = {"key", "type", "low", "high", "log", "step", "choices"}

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.errors import ConfigError, require
-from harness.lifecycle import RunInterrupted
-from harness.sinks.masking import mask_secrets
-from harness.studies.tuning.budget import Budget
-from harness.studies.tuning.objective import Objective
-from harness.studies.tuning.space import Param, grid_space, parse_space
+from fedharness.errors import ConfigError, require
+from fedharness.lifecycle import RunInterrupted
+from fedharness.sinks.masking import mask_secrets
+from fedharness.studies.tuning.budget import Budget
+from fedharness.studies.tuning.objective import Objective
+from fedharness.studies.tuning.space import Param, grid_space, parse_space
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes")
 PRUNERS = ("none", "median", "successive_halving")
@@ -110,7 +110,7 @@ def compose_tune(tune_name: str, tune_ovs: list[str]) -> dict:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
-    from harness.config import load_config
+    from fedharness.config import load_config
 
     tcfg = load_config([f"+tune={tune_name}"])["tune"]
     try:
@@ -155,7 +155,7 @@ def _sub(tcfg: dict, key: str) -> dict:
 def build_spec(overrides: list[str], extra_run_overrides: tuple[str, ...] = (), study: str | None = None,
                probe: bool = True) -> TuneSpec:
     """Compose and validate a tuning spec; raises ConfigError before any file or study exists."""
-    from harness.config import load_config
+    from fedharness.config import load_config
 
     tune_name, tune_ovs, run_ovs = split_overrides(overrides)
     tcfg = compose_tune(tune_name, tune_ovs)
@@ -195,7 +195,7 @@ def build_spec(overrides: list[str], extra_run_overrides: tuple[str, ...] = (), 
                 "must be a number >= 0")
 
     if _int(tcfg, "parallel", 1) > 1:
-        from harness.backends.ray_cluster import parse_address
+        from fedharness.backends.ray_cluster import parse_address
 
         try:
             parse_address(tcfg.get("ray_address"))
@@ -237,7 +237,7 @@ def _check_pruner(pcfg: dict, objective: Objective) -> dict:
 def probe_space(spec: TuneSpec, base_cfg: dict) -> None:
     """Build the config at both ends of every range and at every choice: unknown keys, values a part rejects
     and a budget smaller than one round all fail here, before the study is created."""
-    from harness.config import load_config
+    from fedharness.config import load_config
 
     _validate_builds(base_cfg, spec, "the base config")
     for p in spec.params:
@@ -247,16 +247,16 @@ def probe_space(spec: TuneSpec, base_cfg: dict) -> None:
 
 
 def _validate_builds(cfg: dict, spec: TuneSpec, context: str) -> None:
-    from algorithms.registry import build_algorithm
-    from harness.core.series import build_series
-    from harness.studies.tuning.budget import problem_for
+    from fedharness.algorithms.registry import build_algorithm
+    from fedharness.core.series import build_series
+    from fedharness.studies.tuning.budget import problem_for
 
     problem = problem_for(cfg)
     build_algorithm({**cfg["algorithm"], "rounds": cfg["rounds"]}, problem)
     build_series(cfg["algorithm"], cfg["replicas"])
     spec.budget.rounds_for(cfg, context)
     if spec.objective.metric in ("subopt", "dist_to_opt"):
-        from harness.reference_policy import skip_reason
+        from fedharness.reference_policy import skip_reason
 
         why = skip_reason(cfg, problem)
         require(why is None, "tune.objective.metric", spec.objective.metric,
@@ -265,7 +265,7 @@ def _validate_builds(cfg: dict, spec: TuneSpec, context: str) -> None:
 
 def trial_config(spec: TuneSpec, values: dict[str, Any]) -> tuple[dict, list[str]]:
     """The run config of one point of the space, and the overrides that rebuild it with `fedharness run`."""
-    from harness.config import load_config
+    from fedharness.config import load_config
 
     overrides = [*spec.run_overrides, *(p.override(values[p.name]) for p in spec.params)]
     cfg = load_config(overrides)
@@ -521,7 +521,7 @@ def run_trial(spec: TuneSpec, trial) -> float:
     """One trial: sample, build the config under the budget, run it (recording `study` and `trial`), score it."""
     import optuna
 
-    from harness.run import execute, new_run_id
+    from fedharness.runner import execute, new_run_id
 
     values = {p.name: p.suggest(trial) for p in spec.params}
     cfg, overrides = trial_config(spec, values)
@@ -592,8 +592,8 @@ def _quiet_optuna() -> None:
 
 
 def connect_ray(address: str | None):
-    """harness.backends.ray_cluster's connection: a local Ray on 127.0.0.1 only, or a probed cluster address."""
-    from harness.backends import ray_cluster
+    """fedharness.backends.ray_cluster's connection: a local Ray on 127.0.0.1 only, or a probed cluster address."""
+    from fedharness.backends import ray_cluster
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
@@ -612,7 +612,7 @@ def run_workers(spec: TuneSpec) -> int:
         return work(spec, 0)
     import ray
 
-    from harness.studies.tuning.export import trial_status
+    from fedharness.studies.tuning.export import trial_status
 
     conn = connect_ray(spec.ray_address)
     try:
@@ -650,9 +650,9 @@ class StudyInterrupted(RunInterrupted):
 def tune(spec: TuneSpec) -> dict:
     """Create or continue the study, run it to n_trials, export; returns the export summary.
     Raises StudyInterrupted on SIGINT/SIGTERM once the study exists (in the main thread, inside interrupts_raised)."""
-    from harness.studies.tuning.export import export_study
+    from fedharness.studies.tuning.export import export_study
 
-    from harness.lifecycle import mark_lost_runs
+    from fedharness.lifecycle import mark_lost_runs
 
     _quiet_optuna()
     check_reachable(spec)

@@ -17,19 +17,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.closed_forms import heterogeneity
-from harness.core.checkpoint import Checkpointer, checkpointed, load_resume
-from harness.core.engine import Engine, NetworkModel, RunOutcome
-from harness.core.executors import InlineExecutor, ReferenceExecutor
-from harness.core.kernels import resolve_kernel
-from harness.core.series import build_series
-from harness.lifecycle import RunInterrupted, interrupts_raised, process_start
-from harness.parts import build_parts
-from harness.core.runtime import apply_runtime
-from harness.reference_policy import run_client_minima, run_reference
-from harness.sinks.masking import mask_secrets
-from harness.sinks.parquet import ParquetSink
-from harness.sinks.wandb_sink import open_sink as open_wandb
+from fedharness.closed_forms import heterogeneity
+from fedharness.core.checkpoint import Checkpointer, checkpointed, load_resume
+from fedharness.core.engine import Engine, NetworkModel, RunOutcome
+from fedharness.core.executors import InlineExecutor, ReferenceExecutor
+from fedharness.core.kernels import resolve_kernel
+from fedharness.core.series import build_series
+from fedharness.lifecycle import RunInterrupted, interrupts_raised, process_start
+from fedharness.parts import build_parts
+from fedharness.core.runtime import apply_runtime
+from fedharness.reference_policy import run_client_minima, run_reference
+from fedharness.sinks.masking import mask_secrets
+from fedharness.sinks.parquet import ParquetSink
+from fedharness.sinks.wandb_sink import open_sink as open_wandb
 
 VERSIONED = ("fedharness", "torch", "numpy", "pyarrow", "ray", "optuna", "wandb", "hydra-core")
 
@@ -73,7 +73,7 @@ def build_executor(cfg: dict[str, Any], problem, solver):
     if cfg["executor"] == "reference":
         return ReferenceExecutor(problem, solver)
     if cfg["executor"] == "ray":
-        from harness.backends.ray_executor import RayExecutor
+        from fedharness.backends.ray_executor import RayExecutor
 
         return RayExecutor(cfg, problem, solver)
     return InlineExecutor(problem, solver, cfg["num_shards"])

@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-all bench bench-gpu reproduce list clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[all,test]'
 	touch $(STAMP)
 
 run: $(STAMP)  ## the default benchmark: FedAvg on Synthetic(1,1), N=100, K=10, E=20, b=24

@@ -4,7 +4,7 @@
 # Installs Debian's `postgresql` with apt-get if no server binaries are found, initialises a
 # data dir under a fresh temp dir, starts the server on a free loopback port (no Unix socket
 # outside that dir), creates a test user and database with a known password, and exports
-#   FEDHARNESS_TEST_PG_URL=postgresql+psycopg2://fedharness:fedharness@127.0.0.1:PORT/fedharness_test
+#   FEDHARNESS_TEST_PG_URL=postgresql://fedharness:fedharness@127.0.0.1:PORT/fedharness_test
 # The server is stopped and its dir removed on exit (trap). Each call makes its own server, so
 # running .ci/run twice, or two at once, does not collide. If FEDHARNESS_TEST_PG_URL is already
 # set it is used as is. If the server cannot be had the PostgreSQL tests skip (with the reason),
@@ -68,7 +68,7 @@ fedharness_pg_start() {
         { echo "postgres.sh: server did not start:" >&2; cat "$FEDHARNESS_PG_DIR/server.log" >&2; return 1; }
     PGPASSWORD="$pw" "$FEDHARNESS_PG_BIN/createdb" -h 127.0.0.1 -p "$port" -U fedharness fedharness_test ||
         { echo "postgres.sh: createdb failed" >&2; return 1; }
-    export FEDHARNESS_TEST_PG_URL="postgresql+psycopg2://fedharness:$pw@127.0.0.1:$port/fedharness_test"
+    export FEDHARNESS_TEST_PG_URL="postgresql://fedharness:$pw@127.0.0.1:$port/fedharness_test"
     echo "postgres.sh: PostgreSQL on 127.0.0.1:$port (data in $FEDHARNESS_PG_DIR)" >&2
 }
 

@@ -7,20 +7,16 @@ deltas themselves and send one partial sum per replica.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from fedharness.algorithms.solvers import WeightStats
-from fedharness.errors import require
+from fedharness.contracts import Aggregator, Coefficients, WeightStats, part, part_names
+from fedharness.keys import Key, choice, number
 
-
-@dataclass
-class Coefficients:
-    coef: np.ndarray  # [R, K]
-    tau_eff: np.ndarray  # [R]
-    chi2: np.ndarray  # [R]: chi^2(p || w) of the sampled weights against the effective ones
-    slowdown: np.ndarray  # [R]: mean tau / tau_eff
+KEYS: dict[str, Key] = {  # harness/schema.py's rules add: tau_eff_value set when tau_eff=fixed
+    "aggregator": choice("fedavg | fednova", part_names("aggregator")),
+    "tau_eff": choice("FedNova: steps (sum p tau) | l1 (sum p ||a||_1) | fixed", ("steps", "l1", "fixed")),
+    "tau_eff_value": number("tau_eff=fixed: its value", lo=0, lo_open=True, null="not fixed"),
+}
 
 
 def _target_weights(q: np.ndarray, stats: WeightStats) -> np.ndarray:
@@ -44,7 +40,8 @@ def _diagnostics(p: np.ndarray, coef: np.ndarray, stats: WeightStats, tau: np.nd
     return chi2, tau.mean(1) / tau_eff
 
 
-class WeightedAverage:
+@part("aggregator", "fedavg")
+class WeightedAverage(Aggregator):
     """FedAvg: Delta = sum_k q_k Delta_k. tau_eff = sum_k p_k ||a_k||_1 is its implicit step count (Wang et al.)."""
 
     def coefficients(self, q: np.ndarray, stats: WeightStats, tau: np.ndarray) -> Coefficients:
@@ -54,17 +51,11 @@ class WeightedAverage:
         return Coefficients(q, tau_eff, chi2, slowdown)
 
 
-class NormalizedAverage:
+@part("aggregator", "fednova")
+class NormalizedAverage(Aggregator):
     """FedNova: Delta = tau_eff * sum_k q_k Delta_k / ||a_k||_1, so the surrogate weights are p_k exactly."""
 
-    TAU_EFF = ("steps", "l1", "fixed")
-
     def __init__(self, tau_eff: str = "steps", tau_eff_value: float | None = None):
-        require(tau_eff in self.TAU_EFF, "algorithm.tau_eff", tau_eff, "one of: " + ", ".join(self.TAU_EFF))
-        if tau_eff == "fixed":
-            require(isinstance(tau_eff_value, (int, float)) and not isinstance(tau_eff_value, bool)
-                    and tau_eff_value > 0, "algorithm.tau_eff_value", tau_eff_value,
-                    "a number > 0 when algorithm.tau_eff=fixed")
         self.tau_eff, self.tau_eff_value = tau_eff, tau_eff_value
 
     def coefficients(self, q: np.ndarray, stats: WeightStats, tau: np.ndarray) -> Coefficients:

@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedharness.contracts import LocalWork, part, part_names
 from fedharness.core import streams
-from fedharness.errors import require
+from fedharness.keys import Key, boolean, choice, integer, number
 
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-
-
-def _require_range(low, high, key_low: str, key_high: str) -> None:
-    require(_is_int(low) and low >= 1, key_low, low, "must be an integer >= 1")
-    require(_is_int(high) and high >= low, key_high, high, f"must be an integer >= {key_low} ({low})")
+KEYS: dict[str, Key] = {  # harness/schema.py's rules add steps_low <= steps_high and the like
+    "local_work": choice("how many local steps each client makes", part_names("local_work")),
+    "local_steps": integer("E (Li et al.), K (Yang et al.), H (Mangold et al.): local steps", lo=1),
+    "local_epochs": integer("local_work=epochs: local_epochs * ceil(n_k / b) steps", lo=1),
+    "steps_low": integer("local_work=random_steps: tau ~ U{steps_low..steps_high}", lo=1),
+    "steps_high": integer("local_work=random_steps: upper end", lo=1),
+    "epochs_low": integer("local_work=random_epochs: E ~ U{epochs_low..epochs_high}", lo=1),
+    "epochs_high": integer("local_work=random_epochs: upper end", lo=1),
+    "steps_mean": number("local_work=gaussian_steps: mean of N(steps_mean, steps_std^2)", lo=0, lo_open=True),
+    "steps_std": number("local_work=gaussian_steps: standard deviation", lo=0),
+    "steps_min": integer("local_work=gaussian_steps: clipped below at", lo=1),
+    "steps_max": integer("local_work=gaussian_steps: clipped above at", lo=1),
+    "local_work_min": boolean("FedAvg-min: every sampled client makes the round's minimum tau"),
+}
 
 
 def _key(seed: int, replicas: np.ndarray, rnd: int, clients: np.ndarray) -> np.ndarray:
@@ -39,12 +42,11 @@ def _epoch_steps(clients: np.ndarray, sizes: np.ndarray, batch_size: int) -> np.
     return -(-sizes[clients] // batch_size)
 
 
-class FixedSteps:
+@part("local_work", "steps")
+class FixedSteps(LocalWork):
     """Every client makes the same number of local steps."""
 
     def __init__(self, local_steps: int):
-        require(_is_int(local_steps) and local_steps >= 1, "algorithm.local_steps", local_steps,
-                "must be an integer >= 1")
         self.local_steps = local_steps
 
     def steps(self, seed: int, replicas: np.ndarray, rnd: int, clients: np.ndarray, sizes: np.ndarray,
@@ -52,12 +54,11 @@ class FixedSteps:
         return np.full(clients.shape, self.local_steps, dtype=np.int64)
 
 
-class Epochs:
+@part("local_work", "epochs")
+class Epochs(LocalWork):
     """E passes over the client's data: E * ceil(n_k / b) steps."""
 
     def __init__(self, local_epochs: int):
-        require(_is_int(local_epochs) and local_epochs >= 1, "algorithm.local_epochs", local_epochs,
-                "must be an integer >= 1")
         self.local_epochs = local_epochs
 
     def steps(self, seed: int, replicas: np.ndarray, rnd: int, clients: np.ndarray, sizes: np.ndarray,
@@ -65,11 +66,11 @@ class Epochs:
         return self.local_epochs * _epoch_steps(clients, sizes, batch_size)
 
 
-class RandomSteps:
+@part("local_work", "random_steps")
+class RandomSteps(LocalWork):
     """tau_k uniform on {steps_low, ..., steps_high}, drawn per client per round."""
 
     def __init__(self, steps_low: int, steps_high: int):
-        _require_range(steps_low, steps_high, "algorithm.steps_low", "algorithm.steps_high")
         self.low, self.high = int(steps_low), int(steps_high)
 
     def steps(self, seed: int, replicas: np.ndarray, rnd: int, clients: np.ndarray, sizes: np.ndarray,
@@ -77,14 +78,14 @@ class RandomSteps:
         return _uniform_ints(seed, replicas, rnd, clients, self.low, self.high)
 
 
-class RandomEpochs:
+@part("local_work", "random_epochs")
+class RandomEpochs(LocalWork):
     """E_k uniform on {epochs_low, ..., epochs_high} per client per round: E_k * ceil(n_k / b) steps.
 
     FedNova's E_i(t) ~ U(2, 5) experiments.
     """
 
     def __init__(self, epochs_low: int, epochs_high: int):
-        _require_range(epochs_low, epochs_high, "algorithm.epochs_low", "algorithm.epochs_high")
         self.low, self.high = int(epochs_low), int(epochs_high)
 
     def steps(self, seed: int, replicas: np.ndarray, rnd: int, clients: np.ndarray, sizes: np.ndarray,
@@ -93,13 +94,11 @@ class RandomEpochs:
         return epochs * _epoch_steps(clients, sizes, batch_size)
 
 
-class ClippedGaussianSteps:
+@part("local_work", "gaussian_steps")
+class ClippedGaussianSteps(LocalWork):
     """tau_k = clip(round(mean + std * z), min, max), z ~ N(0, 1) per client per round."""
 
     def __init__(self, steps_mean: float, steps_std: float, steps_min: int, steps_max: int):
-        require(_is_number(steps_mean) and steps_mean > 0, "algorithm.steps_mean", steps_mean, "must be a number > 0")
-        require(_is_number(steps_std) and steps_std >= 0, "algorithm.steps_std", steps_std, "must be a number >= 0")
-        _require_range(steps_min, steps_max, "algorithm.steps_min", "algorithm.steps_max")
         self.mean, self.std = float(steps_mean), float(steps_std)
         self.min, self.max = int(steps_min), int(steps_max)
 
@@ -109,10 +108,10 @@ class ClippedGaussianSteps:
         return np.clip(np.rint(self.mean + self.std * z), self.min, self.max).astype(np.int64)
 
 
-class MinOfSelection:
+class MinOfSelection(LocalWork):
     """FedAvg-min (Wang et al.): every sampled client of a replica makes the round's minimum tau."""
 
-    def __init__(self, inner):
+    def __init__(self, inner: LocalWork):
         self.inner = inner
 
     def steps(self, seed: int, replicas: np.ndarray, rnd: int, clients: np.ndarray, sizes: np.ndarray,
@@ -121,7 +120,6 @@ class MinOfSelection:
         return np.broadcast_to(tau.min(axis=1, keepdims=True), tau.shape).astype(np.int64)
 
 
-def with_min(local_work, enabled) -> object:
+def with_min(inner: LocalWork, local_work_min: bool = False) -> LocalWork:
     """The local work itself, or its FedAvg-min version when `algorithm.local_work_min` is true."""
-    require(isinstance(enabled, bool), "algorithm.local_work_min", enabled, "must be true or false")
-    return MinOfSelection(local_work) if enabled else local_work
+    return MinOfSelection(inner) if local_work_min else inner

@@ -6,19 +6,22 @@ from typing import Sequence
 
 import numpy as np
 
-from fedharness.errors import require
+from fedharness.contracts import LocalWork, part
+from fedharness.keys import Key, _is_int, _is_list
+
+KEYS: dict[str, Key] = {  # harness/schema.py's rules add: one entry per client when local_work=per_client
+    "client_steps": Key(lambda v: v is None or _is_list(v, lambda s: _is_int(s) and s >= 1),
+                        "null or a list of integers >= 1, one per client",
+                        "local_work=per_client: each client's fixed tau_i"),
+}
 
 
-class PerClientSteps:
+@part("local_work", "per_client")
+class PerClientSteps(LocalWork):
     """Client k makes client_steps[k] local steps in every round it is sampled."""
 
-    def __init__(self, client_steps: Sequence[int] | None, num_clients: int):
-        require(client_steps is not None and len(client_steps) == num_clients, "algorithm.client_steps",
-                client_steps, f"a list of {num_clients} integers >= 1 (one per client) when local_work=per_client")
-        steps = np.asarray(client_steps)
-        require(np.issubdtype(steps.dtype, np.integer) and bool((steps >= 1).all()), "algorithm.client_steps",
-                client_steps, "integers >= 1")
-        self.client_steps = steps.astype(np.int64)
+    def __init__(self, client_steps: Sequence[int]):
+        self.client_steps = np.asarray(client_steps, dtype=np.int64)
 
     def steps(self, seed: int, replicas: np.ndarray, rnd: int, clients: np.ndarray, sizes: np.ndarray,
               batch_size: int) -> np.ndarray:

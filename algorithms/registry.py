@@ -1,90 +1,115 @@
 """The registry: every part an algorithm is composed of, by name, and how a config builds it.
 
-A named algorithm (`conf/algorithm/<name>.yaml`) is a choice of these parts and
-their settings; `build_algorithm` turns the `algorithm` config into an Algorithm.
+A part registers itself beside its class (`fedharness.contracts.part`); a named algorithm
+(`conf/algorithm/<name>.yaml`) is a choice of parts and their keys. A part's constructor signature is its
+schema: `build_algorithm` calls each selected part with the `algorithm` keys its parameters name (declared once,
+in the KEYS of the module that uses them; harness/schema.py has checked every value) and the CONTEXT values
+it asks for, so nothing here repeats a key's name or a check.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import inspect
+from typing import Any, Callable, Mapping
 
 from fedharness.algorithms import aggregators, local_work, local_work_fixed, samplers, schedules, server, solvers
-from fedharness.core.engine import Algorithm
-from fedharness.errors import ConfigError, require
+from fedharness.contracts import CONTEXT, PART_KEYS, PARTS, PROTOCOLS, Algorithm, Problem, key_parameters
+from fedharness.core import series
+from fedharness.errors import ConfigError
+from fedharness.keys import Key, integer
 
-Factory = Callable[[dict[str, Any], Any], Any]
+KEYS: dict[str, Key] = {"batch_size": integer("minibatch size b", lo=1)}  # the Algorithm's own
 
-SAMPLERS: dict[str, Factory] = {
-    "full": lambda a, p: samplers.FullParticipation(p.num_clients),
-    "scheme_i": lambda a, p: samplers.SchemeI(p.num_clients, a["clients_per_round"]),
-    "scheme_ii": lambda a, p: samplers.SchemeII(p.num_clients, a["clients_per_round"]),
-    "scheme_ii_transformed": lambda a, p: samplers.TransformedSchemeII(p.num_clients, a["clients_per_round"]),
-    "original": lambda a, p: samplers.OriginalScheme(p.num_clients, a["clients_per_round"]),
-    "yang_s1": lambda a, p: samplers.YangStrategy1(p.num_clients, a["clients_per_round"]),
-    "yang_s2": lambda a, p: samplers.YangStrategy2(p.num_clients, a["clients_per_round"]),
-}
+# The `algorithm` keys each module declares, in the order they are listed (help, errors).
+DECLARED: tuple[dict[str, Key], ...] = (samplers.KEYS, local_work.KEYS, KEYS, schedules.KEYS, server.KEYS, solvers.KEYS,
+                                        aggregators.KEYS, local_work_fixed.KEYS, series.KEYS)
 
-LOCAL_WORK: dict[str, Factory] = {
-    "steps": lambda a, p: local_work.FixedSteps(a["local_steps"]),
-    "epochs": lambda a, p: local_work.Epochs(a["local_epochs"]),
-    "random_steps": lambda a, p: local_work.RandomSteps(a["steps_low"], a["steps_high"]),
-    "random_epochs": lambda a, p: local_work.RandomEpochs(a["epochs_low"], a["epochs_high"]),
-    "gaussian_steps": lambda a, p: local_work.ClippedGaussianSteps(a["steps_mean"], a["steps_std"], a["steps_min"],
-                                                                   a["steps_max"]),
-    "per_client": lambda a, p: local_work_fixed.PerClientSteps(a.get("client_steps"), p.num_clients),
-}
 
-SCHEDULES: dict[str, Factory] = {
-    "constant": lambda a, p: schedules.Constant(a["client_lr"]),
-    "inverse_round": lambda a, p: schedules.InverseRound(a["client_lr"]),
-    "inverse_step": lambda a, p: schedules.InverseStep(a["lr_beta"], a["lr_gamma"], a["local_steps"]),
-    "li_theory": lambda a, p: schedules.li_theory(p, a["local_steps"]),
-    "step_decay": lambda a, p: schedules.StepDecay(a["client_lr"], a["decay_at"], a["decay_factor"], a.get("rounds")),
-}
+def _declared() -> dict[str, Key]:
+    """The built-in parts' keys; a key declared by two modules is a bug, refused when fedharness is imported."""
+    keys: dict[str, Key] = {}
+    for declared in DECLARED:
+        twice = keys.keys() & declared.keys()
+        if twice:
+            raise TypeError(f"algorithm keys declared twice: {', '.join(sorted(twice))}")
+        keys.update(declared)
+    return keys
 
-SOLVERS: dict[str, Factory] = {
-    "sgd": lambda a, p: solvers.LocalSGD(a["momentum"], a["nesterov"], a["mu"], a["weight_decay"], a["lr_decay"]),
-    "scaffold": lambda a, p: solvers.ScaffoldSGD(a["momentum"], a["nesterov"], a["mu"], a["weight_decay"],
-                                                 a["lr_decay"]),
-}
 
-AGGREGATORS: dict[str, Factory] = {
-    "fedavg": lambda a, p: aggregators.WeightedAverage(),
-    "fednova": lambda a, p: aggregators.NormalizedAverage(a["tau_eff"], a.get("tau_eff_value")),
-}
-
-SERVER_OPTIMIZERS: dict[str, Factory] = {
-    "sgd": lambda a, p: server.ServerSGD(a["server_lr"]),
-    "momentum": lambda a, p: server.ServerMomentum(a["server_lr"], a["server_momentum"]),
-    "nesterov": lambda a, p: server.ServerMomentum(a["server_lr"], a["server_momentum"], nesterov=True),
-    "adam": lambda a, p: server.ServerAdam(a["server_lr"], a["server_beta1"], a["server_beta2"], a["server_eps"]),
-    "yogi": lambda a, p: server.ServerAdam(a["server_lr"], a["server_beta1"], a["server_beta2"], a["server_eps"],
-                                           yogi=True),
-}
-
-PARTS: dict[str, dict[str, Factory]] = {
-    "sampler": SAMPLERS, "local_work": LOCAL_WORK, "lr_schedule": SCHEDULES, "solver": SOLVERS,
-    "aggregator": AGGREGATORS, "server_optimizer": SERVER_OPTIMIZERS,
-}
+BUILTIN_KEYS: dict[str, Key] = _declared()
 BUILTIN_PARTS: dict[str, frozenset[str]] = {kind: frozenset(reg) for kind, reg in PARTS.items()}  # before any user's
 
 
-def _part(kind: str, acfg: dict[str, Any], problem) -> Any:
+def undeclared(factory: Callable[..., Any], keys: Mapping[str, Key] | None = None) -> list[str]:
+    """The parameters of a part's constructor that are neither a declared key (built-in or in `keys`) nor
+    CONTEXT: the builder could not fill them."""
+    known = {*BUILTIN_KEYS, *(keys or {}), *PART_KEYS.get(factory, {}), *CONTEXT}
+    return [p.name for p in key_parameters(factory) if p.name not in known]
+
+
+def _check_builtins() -> None:
+    for kind, registry in PARTS.items():
+        for name, factory in registry.items():
+            if undeclared(factory):
+                raise TypeError(f"{kind} {name!r}: parameters {undeclared(factory)} are not declared algorithm keys")
+
+
+_check_builtins()
+
+
+def user_keys() -> dict[str, tuple[Key, Any]]:
+    """The keys the user's parts registered now declare, with their constructors' defaults (None: required)."""
+    found: dict[str, tuple[Key, Any]] = {}
+    for registry in PARTS.values():
+        for factory in registry.values():
+            declared = PART_KEYS.get(factory, {})
+            for p in key_parameters(factory):
+                if p.name in declared:
+                    found[p.name] = (declared[p.name], None if p.default is inspect.Parameter.empty else p.default)
+    return found
+
+
+def algorithm_keys() -> dict[str, Key]:
+    """Every key of the `algorithm` section besides `name`: the built-in parts' and those of the user's parts
+    registered now (harness/schema.py checks a config against these)."""
+    return {**BUILTIN_KEYS, **{key: spec for key, (spec, _) in user_keys().items()}}
+
+
+def build(factory: Callable[..., Any], acfg: Mapping[str, Any], context: Mapping[str, Any]) -> Any:
+    """`factory` called with the CONTEXT values and `algorithm` keys its parameters name (absent keys: the
+    parameter's default)."""
+    kwargs = {}
+    for p in key_parameters(factory):
+        if p.name in context:
+            kwargs[p.name] = context[p.name]
+        elif p.name in acfg:
+            kwargs[p.name] = acfg[p.name]
+        elif p.default is inspect.Parameter.empty:
+            raise ConfigError(f"algorithm.{p.name}", None, f"a value (its part has no default): +algorithm.{p.name}=...")
+    return factory(**kwargs)
+
+
+def build_part(kind: str, acfg: Mapping[str, Any], context: Mapping[str, Any]) -> Any:
+    """The part `acfg[kind]` names, checked against its Protocol (a user's part may lack a member)."""
     registry, name = PARTS[kind], acfg[kind]
     if name not in registry:
         raise ConfigError(f"algorithm.{kind}", name, registry.keys())
-    return registry[name](acfg, problem)
+    built = build(registry[name], acfg, context)
+    protocol = PROTOCOLS[kind]
+    if not isinstance(built, protocol):
+        raise ConfigError(f"algorithm.{kind}", name, f"the part it builds lacks a member of {protocol.__name__} "
+                          f"(subclass fedharness.contracts.{protocol.__name__} for the defaults)")
+    return built
 
 
-def build_algorithm(acfg: dict[str, Any], problem) -> Algorithm:
-    batch_size = acfg["batch_size"]
-    require(isinstance(batch_size, int) and batch_size >= 1, "algorithm.batch_size", batch_size,
-            "must be an integer >= 1")
+def build_algorithm(acfg: Mapping[str, Any], problem: Problem, rounds: int | None = None) -> Algorithm:
+    """The Algorithm of the validated `algorithm` section; `rounds`: the run's (step_decay needs it)."""
+    context = {"problem": problem, "num_clients": problem.num_clients, **({} if rounds is None else {"rounds": rounds})}
+    parts = {kind: build_part(kind, acfg, context) for kind in PARTS}
     return Algorithm(
         name=acfg["name"],
-        sampler=samplers.with_dropout(_part("sampler", acfg, problem), acfg.get("dropout", 0.0)),
-        local_work=local_work.with_min(_part("local_work", acfg, problem), acfg.get("local_work_min", False)),
-        schedule=_part("lr_schedule", acfg, problem), solver=_part("solver", acfg, problem),
-        aggregator=_part("aggregator", acfg, problem), server=_part("server_optimizer", acfg, problem),
-        batch_size=batch_size,
+        sampler=build(samplers.with_dropout, acfg, {"inner": parts["sampler"]}),
+        local_work=build(local_work.with_min, acfg, {"inner": parts["local_work"]}),
+        schedule=parts["lr_schedule"], solver=parts["solver"], aggregator=parts["aggregator"],
+        server=parts["server_optimizer"], batch_size=acfg["batch_size"],
     )

@@ -20,30 +20,26 @@ the new model w = sum_k q_k w_k becomes weights on the deltas:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from fedharness.contracts import Sampler, Selection, part, part_names
 from fedharness.core import streams
-from fedharness.errors import require
+from fedharness.keys import Key, choice, integer, number
 
-
-@dataclass
-class Selection:
-    clients: np.ndarray  # [R, K] int64
-    weights: np.ndarray  # [R, K] float64: Delta = sum_k weights * Delta_k
-    lr_scale: np.ndarray  # [R, K] float64: client learning-rate multiplier
-    active: np.ndarray | None = None  # [R] bool; False: no sampled client returned, the round moves nothing
+KEYS: dict[str, Key] = {
+    "sampler": choice("which clients a round samples, and their weights", part_names("sampler")),
+    "clients_per_round": integer("K, clients sampled per round", lo=1),
+    "dropout": number("probability a sampled client does not return", lo=0, hi=1, hi_open=True),
+}
 
 
 def _uniforms(seed: int, replicas: np.ndarray, rnd: int, count: int) -> np.ndarray:
     return streams.uniform(streams.stream_key(seed, streams.SAMPLE, replicas, rnd, 0), count)
 
 
-class FullParticipation:
+@part("sampler", "full")
+class FullParticipation(Sampler):
     """Every client, weighted by p_k."""
-
-    with_replacement = False
 
     def __init__(self, num_clients: int, clients_per_round: int | None = None):
         self.num_clients = num_clients
@@ -54,16 +50,10 @@ class FullParticipation:
         return Selection(clients, np.broadcast_to(p, (R, N)).copy(), np.ones((R, N)))
 
 
-class _PartialSampler:
-    with_replacement = False
+class _PartialSampler(Sampler):
+    """K = clients_per_round clients of num_clients (harness/schema.py checks K <= N without replacement)."""
 
     def __init__(self, num_clients: int, clients_per_round: int):
-        require(isinstance(clients_per_round, int) and not isinstance(clients_per_round, bool)
-                and clients_per_round >= 1, "algorithm.clients_per_round", clients_per_round,
-                "must be an integer >= 1")
-        if not self.with_replacement:
-            require(clients_per_round <= num_clients, "algorithm.clients_per_round", clients_per_round,
-                    f"must be <= the number of clients ({num_clients}) when sampling without replacement")
         self.num_clients, self.K = num_clients, clients_per_round
 
     def _without_replacement(self, seed: int, replicas: np.ndarray, rnd: int) -> np.ndarray:
@@ -82,6 +72,7 @@ class _PartialSampler:
         return np.full(clients.shape, 1.0 / self.K)
 
 
+@part("sampler", "scheme_i")
 class SchemeI(_PartialSampler):
     """Li et al. scheme I: K draws with replacement by p_k, q_k = 1/K, duplicates counted."""
 
@@ -92,6 +83,7 @@ class SchemeI(_PartialSampler):
         return Selection(clients, self._equal(clients), np.ones(clients.shape))
 
 
+@part("sampler", "scheme_ii")
 class SchemeII(_PartialSampler):
     """Li et al. scheme II: K uniform without replacement, q_k = p_k N / K, NOT renormalised."""
 
@@ -100,6 +92,7 @@ class SchemeII(_PartialSampler):
         return Selection(clients, p[clients] * self.num_clients / self.K, np.ones(clients.shape))
 
 
+@part("sampler", "scheme_ii_transformed")
 class TransformedSchemeII(_PartialSampler):
     """Li et al.'s transformed scheme II: K uniform without replacement, q_k = 1/K, client lr times N p_k.
 
@@ -112,6 +105,7 @@ class TransformedSchemeII(_PartialSampler):
         return Selection(clients, self._equal(clients), p[clients] * self.num_clients)
 
 
+@part("sampler", "original")
 class OriginalScheme(_PartialSampler):
     """McMahan et al.'s original scheme: K uniform without replacement; absent clients keep the old model.
 
@@ -124,6 +118,7 @@ class OriginalScheme(_PartialSampler):
         return Selection(clients, p[clients].astype(np.float64), np.ones(clients.shape))
 
 
+@part("sampler", "yang_s1")
 class YangStrategy1(_PartialSampler):
     """Yang et al. strategy 1: K uniform draws with replacement, weights 1/K, duplicates counted."""
 
@@ -134,6 +129,7 @@ class YangStrategy1(_PartialSampler):
         return Selection(clients, self._equal(clients), np.ones(clients.shape))
 
 
+@part("sampler", "yang_s2")
 class YangStrategy2(_PartialSampler):
     """Yang et al. strategy 2: K uniform without replacement, weights 1/K."""
 
@@ -142,7 +138,7 @@ class YangStrategy2(_PartialSampler):
         return Selection(clients, self._equal(clients), np.ones(clients.shape))
 
 
-class Dropout:
+class Dropout(Sampler):
     """Each sampled client fails to return with probability `rate`, independently per (replica, round, client).
 
     Rule (keeps every weight positive, so aggregators never divide by zero):
@@ -156,9 +152,7 @@ class Dropout:
     A client drawn twice by a with-replacement scheme drops both draws (it is one device).
     """
 
-    def __init__(self, sampler, rate: float):
-        require(isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0.0 <= rate < 1.0,
-                "algorithm.dropout", rate, "must be a number in [0, 1)")
+    def __init__(self, sampler: Sampler, rate: float):
         self.sampler, self.rate = sampler, float(rate)
 
     @property
@@ -197,7 +191,6 @@ def apply_dropout(sel: Selection, returned: np.ndarray) -> Selection:
     return Selection(clients, weights, lr_scale, active)
 
 
-def with_dropout(sampler, rate) -> object:
-    """The sampler itself, or wrapped in Dropout when `algorithm.dropout` > 0 (the rate is validated either way)."""
-    wrapped = Dropout(sampler, rate)
-    return wrapped if wrapped.rate > 0 else sampler
+def with_dropout(inner: Sampler, dropout: float = 0.0) -> Sampler:
+    """The sampler itself, or wrapped in Dropout when `algorithm.dropout` > 0."""
+    return Dropout(inner, dropout) if dropout > 0 else inner

@@ -10,26 +10,32 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedharness.errors import ConfigError, require
+from fedharness.contracts import Problem, Schedule, part, part_names
+from fedharness.errors import ConfigError
+from fedharness.keys import Key, _is_list, _is_real, choice, number
+
+KEYS: dict[str, Key] = {
+    "client_lr": number("eta_L / gamma, the client step size", lo=0, lo_open=True),
+    "lr_schedule": choice("constant | inverse_round | inverse_step | li_theory | step_decay", part_names("lr_schedule")),
+    "lr_beta": number("lr_schedule=inverse_step: eta_t = lr_beta / (t + lr_gamma)", lo=0, lo_open=True),
+    "lr_gamma": number("lr_schedule=inverse_step: offset gamma", lo=0, lo_open=True),
+    "decay_at": Key(lambda v: _is_list(v, lambda f: _is_real(f) and 0 < f < 1) and len(v) > 0
+                    and all(a < b for a, b in zip(v, v[1:])), "an increasing list of fractions in (0, 1)",
+                    "lr_schedule=step_decay: fractions of the rounds where the lr is multiplied by decay_factor"),
+    "decay_factor": number("lr_schedule=step_decay: factor", lo=0, hi=1, lo_open=True),
+}
 
 
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-
-
-def _positive(value, key: str) -> float:
-    require(_is_number(value) and value > 0 and np.isfinite(value), key, value, "must be a number > 0")
-    return float(value)
-
-
-class Constant:
+@part("lr_schedule", "constant")
+class Constant(Schedule):
     def __init__(self, client_lr: float):
-        self.client_lr = _positive(client_lr, "algorithm.client_lr")
+        self.client_lr = float(client_lr)
 
     def step_lrs(self, rnd: int, steps: int) -> np.ndarray:
         return np.full(steps, self.client_lr)
 
 
+@part("lr_schedule", "inverse_round")
 class InverseRound(Constant):
     """eta_r = eta_0 / (1 + r), constant within a round (Li et al.'s experiments)."""
 
@@ -37,17 +43,14 @@ class InverseRound(Constant):
         return np.full(steps, self.client_lr / (1 + rnd))
 
 
-class InverseStep:
+class InverseStep(Schedule):
     """eta_t = beta / (t + gamma) per local step, t = rnd * period + step the global local-iteration counter.
 
     `period` is algorithm.local_steps (Li et al.'s E): the counter advances by E per round.
     """
 
     def __init__(self, beta: float, gamma: float, period: int):
-        self.beta, self.gamma = _positive(beta, "algorithm.lr_beta"), _positive(gamma, "algorithm.lr_gamma")
-        require(isinstance(period, int) and not isinstance(period, bool) and period >= 1, "algorithm.local_steps",
-                period, "must be an integer >= 1")
-        self.period = period
+        self.beta, self.gamma, self.period = float(beta), float(gamma), period
 
     @property
     def client_lr(self) -> float:
@@ -58,23 +61,25 @@ class InverseStep:
         return self.beta / (t + self.gamma)
 
 
-def li_theory(problem, local_steps: int) -> InverseStep:
+@part("lr_schedule", "inverse_step")
+def inverse_step(lr_beta: float, lr_gamma: float, local_steps: int) -> InverseStep:
+    """InverseStep from its keys: eta_t = lr_beta / (t + lr_gamma), the counter advancing by local_steps a round."""
+    return InverseStep(lr_beta, lr_gamma, local_steps)
+
+
+@part("lr_schedule", "li_theory")
+def li_theory(problem: Problem, local_steps: int) -> InverseStep:
     """Li et al.'s Theorem 1 step size eta_t = 2 / (mu (gamma + t)), gamma = max(8 L / mu, E)."""
     L, mu = estimate_smoothness(problem)
     return InverseStep(2.0 / mu, max(8.0 * L / mu, float(local_steps)), local_steps)
 
 
+@part("lr_schedule", "step_decay")
 class StepDecay(Constant):
     """eta_r = eta_0 * factor^(number of boundaries passed); boundary i is round floor(decay_at[i] * rounds)."""
 
-    def __init__(self, client_lr: float, decay_at, decay_factor: float, rounds: int | None):
+    def __init__(self, client_lr: float, decay_at, decay_factor: float, rounds: int | None = None):
         super().__init__(client_lr)
-        require(isinstance(decay_at, (list, tuple)) and len(decay_at) > 0
-                and all(_is_number(f) and 0 < f < 1 for f in decay_at)
-                and all(a < b for a, b in zip(decay_at, decay_at[1:])),
-                "algorithm.decay_at", decay_at, "must be a non-empty increasing list of fractions in (0, 1)")
-        require(_is_number(decay_factor) and 0 < decay_factor <= 1, "algorithm.decay_factor", decay_factor,
-                "must be a number in (0, 1]")
         if rounds is None:
             raise ConfigError("algorithm.lr_schedule", "step_decay",
                               "needs the number of rounds: build the algorithm through fedharness.runner.prepare")
@@ -88,7 +93,7 @@ class StepDecay(Constant):
 
 # --- smoothness and strong convexity of a problem (for Li et al.'s theory step size) -------------------
 
-def estimate_smoothness(problem, iters: int = 300, tol: float = 1e-7) -> tuple[float, float]:
+def estimate_smoothness(problem: Problem, iters: int = 300, tol: float = 1e-7) -> tuple[float, float]:
     """(L, mu) as Li et al.'s assumptions use them: every F_k is L-smooth and mu-strongly convex.
 
     * Quadratics: exact, L = max_k lambda_max(A_k), mu = min_k lambda_min(A_k).
@@ -100,11 +105,12 @@ def estimate_smoothness(problem, iters: int = 300, tol: float = 1e-7) -> tuple[f
       uniform predictions, so this is the relevant curvature for the first rounds.
     Raises ConfigError where mu does not exist (non-convex models, l2 = 0).
     """
-    if hasattr(problem, "A_np"):
-        eig = np.linalg.eigvalsh(problem.A_np)
+    hessians = problem.hessians()
+    if hessians is not None:
+        eig = np.linalg.eigvalsh(hessians)
         return float(eig.max()), float(eig.min())
-    objective = getattr(problem, "objective", None)
-    l2 = float(getattr(objective, "l2", 0.0) or 0.0)
+    objective = problem.objective
+    l2 = 0.0 if objective is None else float(objective.l2 or 0.0)
     if objective is None or not problem.convex or l2 <= 0:
         raise ConfigError("algorithm.lr_schedule", "li_theory",
                           "needs a strongly convex problem: the quadratic dataset, or model=logreg/linreg "
@@ -113,7 +119,7 @@ def estimate_smoothness(problem, iters: int = 300, tol: float = 1e-7) -> tuple[f
     return L, 2.0 * l2
 
 
-def _client_lambda_max(problem, k: int, iters: int, tol: float) -> float:
+def _client_lambda_max(problem: Problem, k: int, iters: int, tol: float) -> float:
     """Largest Hessian eigenvalue of client k's objective at w = 0, by power iteration in float64."""
     objective = problem.objective
     lo, n = int(problem.offsets[k]), int(problem.sizes[k])

@@ -2,7 +2,7 @@
 
 `step(x, delta, state, lr)` gets the round's client step size per replica (`lr`, [R], the
 first local step's size; None means 1) for the optimizers whose convention divides by it.
-State is a dict of float64 [R, dim] tensors kept in RunState.server_state.
+State is a mapping of named float64 [R, dim] tensors (harness/contracts.py) kept in RunState.server_state.
 """
 
 from __future__ import annotations
@@ -10,16 +10,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedharness.errors import require
+from fedharness.contracts import AdamState, MomentumState, ServerOptimizer, ServerState, part, part_names
+from fedharness.keys import Key, choice, number
 
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-
-
-def _in_unit(value, key: str) -> float:
-    require(_is_number(value) and 0.0 <= value < 1.0, key, value, "must be a number in [0, 1)")
-    return float(value)
+_RATE = {"lo": 0, "hi": 1, "hi_open": True}
+KEYS: dict[str, Key] = {
+    "server_lr": number("eta_g; 1 is plain FedAvg", lo=0, lo_open=True),
+    "server_optimizer": choice("sgd | momentum | nesterov | adam | yogi", part_names("server_optimizer")),
+    "server_momentum": number("server_optimizer=momentum/nesterov: beta", **_RATE),
+    "server_beta1": number("server_optimizer=adam/yogi: beta1", **_RATE),
+    "server_beta2": number("server_optimizer=adam/yogi: beta2", **_RATE),
+    "server_eps": number("server_optimizer=adam/yogi: tau, the adaptivity", lo=0, lo_open=True),
+}
 
 
 def _client_lr(lr, x: torch.Tensor) -> torch.Tensor | float:
@@ -28,21 +30,19 @@ def _client_lr(lr, x: torch.Tensor) -> torch.Tensor | float:
     return torch.as_tensor(np.asarray(lr, dtype=np.float64), device=x.device).reshape(-1, 1)
 
 
-class ServerSGD:
+@part("server_optimizer", "sgd")
+class ServerSGD(ServerOptimizer):
     """x_{r+1} = x_r + eta_g * Delta: eta_g = 1 is plain FedAvg (Yang et al.'s two-sided step sizes)."""
 
     def __init__(self, server_lr: float = 1.0):
-        require(_is_number(server_lr) and server_lr > 0 and np.isfinite(server_lr), "algorithm.server_lr",
-                server_lr, "must be a number > 0")
         self.server_lr = float(server_lr)
 
-    def init_state(self, x: torch.Tensor) -> dict:
-        return {}
-
-    def step(self, x: torch.Tensor, delta: torch.Tensor, state: dict, lr=None) -> torch.Tensor:
+    def step(self, x: torch.Tensor, delta: torch.Tensor, state: ServerState, lr=None) -> torch.Tensor:
         return (x.double() + self.server_lr * delta).to(x.dtype)
 
 
+@part("server_optimizer", "nesterov", nesterov=True)
+@part("server_optimizer", "momentum", nesterov=False)
 class ServerMomentum(ServerSGD):
     """Server (slow) momentum in FedNova's / SlowMo's convention, optionally Nesterov.
 
@@ -54,15 +54,15 @@ class ServerMomentum(ServerSGD):
     keeps the buffer in gradient units when the client lr is decayed.
     """
 
-    def __init__(self, server_lr: float, beta: float, nesterov: bool = False):
+    def __init__(self, server_lr: float, server_momentum: float, nesterov: bool = False):
         super().__init__(server_lr)
-        self.beta = _in_unit(beta, "algorithm.server_momentum")
+        self.beta = float(server_momentum)
         self.nesterov = nesterov
 
-    def init_state(self, x: torch.Tensor) -> dict:
+    def init_state(self, x: torch.Tensor) -> MomentumState:
         return {"buf": torch.zeros(x.shape, dtype=torch.float64, device=x.device)}
 
-    def step(self, x: torch.Tensor, delta: torch.Tensor, state: dict, lr=None) -> torch.Tensor:
+    def step(self, x: torch.Tensor, delta: torch.Tensor, state: MomentumState, lr=None) -> torch.Tensor:
         eta = _client_lr(lr, x)
         grad = -delta / eta
         buf = state["buf"].mul_(self.beta).add_(grad)
@@ -70,6 +70,8 @@ class ServerMomentum(ServerSGD):
         return (x.double() - self.server_lr * eta * direction).to(x.dtype)
 
 
+@part("server_optimizer", "yogi", yogi=True)
+@part("server_optimizer", "adam", yogi=False)
 class ServerAdam(ServerSGD):
     """FedAdam / FedYogi (Reddi et al., Adaptive Federated Optimization, Algorithm 2), no bias correction.
 
@@ -80,18 +82,16 @@ class ServerAdam(ServerSGD):
     with m_{-1} = 0 and v_{-1} = tau^2 (the paper asks v_{-1} >= tau^2).
     """
 
-    def __init__(self, server_lr: float, beta1: float, beta2: float, eps: float, yogi: bool = False):
+    def __init__(self, server_lr: float, server_beta1: float, server_beta2: float, server_eps: float,
+                 yogi: bool = False):
         super().__init__(server_lr)
-        self.beta1 = _in_unit(beta1, "algorithm.server_beta1")
-        self.beta2 = _in_unit(beta2, "algorithm.server_beta2")
-        require(_is_number(eps) and eps > 0 and np.isfinite(eps), "algorithm.server_eps", eps, "must be a number > 0")
-        self.eps, self.yogi = float(eps), yogi
+        self.beta1, self.beta2, self.eps, self.yogi = float(server_beta1), float(server_beta2), float(server_eps), yogi
 
-    def init_state(self, x: torch.Tensor) -> dict:
+    def init_state(self, x: torch.Tensor) -> AdamState:
         zeros = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
         return {"m": zeros, "v": torch.full_like(zeros, self.eps ** 2)}
 
-    def step(self, x: torch.Tensor, delta: torch.Tensor, state: dict, lr=None) -> torch.Tensor:
+    def step(self, x: torch.Tensor, delta: torch.Tensor, state: AdamState, lr=None) -> torch.Tensor:
         m, v = state["m"], state["v"]
         sq = delta * delta
         m.mul_(self.beta1).add_(delta, alpha=1.0 - self.beta1)

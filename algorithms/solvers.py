@@ -8,37 +8,29 @@ momentum, proximal term, weight decay and lr decay gets the right ||a_k||_1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
-from fedharness.errors import require
+from fedharness.contracts import ClientState, ControlVariate, LocalSolver, ServerContext, SolverState, WeightStats, \
+    part, part_names
+from fedharness.keys import Key, boolean, choice, number
+
+KEYS: dict[str, Key] = {
+    "solver": choice("local solver", part_names("solver")),
+    "momentum": number("client momentum (buffer reset each round)", lo=0, hi=1, hi_open=True),
+    "nesterov": boolean("Nesterov client momentum"),
+    "mu": number("proximal term mu/2 ||w - w_r||^2 (FedProx)", lo=0),
+    "weight_decay": number("client weight decay", lo=0),
+    "lr_decay": number("exponential decay of the local lr within a round", lo=0, hi=1, lo_open=True),
+}
 
 
-@dataclass
-class WeightStats:
-    """Per sampled client: ||a||_1, ||a||_2^2 and the last entry a_{tau-1}, in units of its own first step size.
-
-    `scale` is the client's lr multiplier s_k (None: all 1): its delta is s_k times larger, so its
-    share of the aggregate is q_k s_k ||a_k||_1 (transformed scheme II scales by N p_k).
-    """
-
-    l1: np.ndarray
-    l2sq: np.ndarray
-    last: np.ndarray
-    scale: np.ndarray | None = None
-
-
-class LocalSGD:
+@part("solver", "sgd")
+class LocalSGD(LocalSolver):
     """SGD with optional momentum (buffer reset each round), Nesterov, proximal mu, weight decay, lr decay."""
 
     def __init__(self, momentum: float = 0.0, nesterov: bool = False, mu: float = 0.0,
                  weight_decay: float = 0.0, lr_decay: float = 1.0):
-        require(0.0 <= momentum < 1.0, "algorithm.momentum", momentum, "must be in [0, 1)")
-        require(mu >= 0.0, "algorithm.mu", mu, "must be >= 0")
-        require(weight_decay >= 0.0, "algorithm.weight_decay", weight_decay, "must be >= 0")
-        require(0.0 < lr_decay <= 1.0, "algorithm.lr_decay", lr_decay, "must be in (0, 1]")
         self.momentum, self.nesterov, self.mu = momentum, nesterov, mu
         self.weight_decay, self.lr_decay = weight_decay, lr_decay
 
@@ -50,21 +42,15 @@ class LocalSGD:
         """The schedule's step sizes times the solver's own exponential decay within the round."""
         return base_lrs * self.lr_decay ** np.arange(len(base_lrs))
 
-    def init_state(self, w0: torch.Tensor, server_ctx: dict | None = None, saved: list[dict] | None = None) -> dict:
+    def init_state(self, w0: torch.Tensor, server_ctx: ServerContext | None = None,
+                   saved: list[ClientState] | None = None) -> SolverState:
         """Per-round state of M client copies; `server_ctx` and `saved` client state feed stateful solvers.
 
         Every tensor in it has the M copies on its first axis: the executor trains the clients still
         running as a prefix of the batch and hands `update` the state sliced to that prefix."""
         return {"w0": w0, "buf": torch.zeros_like(w0) if self.momentum else None}
 
-    def finish(self, w0: torch.Tensor, w: torch.Tensor, lr_sum: torch.Tensor, state: dict,
-               p: torch.Tensor) -> tuple[dict, dict]:
-        """New persistent client state and per-client sums to reduce (none for stateless solvers).
-
-        `p` [M] float64 holds each trained client's objective weight p_k (one entry per distinct client)."""
-        return {}, {}
-
-    def update(self, w: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: dict) -> torch.Tensor:
+    def update(self, w: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: SolverState) -> torch.Tensor:
         """One local step in place for the M copies w [M, dim] (a prefix of the round's batch), lr [M, 1]."""
         if self.weight_decay:
             g = g + self.weight_decay * w
@@ -111,6 +97,7 @@ class LocalSGD:
                            scale)
 
 
+@part("solver", "scaffold")
 class ScaffoldSGD(LocalSGD):
     """SCAFFOLD, option II (Karimireddy et al.; Wang et al.'s cross-client VR correction).
 
@@ -126,10 +113,11 @@ class ScaffoldSGD(LocalSGD):
 
     comm_factor = 2
 
-    def init_server_ctx(self, x: torch.Tensor) -> dict:
+    def init_server_ctx(self, x: torch.Tensor) -> ControlVariate:
         return {"control": torch.zeros(x.shape, dtype=torch.float64, device=x.device)}
 
-    def init_state(self, w0: torch.Tensor, server_ctx: dict | None = None, saved: list[dict] | None = None) -> dict:
+    def init_state(self, w0: torch.Tensor, server_ctx: ServerContext | None = None,
+                   saved: list[ClientState] | None = None) -> SolverState:
         state = super().init_state(w0, server_ctx, saved)
         zeros = torch.zeros(w0.shape, dtype=torch.float64, device=w0.device)
         c = server_ctx["control"] if server_ctx else zeros
@@ -138,13 +126,14 @@ class ScaffoldSGD(LocalSGD):
         state.update(c=c, c_i=c_i, correction=(c - c_i).to(w0.dtype))
         return state
 
-    def update(self, w: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: dict) -> torch.Tensor:
+    def update(self, w: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: SolverState) -> torch.Tensor:
         return super().update(w, g + state["correction"], lr, state)
 
-    def finish(self, w0: torch.Tensor, w: torch.Tensor, lr_sum: torch.Tensor, state: dict,
-               p: torch.Tensor) -> tuple[dict, dict]:
+    def finish(self, w0: torch.Tensor, w: torch.Tensor, lr_sum: torch.Tensor, state: SolverState,
+               p: torch.Tensor) -> tuple[ControlVariate, ControlVariate]:
+        """The client's new c_i, and p_i (c_i+ - c_i) to add into the server's c (`p` [M]: each client's p_k)."""
         c_new = state["c_i"] - state["c"] + (w0 - w).double() / lr_sum[:, None]
         return {"control": c_new}, {"control": (c_new - state["c_i"]) * p[:, None]}
 
-    def update_server_ctx(self, ctx: dict, extras: dict) -> dict:
+    def update_server_ctx(self, ctx: ServerContext, extras: dict[str, torch.Tensor]) -> ControlVariate:
         return {**ctx, "control": ctx["control"] + extras["control"]}

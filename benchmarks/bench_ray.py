@@ -63,10 +63,10 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def _engine(cfg: dict, problem, algorithm, executor):
+def _engine(cfg, problem, algorithm, executor):
     from fedharness.core.engine import Engine
 
-    return Engine(problem, algorithm, executor, rounds=cfg["rounds"], seed=cfg["seed"], replicas=1, eval_every=10**9)
+    return Engine(problem, algorithm, executor, rounds=cfg.rounds, seed=cfg.seed, replicas=1, eval_every=10**9)
 
 
 def paired_rounds(variants: dict, rounds: int, warmup: int) -> dict[str, list[float]]:
@@ -97,21 +97,27 @@ def paired_rounds(variants: dict, rounds: int, warmup: int) -> dict[str, list[fl
 
 
 def cnn_child(data_dir: str, rounds: int) -> dict:
+    import dataclasses
+
     from fedharness.backends import ray_cluster
-    from fedharness.config import load_config
+    from fedharness.config import load_settings
     from fedharness.core.executors import InlineExecutor
     from fedharness.backends.ray_executor import RayExecutor
     from fedharness.parts import build_parts
 
     cores = os.cpu_count() or 1
-    cfg = load_config([*CNN, f"dataset.data_dir={data_dir}", "progress=false", "rounds=1000"])
+    cfg = load_settings([*CNN, f"dataset.data_dir={data_dir}", "progress=false", "rounds=1000"])
+
+    def on_ray(shards: int):
+        return cfg.replace(executor="ray", ray=dataclasses.replace(cfg.ray, num_shards=shards))
+
     problem, algorithm = build_parts(cfg)
     inline = InlineExecutor(problem, algorithm.solver, 1)
     ray_cluster.start_local(num_cpus=3)  # both Ray executors at once: 3 one-CPU shards, busy one at a time
     start = time.perf_counter()
-    ray1 = RayExecutor({**cfg, "executor": "ray", "ray": {**cfg["ray"], "num_shards": 1}}, problem, algorithm.solver)
+    ray1 = RayExecutor(on_ray(1), problem, algorithm.solver)
     ray_start_s = time.perf_counter() - start
-    ray2 = RayExecutor({**cfg, "executor": "ray", "ray": {**cfg["ray"], "num_shards": 2}}, problem, algorithm.solver)
+    ray2 = RayExecutor(on_ray(2), problem, algorithm.solver)
     variants = {"inline, 1 thread": (cfg, problem, algorithm, inline, 1),
                 f"inline, {cores} threads": (cfg, problem, algorithm, inline, cores),
                 "ray, 1 shard": (cfg, problem, algorithm, ray1, 1),
@@ -124,12 +130,12 @@ def cnn_child(data_dir: str, rounds: int) -> dict:
 
 def lazy_memory_child(overrides: list[str], rounds: int) -> dict:
     """Peak resident memory of the driver and each shard over a run of `rounds` (this process alone)."""
-    from fedharness.config import load_config
+    from fedharness.config import load_settings
     from fedharness.backends.ray_executor import RayExecutor
     from fedharness.parts import build_parts
 
     after_imports = peak_rss_bytes()
-    cfg = load_config([*LAZY, *overrides, "executor=ray", "progress=false", f"rounds={rounds}"])
+    cfg = load_settings([*LAZY, *overrides, "executor=ray", "progress=false", f"rounds={rounds}"])
     problem, algorithm = build_parts(cfg)
     executor = RayExecutor(cfg, problem, algorithm.solver)
     engine = _engine(cfg, problem, algorithm, executor)
@@ -147,14 +153,14 @@ def lazy_memory_child(overrides: list[str], rounds: int) -> dict:
 
 def lazy_timing_child(cases: dict[str, list[str]], rounds: int) -> dict:
     from fedharness.backends import ray_cluster
-    from fedharness.config import load_config
+    from fedharness.config import load_settings
     from fedharness.backends.ray_executor import RayExecutor
     from fedharness.parts import build_parts
 
     ray_cluster.start_local(num_cpus=2 * len(cases))  # every case's 2 shards at once, busy one case at a time
     variants = {}
     for name, extra in cases.items():
-        cfg = load_config([*LAZY, *extra, "executor=ray", "progress=false", "rounds=1000"])
+        cfg = load_settings([*LAZY, *extra, "executor=ray", "progress=false", "rounds=1000"])
         problem, algorithm = build_parts(cfg)
         variants[name] = (cfg, problem, algorithm, RayExecutor(cfg, problem, algorithm.solver), 1)
     times = paired_rounds(variants, rounds, warmup=3)

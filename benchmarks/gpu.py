@@ -37,16 +37,17 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedharness.config import load_config
+from fedharness.config import load_settings
 from fedharness.core.engine import Engine
 from fedharness.core.executors import InlineExecutor, ReferenceExecutor
 from fedharness.problems.data import DataProblem
 from fedharness.problems.nets import build_net
 from fedharness.problems.objectives import NetObjective
 from fedharness.parts import algorithm_for
-from fedharness.runner import prepare, set_threads
+from fedharness.runner import prepare
 from fedharness.core import kernels
-from fedharness.core.runtime import memory_budget_bytes
+from fedharness.core.runtime import apply_runtime, memory_budget_bytes
+from fedharness.settings import RunSettings
 
 NETS = {  # name: (model, image shape, clients K)
     "cnn_mnist_K100": ("cnn", (1, 28, 28), 100),
@@ -59,8 +60,8 @@ SMOKE_STEPS, SMOKE_BATCH, SMOKE_CLIENTS = 2, 2, 3
 WORKLOADS = (*NETS, "wang_cifar10")
 
 
-def _base_config(args, *overrides: str) -> dict:
-    return load_config([f"results_dir={tempfile.mkdtemp()}", "progress=false", f"device={args.device}",
+def _base_config(args, *overrides: str) -> RunSettings:
+    return load_settings([f"results_dir={tempfile.mkdtemp()}", "progress=false", f"device={args.device}",
                         f"precision={args.precision}", *overrides])
 
 
@@ -78,8 +79,8 @@ def net_workload(name: str, args):
     objective = NetObjective(build_net(model, shape, 10), model, 0.0, shape,
                              torch.bfloat16 if args.precision == "bf16" else None)
     index = list(np.arange(clients * n).reshape(clients, n))
-    problem = DataProblem(objective, x, y, index, None, None, batch, torch.float32, args.device)
-    problem.memory_budget = memory_budget_bytes(cfg, problem.device)
+    problem = DataProblem(objective, x, y, index, None, None, batch, torch.float32, args.device,
+                          memory_budget_bytes(cfg.memory_budget_gb, torch.device(args.device)))
     return cfg, problem, algorithm_for(cfg, problem)
 
 
@@ -173,7 +174,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: checks that everything runs")
     args = parser.parse_args()
-    set_threads({"threads": args.threads, "model": {"name": "cnn"}, "replicas": 1, "precision": args.precision})
+    apply_runtime(args.precision)  # as the runner's set_threads does for a net: threads only where given
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     print(f"{'smoke, ' if args.smoke else ''}{args.device} ({device}), torch {torch.__version__}, "
           f"threads {torch.get_num_threads()}, precision {args.precision}, replicas {args.replicas}")

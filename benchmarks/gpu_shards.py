@@ -29,18 +29,19 @@ import numpy as np
 import torch
 
 from bench_ray import paired_rounds, write_mnist_shaped
-from fedharness.config import load_config
+from fedharness.config import load_settings
 from fedharness.core.executors import InlineExecutor
 from fedharness.parts import build_parts
 from fedharness.runner import execute, set_threads
+from fedharness.settings import RunSettings
 
 OUT = Path(__file__).parent / "out"
 
 
-def workload(args, data_dir: Path, *extra: str) -> dict:
-    """The CNN run config of this benchmark, results in a fresh temporary folder."""
+def workload(args, data_dir: Path, *extra: str) -> RunSettings:
+    """The CNN run's settings of this benchmark, results in a fresh temporary folder."""
     clients, steps, batch = (4, 2, 8) if args.smoke else (100, 5, 32)
-    return load_config([
+    return load_settings([
         "model=cnn", "dataset=mnist", f"dataset.data_dir={data_dir}", f"dataset.num_clients={clients}",
         "algorithm.sampler=full", f"algorithm.local_steps={steps}", f"algorithm.batch_size={batch}",
         "algorithm.client_lr=0.05", "heterogeneity=false", f"device={args.device}", "progress=false",
@@ -85,11 +86,11 @@ def sharing(args, data_dir: Path) -> list[dict]:
     return records
 
 
-def _losses_and_time(cfg: dict) -> tuple[np.ndarray, float]:
+def _losses_and_time(cfg: RunSettings) -> tuple[np.ndarray, float]:
     start = time.perf_counter()
     result = execute(cfg)
     seconds = time.perf_counter() - start
-    return np.array([r["train_loss"] for r in result.rows if r["round"] > 0]), seconds / cfg["rounds"]
+    return np.array([r["train_loss"] for r in result.rows if r["round"] > 0]), seconds / cfg.rounds
 
 
 def _max_relative(a: np.ndarray, b: np.ndarray) -> float:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from fedharness.config import load_config
+from fedharness.config import load_settings
 from fedharness.core.engine import Engine
 from fedharness.core.executors import InlineExecutor, ReferenceExecutor
 from fedharness.runner import prepare
@@ -27,7 +27,7 @@ W1 = ["dataset.samples_per_client=200", "dataset.num_clients=100", "algorithm.cl
 
 
 def seconds_per_round(executor_cls, replicas: int, rounds: int) -> float:
-    cfg = load_config([*W1, f"replicas={replicas}"])
+    cfg = load_settings([*W1, f"replicas={replicas}"])
     problem, algorithm, _ = prepare(cfg)
     engine = Engine(problem, algorithm, executor_cls(problem, algorithm.solver), rounds=rounds + 1,
                     seed=0, replicas=replicas, eval_every=10**9)

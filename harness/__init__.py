@@ -8,10 +8,15 @@ on first use, so `import fedharness.core.engine` (a Ray worker, the CLI's help) 
 
 from __future__ import annotations
 
+import logging
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# Library output (warnings, progress notes) goes to loggers under `fedharness`; only the command line shows it
+# (fedharness.cli). A program or notebook that wants it configures logging, e.g. logging.basicConfig(level="INFO").
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _EXPORTS = {"run": "api", "tune": "api", "sweep": "api", "report": "api", "Result": "api", "Study": "api",
             "ConfigError": "errors", "register_dataset": "extend", "register_model": "extend",

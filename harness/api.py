@@ -7,6 +7,7 @@ before any work, exactly as the command line exits with status 2.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -15,15 +16,23 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fedharness.config import load_settings
 from fedharness.errors import ConfigError, raise_for_results_write
+from fedharness.extras import require_extra
+from fedharness.lifecycle import mark_lost_runs
+from fedharness.progress import ProgressBar
+from fedharness.runner import execute
+from fedharness.studies.reports.command import make_report
+from fedharness.studies.sweep import dict_overrides, plan, run_sweep
+from fedharness.studies.tuning.spec import build_spec
+from fedharness.studies.tuning.study import tune as run_study
 
 Overrides = Sequence[str] | Mapping[str, Any] | None
+log = logging.getLogger(__name__)
 
 
 def as_overrides(overrides: Overrides = None, **kwargs: Any) -> list[str]:
     """`["k=v", ...]`, `{"k": v}` (nested or dotted keys) and keyword arguments, as Hydra overrides."""
-    from fedharness.studies.sweep import dict_overrides
-
     if overrides is None:
         out = []
     elif isinstance(overrides, Mapping):
@@ -86,18 +95,13 @@ def run(overrides: Overrides = None, **kwargs: Any) -> Result:
 
     The tqdm progress bar follows the `progress` key (on by default, also in notebooks).
     """
-    from fedharness.config import load_config
-    from fedharness.lifecycle import mark_lost_runs
-    from fedharness.progress import ProgressBar
-    from fedharness.runner import execute
-
-    cfg = load_config(as_overrides(overrides, **kwargs))
-    mark_lost_runs(cfg["results_dir"])  # rows a killed process left `running`
-    bar = ProgressBar(cfg["rounds"], bool(cfg["progress"]))
+    settings = load_settings(as_overrides(overrides, **kwargs))
+    mark_lost_runs(settings.results_dir)  # rows a killed process left `running`
+    bar = ProgressBar(settings.rounds, settings.progress)
     try:
-        result = execute(cfg, progress=bar)
+        result = execute(settings, progress=bar)
     except OSError as err:
-        raise_for_results_write(cfg["results_dir"], err)
+        raise_for_results_write(settings.results_dir, err)
         raise
     finally:
         bar.close()
@@ -117,9 +121,7 @@ class Study:
 
 def tune(overrides: Overrides = None, **kwargs: Any) -> Study:
     """A study, as `fedharness tune`: e.g. tune(["tune=quadratic_lr", "tune.n_trials=8"])."""
-    from fedharness.studies.tuning.study import build_spec
-    from fedharness.studies.tuning.study import tune as run_study
-
+    require_extra("optuna", "command", "tune")  # the `tune` extra
     spec = build_spec(as_overrides(overrides, **kwargs))
     summary = run_study(spec)
     return Study(spec.study, summary.get("best_params"), summary.get("best_value"), summary["table"].to_pandas(),
@@ -129,12 +131,11 @@ def tune(overrides: Overrides = None, **kwargs: Any) -> Study:
 def sweep(overrides: Overrides = None, **kwargs: Any) -> Result:
     """A grid of runs, as `fedharness sweep`: e.g. sweep(["sweep=local_steps", "algorithm.local_steps=1,5"]).
 
-    A grid dimension is a comma-separated list in the list form (`key=a,b`); progress lines are printed.
+    A grid dimension is a comma-separated list in the list form (`key=a,b`); progress lines go to the
+    `fedharness.api` logger (shown by `logging.basicConfig(level=logging.INFO)`).
     """
-    from fedharness.studies.sweep import plan, run_sweep
-
     spec, jobs = plan(as_overrides(overrides, **kwargs))
-    done = run_sweep(spec, jobs, echo=lambda s: print(s, flush=True))
+    done = run_sweep(spec, jobs, echo=log.info)
     return Result(Path(spec.results_dir), {j.run_id: done.outcomes[j.run_id].status for j in jobs
                                            if j.run_id in done.outcomes})
 
@@ -144,7 +145,5 @@ def report(results_dir: str | Path, targets: Sequence[str] | None = None, scale_
            level: float = 0.95, series: str = "iterate"):
     """Rounds to target, speedup fits, plots and Markdown, as `fedharness report`; returns the Report
     (`.tables` of DataFrames, `.figures`, `.markdown`)."""
-    from fedharness.studies.reports.command import make_report
-
     return make_report(str(results_dir), None if targets is None else list(targets), scale_key, out, study,
                        bootstrap, level, series)

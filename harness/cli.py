@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
 from fedharness.errors import ConfigError, ResultsWriteError
+from fedharness.extras import require_extra
 
 
 def cmd_run(overrides: list[str]) -> int:
@@ -136,6 +138,7 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "config":
         return cmd_config(args.group, args.option)
     if args.command == "tune":
+        require_extra("optuna", "command", "tune")  # the `tune` extra
         from fedharness.studies.tuning.command import main as cmd_tune
 
         return cmd_tune(args.overrides, args.compare)
@@ -151,7 +154,13 @@ def dispatch(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Bad input and unwritable results: one line, exit 2. A closed pipe (`fedharness ... | head`): quiet."""
+    """Bad input and unwritable results: one line, exit 2. A closed pipe (`fedharness ... | head`): quiet.
+    The library's log lines (INFO and up) show on stderr as `fedharness: <message>` while the command runs."""
+    logger, handler = logging.getLogger("fedharness"), logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("fedharness: %(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
     try:
         return dispatch(build_parser().parse_args(argv))
     except (ConfigError, ResultsWriteError) as err:
@@ -160,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit would fail too
         return 141
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 if __name__ == "__main__":

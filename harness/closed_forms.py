@@ -24,6 +24,10 @@ from typing import Callable
 import numpy as np
 import torch
 
+from fedharness.algorithms.extrapolation import rr_coefficients  # the estimator's weights (a, b)
+from fedharness.problems.data import DataProblem
+from fedharness.reference import solve_reference
+
 
 def _per_client(value, n: int) -> np.ndarray:
     return np.broadcast_to(np.asarray(value, dtype=np.float64), (n,)).copy()
@@ -118,18 +122,6 @@ def first_order_bias(A: np.ndarray, e: np.ndarray, p, lr: float, H: int) -> np.n
     return lr * (H - 1) / 2 * b_h
 
 
-def rr_coefficients(kind: str, H: int) -> tuple[float, float]:
-    """Weights (a, b) of the Richardson-Romberg estimate a theta^(1) + b theta^(2).
-
-    Over gamma: 2 theta^(gamma) - theta^(2 gamma). Over H (PAPERS.md's consistent form of
-    Mangold et al.'s Remark 1): ((2H-1)/H) theta^(H) - ((H-1)/H) theta^(2H). The weights sum to 1
-    and cancel a first-order bias c (H-1): (2H-1)(H-1)/H - (H-1)(2H-1)/H = 0.
-    """
-    if kind == "gamma":
-        return 2.0, -1.0
-    return (2 * H - 1) / H, -(H - 1) / H
-
-
 def rr_stationary_mean(A: np.ndarray, e: np.ndarray, lr: float, H: int, kind: str = "gamma") -> np.ndarray:
     a, b = rr_coefficients(kind, H)
     if kind == "gamma":
@@ -142,23 +134,17 @@ def rr_stationary_mean(A: np.ndarray, e: np.ndarray, lr: float, H: int, kind: st
 def client_minima(problem, solve: Callable | None = None) -> np.ndarray | None:
     """F_k* for every client of a convex problem, in float64; None if a client's minimum may not be attained.
 
-    Quadratics (and problems with a `client_minima` method) use their closed form; data problems
+    Problems with a closed form (`Problem.client_minima`: quadratics, li_toy) use it; data problems
     with a ridge term (model.l2 > 0) solve each client's own objective (its data and the
     regulariser) like the global one, with `solve(client_problem)` (default `solve_reference`).
     """
-    if hasattr(problem, "client_minima"):
-        return np.asarray(problem.client_minima(), np.float64)
-    from fedharness.problems.data import DataProblem
-    from fedharness.problems.quadratic import QuadraticProblem
-
-    if isinstance(problem, QuadraticProblem):  # 1/2 (x - e)^T A (x - e), A positive semi-definite: 0 at e
-        return np.zeros(problem.num_clients)
+    closed = problem.client_minima()  # quadratics: 0 (at e_k); li_toy: its offsets
+    if closed is not None:
+        return np.asarray(closed, np.float64)
     if not isinstance(problem, DataProblem):  # no per-client objective to solve (e.g. lazily generated clients)
         return None
-    if not getattr(problem.objective, "l2", 0) > 0:
+    if not problem.objective.l2 > 0:
         return None  # no ridge term: a client's minimum need not be attained (separable classes)
-    from fedharness.reference import solve_reference
-
     solve = solve or solve_reference
     x, y, _, _ = problem._raw  # the clients' samples back to back, as DataProblem.with_dtype rebuilds them
     out = np.empty(problem.num_clients)

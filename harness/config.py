@@ -1,20 +1,26 @@
 """The run config: composed from conf/ and the overrides (harness/compose.py), a user's `_target_` parts
-registered, then validated against the one schema (harness/schema.py)."""
+registered, then validated against the one schema (harness/schema.py); `load_settings` makes it the run's frozen,
+typed settings (harness/settings.py), which is what the runner, the core, the backends and the sinks read."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fedharness.compose import compose_raw
+from fedharness.extend import register_targets
 from fedharness.schema import validate
+from fedharness.settings import RunSettings
 
 
 def load_config(overrides: list[str], config_name: str = "config") -> dict[str, Any]:
     """Compose the config with overrides and validate it against harness/schema.py."""
     plain = compose_raw(overrides, config_name)
     if any("_target_" in (plain.get(s) or {}) for s in ("dataset", "partition", "model", "algorithm")):
-        from fedharness.extend import register_targets  # a user's own parts, before validation names them
-
-        register_targets(plain)
+        register_targets(plain)  # a user's own parts, before validation names them
     validate(plain)
     return plain
+
+
+def load_settings(overrides: list[str], config_name: str = "config") -> RunSettings:
+    """`load_config`'s validated config as the run's settings, built once here."""
+    return RunSettings.from_config(load_config(overrides, config_name))

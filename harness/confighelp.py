@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from fedharness import schema
+from fedharness.algorithms.registry import user_keys
+from fedharness.compose import group_options
 from fedharness.errors import ConfigError
+from fedharness.extend import register_targets
 
 HELP_GROUPS = ("dataset", "partition", "model", "algorithm")
 WIDTH = 34  # "key = default" column
@@ -27,8 +30,6 @@ def _line(key: str, default: Any, doc: str) -> str:
 
 
 def _options_line(group: str, default: str) -> str:
-    from fedharness.compose import group_options
-
     names = [f"{o}*" if o == default else o for o in group_options(group)]
     return f"  {group:<11}{', '.join(names)}"
 
@@ -50,16 +51,19 @@ def describe_run() -> str:
 
 def describe_group(group: str, option: str | None = None) -> str:
     """A group's options and the keys of one option (the default one unless named): `fedharness config GROUP`."""
-    from fedharness.compose import group_options
-
     if group not in HELP_GROUPS:
         raise ConfigError("group", group, HELP_GROUPS)
     option = option or schema.defaults()[group]["name"]
     if option not in group_options(group):
         raise ConfigError(group, option, group_options(group))
     values = schema.defaults(group, option)
+    if "_target_" in values:
+        register_targets({group: values})  # a user's parts, so that their declared keys are known
     keys = schema.group_keys(group, values["name"]) or {}
     lines = [f"{group} options (`{group}=OPTION`, * the one shown; `fedharness config {group} OPTION` for another):",
              _options_line(group, option), "", f"keys of {group}={option} (`{group}.KEY=value`):"]
     lines += [_line(f"{group}.{key}", value, keys[key].doc if key in keys else "") for key, value in values.items()]
+    if group == "algorithm":  # a registered user's part's keys, which no YAML holds: its constructor's defaults
+        lines += [_line(f"+{group}.{key}", default, f"{spec.doc} (a user's part)")
+                  for key, (spec, default) in user_keys().items() if key not in values]
     return "\n".join(lines)

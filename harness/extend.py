@@ -8,13 +8,16 @@ every Ray worker, since the config travels with the job).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from typing import Any, Callable
 
 from hydra.core.config_store import ConfigStore
 
-from fedharness.algorithms.registry import PARTS
+from fedharness.algorithms.registry import BUILTIN_KEYS, PARTS, undeclared
+from fedharness.contracts import PART_KEYS
+from fedharness.keys import Key
 from fedharness.errors import ConfigError, require
 from fedharness.problems import DATASETS, MODELS
 from fedharness.problems.nets import NETS
@@ -78,12 +81,28 @@ def register_partitioner(name: str, fn: Callable[..., Any], **defaults: Any) -> 
     _store("partition", name, defaults)
 
 
-def register_part(kind: str, name: str, factory: Callable[[dict, Any], Any]) -> None:
-    """`factory(algorithm_config, problem) -> part` for kind sampler, local_work, lr_schedule, solver,
-    aggregator or server_optimizer; selected by `algorithm.<kind>=name`."""
+def register_part(kind: str, name: str, factory: Callable[..., Any] | None = None, *,
+                  keys: dict[str, Key] | None = None, **bound: Any) -> Any:
+    """A part of kind sampler, local_work, lr_schedule, solver, aggregator or server_optimizer, selected by
+    `algorithm.<kind>=name` (harness/contracts.py: what each kind must provide; subclass its Protocol for the
+    defaults). The builder calls `factory` with the `algorithm` keys its parameters name, and with `problem`,
+    `num_clients` or `rounds` where it asks; `keys` declares the keys of its own (fedharness.keys: number(...),
+    ...), which the schema then checks and `fedharness config algorithm` lists; `bound` fixes arguments. Without
+    `factory`, a class decorator: `@fedharness.register_part("solver", "mine", keys={...})`."""
+    if factory is None:
+        return lambda f: register_part(kind, name, f, keys=keys, **bound) or f
     require(kind in PARTS, "kind", kind, PARTS.keys())
     _check(kind, name, factory)
-    PARTS[kind][name] = factory
+    declared = {**PART_KEYS.get(factory, {}), **(keys or {})}  # a class registered again keeps its keys
+    taken = sorted(declared.keys() & BUILTIN_KEYS.keys())
+    require(not taken, kind, name, f"it declares built-in keys again ({', '.join(taken)}); use them undeclared")
+    built = functools.partial(factory, **bound) if bound else factory
+    missing = undeclared(built, declared)
+    require(not missing, kind, name, f"its parameters {', '.join(missing)} are not declared keys: declare them, "
+            f"e.g. register_part(..., keys={{'{missing[0] if missing else ''}': number('what it is', lo=0)}})")
+    PART_KEYS[factory] = PART_KEYS[built] = declared
+    PARTS[kind][name] = built
+    return None
 
 
 def import_target(key: str, path: Any) -> Any:

@@ -22,7 +22,6 @@ EXTRA_OF: dict[str, str] = {
     "sqlalchemy": "tune",
     "psycopg": "tune",
     "sklearn": "data",
-    "matplotlib": "report",
 }
 
 

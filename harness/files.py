@@ -1,4 +1,4 @@
-"""Files written whole or not at all: a reader (or a crash) never sees half of one."""
+"""Files written whole or not at all: a reader (or a crash) never sees half of one; and the cache's folder."""
 
 from __future__ import annotations
 
@@ -25,3 +25,9 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
 
 def atomic_text(path: Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def cache_dir() -> Path:
+    """$FEDHARNESS_CACHE (default ~/.cache/fedharness): what is kept between runs (exact references, kernel
+    choices), never under a results_dir."""
+    return Path(os.environ.get("FEDHARNESS_CACHE", Path.home() / ".cache" / "fedharness"))

@@ -10,12 +10,19 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from fedharness.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Key:
     check: Callable[[Any], bool]
     allowed: str
     doc: str
+
+    def require(self, key: str, value: Any) -> None:
+        """ConfigError naming `key`, the value and what is allowed, unless `value` is allowed."""
+        if not self.check(value):
+            raise ConfigError(key, value, str(self.allowed))
 
 
 def _is_int(v: Any) -> bool:

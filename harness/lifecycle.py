@@ -10,15 +10,19 @@ gone: same host, and no process with that pid and start time is alive. Rows of o
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import platform
 import signal
-import sys
 import threading
 from pathlib import Path
 from typing import Iterator
 
 import pyarrow.parquet as pq
+
+from fedharness.sinks.parquet import RUN_SCHEMA, ParquetSink
+
+log = logging.getLogger(__name__)
 
 INTERRUPTING = (signal.SIGINT, signal.SIGTERM)
 
@@ -93,8 +97,6 @@ def last_recorded_round(results_dir: str | Path, run_id: str) -> int:
 
 def mark_lost_runs(results_dir: str | Path) -> list[str]:
     """Mark `running` rows of this host whose process is gone as `lost`, with the rounds they recorded."""
-    from fedharness.sinks.parquet import RUN_SCHEMA, ParquetSink
-
     root, host, marked = Path(results_dir), platform.node(), []
     for path in sorted((root / "runs").glob("run_id=*/run.parquet")):
         try:
@@ -114,9 +116,9 @@ def mark_lost_runs(results_dir: str | Path) -> list[str]:
         try:
             ParquetSink(root, run_id).write_run(row)
         except OSError as err:
-            print(f"fedharness: could not mark run {run_id} lost: {err}", file=sys.stderr)
+            log.warning(f"could not mark run {run_id} lost: {err}")
             continue
-        print(f"fedharness: run {run_id} was left running by process {row['pid']}, which is gone: "
-              f"marked lost (rounds_done={rounds})", file=sys.stderr)
+        log.warning(f"run {run_id} was left running by process {row['pid']}, which is gone: "
+                    f"marked lost (rounds_done={rounds})")
         marked.append(run_id)
     return marked

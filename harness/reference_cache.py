@@ -18,13 +18,12 @@ import hashlib
 import json
 import math
 import importlib.util
-import os
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from fedharness.files import atomic_write
+from fedharness.files import atomic_write, cache_dir
 from fedharness.reference import Reference, SolveFailed
 
 FORMAT = 2  # bump when the meaning of a cached entry changes
@@ -42,10 +41,6 @@ def _code_digest() -> str:
     for path in _SOURCES:
         h.update(path.read_bytes())
     return h.hexdigest()
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("FEDHARNESS_CACHE", Path.home() / ".cache" / "fedharness"))
 
 
 def objective_key(cfg: dict[str, Any]) -> dict[str, Any]:

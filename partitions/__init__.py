@@ -16,7 +16,8 @@ from typing import Any, Callable
 import numpy as np
 
 from fedharness.errors import ConfigError, require
-from fedharness.partitions.core import classes_per_client, dirichlet, iid, natural, powerlaw, shards
+from fedharness.keys import Key
+from fedharness.partitions.core import KEYS, classes_per_client, dirichlet, iid, natural, powerlaw, shards
 
 PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "iid": iid,
@@ -27,7 +28,11 @@ PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "natural": natural,
 }
 
-__all__ = ["PARTITIONERS", "partition"]
+# Each option's `partition.KEY`s (declared beside the partitioners, in core.py); `auto` is iid or natural. A user's
+# registered partitioner has none declared: `partition` checks only that its parameters exist.
+PARTITION_KEYS: dict[str, dict[str, Key]] = {"auto": {}, **KEYS}
+
+__all__ = ["PARTITIONERS", "PARTITION_KEYS", "partition"]
 
 
 def _check_params(name: str, fn: Callable[..., Any], params: dict[str, Any]) -> None:

@@ -10,7 +10,9 @@ same seed gives the same split. Callers normally go through
 `fedharness.partitions.partition`, which validates the name, the labels, the number of
 clients and the parameter names before calling one of these.
 
-Parameter errors are `ConfigError`s keyed `partition.<param>`.
+Each partitioner's parameters are config keys (`partition.KEY`), declared in KEYS beside it for the schema and
+the help. The partitioners are also called directly (`partition(...)`), so they check their parameters
+themselves, with bounds that depend on the data. Parameter errors are `ConfigError`s keyed `partition.<param>`.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from typing import Any
 import numpy as np
 
 from fedharness.errors import ConfigError, require
+from fedharness.keys import Key, boolean, integer, number
 
 # Resampling budget for `dirichlet`'s min_size constraint: enough for any
 # reasonable setting, small enough that an infeasible one fails fast.
 DIRICHLET_MAX_TRIES = 1000
+KEYS: dict[str, dict[str, Key]] = {}  # each partitioner's config keys, declared beside it
 
 
 # --------------------------------------------------------------------------
@@ -86,6 +90,9 @@ def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[
     return _finish(np.array_split(perm, num_clients))
 
 
+KEYS["iid"] = {}
+
+
 def classes_per_client(
     labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, classes: int
 ) -> list[np.ndarray]:
@@ -141,6 +148,9 @@ def classes_per_client(
     return _finish([np.concatenate(g) for g in groups])
 
 
+KEYS["classes_per_client"] = {"classes": integer("distinct labels per client", lo=1)}
+
+
 def shards(
     labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, shards_per_client: int = 2
 ) -> list[np.ndarray]:
@@ -162,6 +172,9 @@ def shards(
 
     dealt = rng.permutation(num_shards).reshape(num_clients, shards_per_client)
     return _finish([np.concatenate([pieces[s] for s in row]) for row in dealt])
+
+
+KEYS["shards"] = {"shards_per_client": integer("label-sorted shards dealt to each client", lo=1)}
 
 
 def _dirichlet_draw(
@@ -202,6 +215,10 @@ def dirichlet(
         f"{DIRICHLET_MAX_TRIES} gave every client that many samples; lower min_size, "
         "raise alpha or use fewer clients",
     )
+
+
+KEYS["dirichlet"] = {"alpha": number("Dir(alpha) label proportions; small is skewed", lo=0, lo_open=True),
+                     "min_size": integer("redraw until every client has this many samples", lo=1)}
 
 
 def _powerlaw_sizes(
@@ -246,6 +263,11 @@ def powerlaw(
     return _finish(_split_by_sizes(order, sizes))
 
 
+KEYS["powerlaw"] = {"exponent": number("client sizes proportional to rank^-exponent", lo=0, lo_open=True),
+                    "min_size": integer("samples every client gets first", lo=1),
+                    "label_sorted": boolean("deal in label-sorted order (label skew too)")}
+
+
 def natural(
     labels: np.ndarray, num_clients: int, rng: np.random.Generator, *, client_ids: Any = None
 ) -> list[np.ndarray]:
@@ -274,3 +296,6 @@ def natural(
     inverse = inverse.reshape(-1)
     order = np.argsort(inverse, kind="stable")
     return _finish(_split_by_sizes(order, np.bincount(inverse, minlength=num_clients)))
+
+
+KEYS["natural"] = {}  # client_ids come from the generated data set, not from the config

@@ -27,10 +27,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def run_config(tmp_path):
-    """Load a run config with overrides, results going to a temporary folder."""
-    from fedharness.config import load_config
+    """Load a run's settings with overrides, results going to a temporary folder."""
+    from fedharness.config import load_settings
 
-    def load(*overrides: str) -> dict:
-        return load_config([f"results_dir={tmp_path / 'results'}", "progress=false", *overrides])
+    def load(*overrides: str):
+        return load_settings([f"results_dir={tmp_path / 'results'}", "progress=false", *overrides])
 
     return load

@@ -6,10 +6,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedharness.core.engine import Engine, ReplicaLayout, RunOutcome
+from fedharness.contracts import ReplicaLayout
+from fedharness.core.engine import Engine, RunOutcome
 from fedharness.core.executors import InlineExecutor
 from fedharness.runner import prepare
 from fedharness.core.series import build_series
+from fedharness.settings import RunSettings
 
 
 @dataclass
@@ -32,16 +34,17 @@ class Finished:
         return out
 
 
-def run_engine(cfg: dict, layout: ReplicaLayout | None = None, series_from_config: bool = False,
+def run_engine(settings: RunSettings, layout: ReplicaLayout | None = None, series_from_config: bool = False,
                executor_cls=InlineExecutor, num_shards: int = 1) -> Finished:
     """prepare + Engine.run with an optional replica layout (e.g. a grid of step-size or local-step factors)."""
-    problem, algorithm, reference = prepare(cfg)
+    problem, algorithm, reference = prepare(settings)
     series = None
     if series_from_config:
-        layout, series = build_series(cfg["algorithm"], cfg["replicas"])
+        layout, series = build_series(settings.replicas, **settings.algorithm.params)
     executor = executor_cls(problem, algorithm.solver, num_shards)
-    engine = Engine(problem, algorithm, executor, rounds=cfg["rounds"], seed=cfg["seed"], replicas=cfg["replicas"],
-                    eval_every=cfg["rounds"], reference=reference, layout=layout, series=series)
+    engine = Engine(problem, algorithm, executor, rounds=settings.rounds, seed=settings.seed,
+                    replicas=settings.replicas, eval_every=settings.rounds, reference=reference, layout=layout,
+                    series=series)
     outcome = engine.run()
     assert outcome.status == "ok"
     return Finished(outcome, problem, reference, engine)

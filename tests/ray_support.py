@@ -13,6 +13,7 @@ import torch
 from fedharness.core.engine import Engine
 from fedharness.core.executors import InlineExecutor
 from fedharness.parts import build_parts
+from fedharness.settings import RunSettings
 
 # Small problems: these tests check equality of trajectories, not learning.
 SMALL = ["dataset.num_clients=12", "dataset.samples_per_client=30", "dtype=float64", "replicas=2",
@@ -27,11 +28,11 @@ COMPARED = ("train_loss", "grad_norm_sq", "test_loss", "test_acc", "subopt", "di
             "grad_evals", "bytes_up", "bytes_down", "lr", "tau_eff", "chi2")
 
 
-def trajectory(cfg: dict, executor, rounds: int, problem=None, algorithm=None):
+def trajectory(settings: RunSettings, executor, rounds: int, problem=None, algorithm=None):
     """Models after every round [rounds + 1, R, D] and the final state, on `executor`."""
     if problem is None:
-        problem, algorithm = build_parts(cfg)
-    engine = Engine(problem, algorithm, executor, rounds=rounds, seed=cfg["seed"], replicas=cfg["replicas"],
+        problem, algorithm = build_parts(settings)
+    engine = Engine(problem, algorithm, executor, rounds=rounds, seed=settings.seed, replicas=settings.replicas,
                     eval_every=rounds)
     state = engine.initial_state()
     xs = [state.x.clone()]
@@ -41,10 +42,10 @@ def trajectory(cfg: dict, executor, rounds: int, problem=None, algorithm=None):
     return torch.stack(xs), state
 
 
-def inline_trajectory(cfg: dict, rounds: int):
-    problem, algorithm = build_parts(cfg)
+def inline_trajectory(settings: RunSettings, rounds: int):
+    problem, algorithm = build_parts(settings)
     executor = InlineExecutor(problem, algorithm.solver, 1)
-    xs, state = trajectory(cfg, executor, rounds, problem, algorithm)
+    xs, state = trajectory(settings, executor, rounds, problem, algorithm)
     return xs, state, executor
 
 

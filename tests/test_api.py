@@ -51,7 +51,8 @@ def test_bad_input_raises_config_error_and_writes_nothing(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_sweep_returns_every_run_of_the_grid(tmp_path, capsys):
+def test_sweep_returns_every_run_of_the_grid(tmp_path, caplog):
+    caplog.set_level("INFO", logger="fedharness")
     result = fedharness.sweep(["sweep=algorithms", "sweep.runner=local", "algorithm=fedavg,fednova",
                                "algorithm.clients_per_round=3", "dataset.num_clients=5", "rounds=4", "replicas=1",
                                "dataset.samples_per_client=20", "algorithm.local_steps=2", "progress=false",
@@ -60,7 +61,7 @@ def test_sweep_returns_every_run_of_the_grid(tmp_path, capsys):
     runs = result.runs.set_index("run_id")
     assert sorted(runs["algorithm"]) == ["fedavg", "fednova"]
     assert result.rounds.groupby("run_id")["round"].max().to_dict() == {i: 4 for i in result.run_ids}
-    assert "sweep algorithms done" in capsys.readouterr().out
+    assert "sweep algorithms done" in caplog.text  # progress lines go to the `fedharness.api` logger
 
 
 def test_tune_returns_the_trials_and_the_best_params(tmp_path):

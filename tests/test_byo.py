@@ -91,12 +91,12 @@ def test_registered_model_data_and_partitioner_run_and_are_listed(mypkg, capsys)
 
 
 def test_user_partitioner_splits_by_label(mypkg):
-    from fedharness.config import load_config
+    from fedharness.config import load_settings
     from fedharness.parts import build_parts
 
     pkg, _ = mypkg
     _register(pkg)
-    problem, _ = build_parts(load_config(["model=tiny", "partition=label_blocks", *SMALL]))
+    problem, _ = build_parts(load_settings(["model=tiny", "partition=label_blocks", *SMALL]))
     y = problem.y.numpy()
     per_client = [np.unique(y[o:o + n]) for o, n in zip(problem.offsets, problem.sizes)]
     assert list(problem.sizes) == [80] * 6 and all(len(labels) <= 2 for labels in per_client)

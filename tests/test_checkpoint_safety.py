@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedharness import cli
-from fedharness.config import load_config
+from fedharness.config import load_settings
 from fedharness.errors import ConfigError
 from fedharness.runner import execute
 from ray_support import QUADRATIC, read_rounds
@@ -36,16 +36,16 @@ def _crash_at(results, stop_round: int) -> None:
             raise RuntimeError("driver crashed")
 
     with pytest.raises(RuntimeError, match="driver crashed"):
-        execute(load_config([f"results_dir={results}", *RUN]), run_id="victim", on_eval=on_eval)
+        execute(load_settings([f"results_dir={results}", *RUN]), run_id="victim", on_eval=on_eval)
 
 
 def test_resume_from_a_weights_only_checkpoint_is_bit_identical(tmp_path):
-    execute(load_config([f"results_dir={tmp_path / 'whole'}", *RUN]), run_id="whole")
+    execute(load_settings([f"results_dir={tmp_path / 'whole'}", *RUN]), run_id="whole")
     _crash_at(tmp_path / "cut", 10)  # last checkpoint at round 8
     state = tmp_path / "cut" / "checkpoints" / "run_id=victim" / "state.pt"
     payload = torch.load(state, weights_only=True)  # plain data: no class needs unpickling
     assert payload["round"] == 8 and payload["client_state"]
-    execute(load_config([f"results_dir={tmp_path / 'cut'}", *RUN, "resume=victim"]))
+    execute(load_settings([f"results_dir={tmp_path / 'cut'}", *RUN, "resume=victim"]))
     got, want = read_rounds(tmp_path / "cut", "victim"), read_rounds(tmp_path / "whole", "whole")
     assert [(r["series"], r["round"], r["replica"]) for r in got] == [(r["series"], r["round"], r["replica"])
                                                                     for r in want]
@@ -81,7 +81,7 @@ def test_a_checkpoint_of_another_format_is_refused(tmp_path):
     _crash_at(results, 6)
     torch.save({"format": 1, "round": 4}, results / "checkpoints" / "run_id=victim" / "state.pt")
     with pytest.raises(ConfigError, match="not a format-2 fedharness checkpoint"):
-        execute(load_config([f"results_dir={results}", *RUN, "resume=victim"]))
+        execute(load_settings([f"results_dir={results}", *RUN, "resume=victim"]))
 
 
 def test_numpy_values_keep_their_bits():

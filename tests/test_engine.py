@@ -14,7 +14,7 @@ from fedharness.reference import _newton_cg, solve_reference
 from fedharness.runner import prepare
 
 
-def _trajectory(cfg: dict, executor_cls, rounds: int, num_shards: int = 1) -> torch.Tensor:
+def _trajectory(cfg, executor_cls, rounds: int, num_shards: int = 1) -> torch.Tensor:
     problem, algorithm, _ = prepare(cfg)
     return trajectory(cfg, executor_cls(problem, algorithm.solver, num_shards), rounds, problem, algorithm)[0]
 

@@ -14,7 +14,7 @@ import pytest
 import ray
 
 from fedharness.backends import ray_cluster
-from fedharness.config import load_config
+from fedharness.config import load_settings
 from fedharness.errors import ConfigError
 from fedharness.backends.ray_executor import RayExecutor
 from fedharness.parts import build_parts
@@ -35,7 +35,7 @@ def local_ray():
 
 
 def _uninterrupted(tmp_path: Path, overrides: list[str]) -> list[dict]:
-    cfg = load_config([f"results_dir={tmp_path / 'reference'}", "progress=false", "executor=inline", *overrides])
+    cfg = load_settings([f"results_dir={tmp_path / 'reference'}", "progress=false", "executor=inline", *overrides])
     result = execute(cfg, run_id="reference")
     assert result.status == "ok"
     return read_rounds(tmp_path / "reference", "reference")
@@ -75,7 +75,7 @@ def test_sigkilled_shard_process_mid_run_keeps_parquet_exact(local_ray, tmp_path
     Also: Ray's token for the local instance appears in nothing the run wrote or printed."""
     overrides = [*SCAFFOLD, "rounds=12", "eval_every=2"]
     want = _uninterrupted(tmp_path, overrides)
-    cfg = load_config([f"results_dir={tmp_path / 'ray'}", "progress=false", "executor=ray", "ray.num_shards=2",
+    cfg = load_settings([f"results_dir={tmp_path / 'ray'}", "progress=false", "executor=ray", "ray.num_shards=2",
                        *overrides])
     seen: dict[int, list[int]] = {}
 
@@ -100,7 +100,7 @@ def test_sigkilled_shard_process_mid_run_keeps_parquet_exact(local_ray, tmp_path
 # A driver that blocks right after evaluating a given round, to be SIGKILLed there.
 _DRIVER = """
 import sys, time
-from fedharness.config import load_config
+from fedharness.config import load_settings
 from fedharness.errors import ConfigError
 from fedharness.runner import execute
 stop_round, marker, *overrides = sys.argv[1:]
@@ -110,7 +110,7 @@ def on_eval(rows, state):
         open(marker, "w").close()
         time.sleep(600)
 
-execute(load_config(overrides), run_id="victim", on_eval=on_eval)
+execute(load_settings(overrides), run_id="victim", on_eval=on_eval)
 """
 
 
@@ -141,7 +141,7 @@ def _crash_driver_at(stop_round: int, overrides: list[str]) -> None:
             raise RuntimeError("driver crashed")
 
     with pytest.raises(RuntimeError, match="driver crashed"):
-        execute(load_config(overrides), run_id="victim", on_eval=on_eval)
+        execute(load_settings(overrides), run_id="victim", on_eval=on_eval)
 
 
 def _resume_with_cli(overrides: list[str]) -> subprocess.CompletedProcess:
@@ -184,7 +184,7 @@ def test_resume_refuses_a_changed_config(tmp_path):
     run = [f"results_dir={tmp_path}", "progress=false", *SCAFFOLD, "rounds=20", "eval_every=5", "checkpoint_every=5"]
     _crash_driver_at(10, run)
     with pytest.raises(ConfigError) as err:
-        execute(load_config([*run, "algorithm.client_lr=0.2", "resume=victim"]))
+        execute(load_settings([*run, "algorithm.client_lr=0.2", "resume=victim"]))
     assert err.value.key == "resume" and "algorithm.client_lr (was 0.1, now 0.2)" in err.value.allowed
     with pytest.raises(ConfigError, match="no checkpoint of this run"):
-        execute(load_config([*run, "resume=never-ran"]))
+        execute(load_settings([*run, "resume=never-ran"]))

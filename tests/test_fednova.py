@@ -22,7 +22,7 @@ BASE_LR = 0.05
 LR_FACTORS = [10.0, 1.0, 0.5, 0.25]  # eta = 0.5 (large), 0.05, 0.025, 0.0125
 
 
-def _config(run_config, aggregator: str, *extra: str) -> dict:
+def _config(run_config, aggregator: str, *extra: str):
     return run_config("dataset=quadratic", "dataset.num_clients=6", "dataset.dim=3", "dataset.spread=1.0",
                       "dataset.curvature=identity", "algorithm.sampler=full", "algorithm.local_work=per_client",
                       f"algorithm.client_steps=[{','.join(map(str, TAU))}]", f"algorithm.client_lr={BASE_LR}",
@@ -32,10 +32,10 @@ def _config(run_config, aggregator: str, *extra: str) -> dict:
 @pytest.fixture(scope="module")
 def limits(tmp_path_factory):
     """Final iterates of FedAvg and FedNova for every step size of the grid (one engine run each)."""
-    from fedharness.config import load_config
+    from fedharness.config import load_settings
 
     def run_config(*overrides):
-        return load_config([f"results_dir={tmp_path_factory.mktemp('r')}", "progress=false", *overrides])
+        return load_settings([f"results_dir={tmp_path_factory.mktemp('r')}", "progress=false", *overrides])
 
     out = {}
     for agg in ("fedavg", "fednova"):

@@ -15,12 +15,19 @@ from closeness import assert_close_to_scale
 from fakes import fake_mnist
 from fedharness.core import kernels
 from fedharness.core.checkpoint import checkpointed
-from fedharness.problems.base import ClientKeys
-from fedharness.runner import execute, prepare
+from fedharness.contracts import ClientKeys
+from fedharness.runner import execute, prepare, prepare_run
 from fedharness.schema import TOP
 
 
-def _cnn(run_config, tmp_path, *extra: str) -> dict:
+def _prepared(settings) -> tuple[dict, object]:
+    """prepare(settings); and the config the run records, its kernel resolved (prepare used to write it into a
+    config dict in place: settings are frozen)."""
+    run = prepare_run(settings)
+    return run.settings.config, run.problem
+
+
+def _cnn(run_config, tmp_path, *extra: str):
     fake_mnist(tmp_path / "mnist" / "MNIST" / "raw", 120, 20, gz=False)
     return run_config("dataset=mnist", f"dataset.data_dir={tmp_path / 'mnist'}", "dataset.num_clients=6",
                       "model=cnn", "algorithm.clients_per_round=3", "algorithm.local_steps=3",
@@ -50,7 +57,8 @@ def test_a_loop_run_follows_the_vmap_run(run_config, tmp_path):
     assert_close_to_scale(losses["loop"], losses["vmap"], rtol=1e-10)
 
 
-def test_auto_measures_once_and_the_runs_row_records_the_choice(run_config, tmp_path, monkeypatch, capsys):
+def test_auto_measures_once_and_the_runs_row_records_the_choice(run_config, tmp_path, monkeypatch, caplog):
+    caplog.set_level("INFO", logger="fedharness")  # the CLI shows it on stderr (fedharness.cli)
     monkeypatch.setenv("FEDHARNESS_CACHE", str(tmp_path / "cache"))
     result = execute(_cnn(run_config, tmp_path, "progress=true"))
     row = pq.read_table(tmp_path / "results" / "runs" / f"run_id={result.run_id}").to_pylist()[0]
@@ -58,10 +66,9 @@ def test_auto_measures_once_and_the_runs_row_records_the_choice(run_config, tmp_
     remembered = json.loads((tmp_path / "cache" / "kernels.json").read_text())
     assert [entry["kernel"] for entry in remembered.values()] == [chosen]
     assert set(next(iter(remembered.values()))["ms"]) == set(kernels.KERNELS)
-    assert f"kernel=auto chose {chosen} (ms per batched gradient of 3 copies: vmap " in capsys.readouterr().err
+    assert f"kernel=auto chose {chosen} (ms per batched gradient of 3 copies: vmap " in caplog.text
     monkeypatch.setattr(kernels, "measure", lambda *a: pytest.fail("measured the same shapes again"))
-    again = _cnn(run_config, tmp_path)
-    prepare(again)
+    again, _ = _prepared(_cnn(run_config, tmp_path))
     assert again["kernel"] == chosen
 
 
@@ -88,12 +95,12 @@ def timed(monkeypatch, tmp_path):
     return calls
 
 
-def test_auto_takes_the_fastest_for_the_copies_of_a_step(run_config, tmp_path, timed, capsys):
-    cfg = _cnn(run_config, tmp_path, "progress=true", "replicas=2")
-    problem, _, _ = prepare(cfg)
+def test_auto_takes_the_fastest_for_the_copies_of_a_step(run_config, tmp_path, timed, caplog):
+    caplog.set_level("INFO", logger="fedharness")
+    cfg, problem = _prepared(_cnn(run_config, tmp_path, "progress=true", "replicas=2"))
     assert cfg["kernel"] == "loop" and problem.objective.kernel == "loop"
     assert timed == [6]  # 3 sampled clients x 2 replicas on one shard
-    assert "kernel=auto chose loop (ms per batched gradient of 6 copies: vmap 3, loop 1, " in capsys.readouterr().err
+    assert "kernel=auto chose loop (ms per batched gradient of 6 copies: vmap 3, loop 1, " in caplog.text
     prepare(_cnn(run_config, tmp_path, "executor=ray", "ray.num_shards=2", "dataset.num_clients=8",
                  "algorithm.clients_per_round=8"))
     assert timed == [6, 4]  # other shapes are timed anew: 8 clients over 2 shards
@@ -105,6 +112,7 @@ def test_an_explicit_or_resumed_kernel_is_not_measured(run_config, tmp_path, tim
     assert problem.objective.kernel == "loop_channels_last" and timed == []
     auto = _cnn(run_config, tmp_path)
     assert kernels.resolve_kernel(auto, problem, resumed_kernel="vmap") == "vmap"
+    auto = auto.replace(kernel=problem.objective.kernel).config  # what prepare_run records (settings are frozen)
     assert problem.objective.kernel == "vmap" and auto["kernel"] == "vmap" and timed == []
 
 
@@ -112,8 +120,7 @@ def test_an_unwritable_cache_costs_only_a_measurement(run_config, tmp_path, time
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("FEDHARNESS_CACHE", str(tmp_path / "file" / "cache"))
     for _ in range(2):
-        cfg = _cnn(run_config, tmp_path)
-        prepare(cfg)
+        cfg, _ = _prepared(_cnn(run_config, tmp_path))
         assert cfg["kernel"] == "loop"
     assert timed == [3, 3]
 

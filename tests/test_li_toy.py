@@ -43,9 +43,9 @@ def test_construction_matches_appendix_c():
 @pytest.fixture(scope="module")
 def grid_limits(tmp_path_factory):
     """One engine run: every (E, eta) of the grid as a replica (local-step and step-size factors)."""
-    from fedharness.config import load_config
+    from fedharness.config import load_settings
 
-    cfg = load_config([f"results_dir={tmp_path_factory.mktemp('r')}", "progress=false", *TOY,
+    cfg = load_settings([f"results_dir={tmp_path_factory.mktemp('r')}", "progress=false", *TOY,
                        "algorithm.client_lr=0.1", "rounds=1100"])
     layout = factor_layout(lr_factor=[lr / 0.1 for _, lr in GRID], tau_factor=[E for E, _ in GRID])
     return run_engine(cfg, layout=layout)

@@ -18,7 +18,7 @@ import pytest
 
 from fedharness.core.checkpoint import load_resume
 from fedharness.cli import main
-from fedharness.config import load_config
+from fedharness.config import load_settings
 from fedharness.lifecycle import mark_lost_runs, process_alive, process_start
 from fedharness.runner import execute
 from fedharness.sinks.parquet import ParquetSink
@@ -73,7 +73,7 @@ def test_signal_ends_a_run_with_one_line_interrupted_and_resumable(tmp_path, sig
     # the printed command resumes this run from its last checkpoint
     command = shlex.split(lines[0].split("resume with: ")[1].split(" (continues")[0])
     assert command[:2] == ["fedharness", "run"] and command[-1] == f"resume={row['run_id']}"
-    resume = load_resume(load_config(command[2:]))
+    resume = load_resume(load_settings(command[2:]))
     assert resume.run_id == row["run_id"] and resume.round % 5 == 0 and resume.round > 0
     assert f"(continues from round {resume.round}, its last checkpoint)" in lines[0]
 
@@ -120,7 +120,7 @@ def test_sigkilled_run_is_marked_lost_by_the_next_command(tmp_path, capsys):
     recorded = _last_round_in_parquet(results, victim["run_id"])
     assert lost["status"] == "lost" and lost["rounds_done"] == recorded and recorded % 5 == 0 and recorded > 0
     assert f"run {victim['run_id']} was left running by process {proc.pid}" in capsys.readouterr().err
-    resume = load_resume(load_config([f"results_dir={results}", *ENDLESS, "checkpoint_every=5",
+    resume = load_resume(load_settings([f"results_dir={results}", *ENDLESS, "checkpoint_every=5",
                                       f"resume={victim['run_id']}"]))
     assert resume.round == recorded  # a lost run resumes from its checkpoint
 

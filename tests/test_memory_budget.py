@@ -14,9 +14,9 @@ from fedharness.runner import execute, prepare
 STEPS_HIGH = 9
 
 
-def _run(problem, algorithm, cfg: dict, rounds: int):
+def _run(problem, algorithm, cfg, rounds: int):
     executor = InlineExecutor(problem, algorithm.solver)
-    engine = Engine(problem, algorithm, executor, rounds=rounds, seed=cfg["seed"], replicas=cfg["replicas"],
+    engine = Engine(problem, algorithm, executor, rounds=rounds, seed=cfg.seed, replicas=cfg.replicas,
                     eval_every=rounds)
     return engine.run().state, executor.shards[0]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fedharness.backends import ray_cluster
-from fedharness.config import load_config
+from fedharness.config import load_settings
 from fedharness.errors import ConfigError
 from ray_support import (QUADRATIC, assert_rows_match, descendants, eventually, inline_trajectory, max_rel_diff,
                          read_rounds, trajectory)
@@ -107,7 +107,7 @@ def two_nodes():
     assert not [cmd for cmd in descendants().values() if "raylet" in cmd], "raylets left behind"
 
 
-def _joined(run_config, cluster, *overrides: str) -> dict:
+def _joined(run_config, cluster, *overrides: str):
     return run_config("algorithm=scaffold", "algorithm.client_lr=0.1", *QUADRATIC, "rounds=12", "executor=ray",
                       f"ray.address={cluster.address}", *overrides)
 
@@ -172,9 +172,9 @@ def test_losing_the_second_node_mid_run_keeps_parquet_exact(two_nodes, tmp_path)
     cluster, second = two_nodes
     run = ["algorithm=scaffold", "algorithm.client_lr=0.1", *QUADRATIC, "rounds=12", "eval_every=2",
            "progress=false"]
-    want_cfg = load_config([*run, f"results_dir={tmp_path / 'inline'}"])
+    want_cfg = load_settings([*run, f"results_dir={tmp_path / 'inline'}"])
     execute(want_cfg, run_id="inline")
-    cfg = load_config([*run, f"results_dir={tmp_path / 'ray'}", "executor=ray", f"ray.address={cluster.address}",
+    cfg = load_settings([*run, f"results_dir={tmp_path / 'ray'}", "executor=ray", f"ray.address={cluster.address}",
                        "ray.num_shards=2", "ray.placement=spread"])
     removed = []
 

@@ -37,7 +37,7 @@ def local_ray():
     conn.close()
 
 
-def _config(run_config, name: str, shards: int, *extra: str) -> dict:
+def _config(run_config, name: str, shards: int, *extra: str):
     config, overrides = ALGORITHMS[name]
     if config not in group_options("algorithm"):
         pytest.skip(f"conf/algorithm/{config}.yaml does not exist yet")

@@ -139,16 +139,16 @@ def test_report_command_names_a_bad_directory(tmp_path):
 def diverged_group(tmp_path_factory) -> Path:
     """fedavg at n = 1, 2, 4 (ok), and a fednova group at n = 2, 4 that diverges before its first evaluation
     after round 0 (eval_every=10, a client step size of 50)."""
-    from fedharness.config import load_config
+    from fedharness.config import load_settings
     from fedharness.runner import execute
 
     results = tmp_path_factory.mktemp("diverged") / "res"
     base = [f"results_dir={results}", "progress=false", "dataset=quadratic", "dataset.num_clients=10", "rounds=20",
             "replicas=2", "algorithm.sampler=scheme_ii"]
     for n in (1, 2, 4):
-        assert execute(load_config([*base, f"algorithm.clients_per_round={n}", "eval_every=1"])).status == "ok"
+        assert execute(load_settings([*base, f"algorithm.clients_per_round={n}", "eval_every=1"])).status == "ok"
     for n in (2, 4):
-        cfg = load_config([*base, "algorithm=fednova", "algorithm.sampler=scheme_ii", f"algorithm.clients_per_round={n}",
+        cfg = load_settings([*base, "algorithm=fednova", "algorithm.sampler=scheme_ii", f"algorithm.clients_per_round={n}",
                            "eval_every=10", "algorithm.client_lr=50"])
         assert execute(cfg).status == "diverged"
     return results

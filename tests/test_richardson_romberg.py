@@ -23,12 +23,12 @@ QUAD = ("dataset=quadratic", "dataset.num_clients=5", "dataset.dim=3", "dataset.
 @pytest.fixture(scope="module")
 def deterministic(tmp_path_factory):
     """rr=gamma at gamma = 0.01 and 0.02 (chains at 0.01/0.02 and 0.02/0.04), rr=H at gamma = 0.01 and 0.02."""
-    from fedharness.config import load_config
+    from fedharness.config import load_settings
 
     out = {}
     for kind in ("gamma", "H"):
         for lr in (0.01, 0.02):
-            cfg = load_config([f"results_dir={tmp_path_factory.mktemp('r')}", "progress=false", *QUAD,
+            cfg = load_settings([f"results_dir={tmp_path_factory.mktemp('r')}", "progress=false", *QUAD,
                                f"algorithm.client_lr={lr}", f"algorithm.rr={kind}", "algorithm.burn_in=0.5",
                                "rounds=1000"])
             out[kind, lr] = run_engine(cfg, series_from_config=True)
@@ -133,7 +133,7 @@ def test_rr_rows_in_results(run_config, tmp_path):
     (("algorithm.average=maybe",), "algorithm.average"),
 ])
 def test_bad_rr_config_stops_before_any_file(run_config, tmp_path, override, key):
-    with pytest.raises(ConfigError) as err:  # the schema (load_config) or the run's build refuses it
+    with pytest.raises(ConfigError) as err:  # the schema (load_settings) or the run's build refuses it
         execute(run_config(*QUAD, *override, "rounds=2"))
     assert key in str(err.value)
     assert not (tmp_path / "results").exists()
@@ -150,7 +150,7 @@ def test_coupled_chains_start_from_the_same_point(run_config, shared):
     cfg = run_config("dataset.num_clients=4", "dataset.samples_per_client=10", "model=2nn", "algorithm=fedavg_rr",
                      f"algorithm.rr_shared_noise={str(shared).lower()}", "replicas=3")
     problem, algorithm, _ = prepare(cfg)
-    layout, series = build_series(cfg["algorithm"], 3)
+    layout, series = build_series(3, **cfg.algorithm.params)
     x = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver), rounds=1, seed=0, replicas=3,
                eval_every=1, layout=layout, series=series).initial_state().x
     assert len(x) == 6

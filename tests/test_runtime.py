@@ -9,7 +9,7 @@ import torch
 
 from fakes import fake_mnist
 from fedharness.errors import ConfigError
-from fedharness.problems.base import ClientKeys
+from fedharness.contracts import ClientKeys
 from fedharness.runner import execute
 from fedharness.core.runtime import apply_runtime
 from quadratic_runs import run_engine
@@ -18,10 +18,10 @@ from quadratic_runs import run_engine
 @pytest.fixture
 def restore_torch_flags():
     yield
-    apply_runtime({})  # defaults: fp32, not deterministic
+    apply_runtime()  # defaults: fp32, not deterministic
 
 
-def _cnn_config(run_config, tmp_path, *extra: str) -> dict:
+def _cnn_config(run_config, tmp_path, *extra: str):
     fake_mnist(tmp_path / "mnist" / "MNIST" / "raw", 120, 20, gz=False)
     return run_config("dataset=mnist", f"dataset.data_dir={tmp_path / 'mnist'}", "dataset.num_clients=6",
                       "model=cnn", "algorithm.clients_per_round=3", "algorithm.local_steps=3",
@@ -49,7 +49,7 @@ def test_bf16_trains_near_fp32_with_float32_weights(run_config, tmp_path):
 
 @pytest.mark.parametrize("precision,tf32", [("tf32", True), ("fp32", False), ("bf16", False)])
 def test_precision_sets_the_tf32_flags(precision, tf32, restore_torch_flags):
-    apply_runtime({"precision": precision})
+    apply_runtime(precision)
     assert torch.backends.cuda.matmul.allow_tf32 is tf32 and torch.backends.cudnn.allow_tf32 is tf32
 
 

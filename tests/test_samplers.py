@@ -91,7 +91,7 @@ def _balanced_problem() -> DataProblem:
 
 def _final_x(run_config, problem, sampler: str, rounds: int = 6, replicas: int = 2) -> torch.Tensor:
     acfg = run_config(f"algorithm.sampler={sampler}", "algorithm.clients_per_round=3", "algorithm.local_steps=5",
-                      "algorithm.batch_size=4", "algorithm.client_lr=0.2")["algorithm"]
+                      "algorithm.batch_size=4", "algorithm.client_lr=0.2").algorithm.as_dict()
     algorithm = build_algorithm(acfg, problem)
     engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver), rounds=rounds, seed=4,
                     replicas=replicas, eval_every=rounds)
@@ -194,10 +194,11 @@ def test_dropout_is_keyed_by_client():
 
 def test_round_where_nobody_returns_is_a_no_op(run_config):
     """K = 1 and dropout 0.5: about half the replicas lose their only client; they must not move."""
-    cfg = run_config("dataset=quadratic", "dataset.num_clients=5", "algorithm.clients_per_round=1",
-                     "algorithm.dropout=0.5", "algorithm.local_steps=3", "algorithm.aggregator=fednova",
-                     "algorithm.momentum=0.5", "replicas=16", "dtype=float64")
-    problem, algorithm, _ = prepare(cfg)
+    settings = run_config("dataset=quadratic", "dataset.num_clients=5", "algorithm.clients_per_round=1",
+                          "algorithm.dropout=0.5", "algorithm.local_steps=3", "algorithm.aggregator=fednova",
+                          "algorithm.momentum=0.5", "replicas=16", "dtype=float64")
+    problem, algorithm, _ = prepare(settings)
+    cfg = settings.config  # the plain config, read by key below
     engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver), rounds=1, seed=0,
                     replicas=16, eval_every=1)
     state = engine.initial_state()

@@ -35,13 +35,13 @@ def test_scaffold_reaches_exact_optimum_with_constant_step(run_config, participa
 UNEQUAL_P = np.array([0.4, 0.05, 0.25, 0.1, 0.15, 0.05])
 
 
-def _run_weighted(cfg: dict, rounds: int) -> tuple[np.ndarray, np.ndarray, Engine, object]:
+def _run_weighted(cfg, rounds: int) -> tuple[np.ndarray, np.ndarray, Engine, object]:
     """The HETEROGENEOUS quadratic with unequal client weights p_k: final iterates, w* of sum p_k F_k."""
     base, _, _ = prepare(cfg)
     problem = QuadraticProblem(base.A_np, base.e_np, UNEQUAL_P, dtype=torch.float64)
     algorithm = algorithm_for(cfg, problem)
-    engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver), rounds=rounds, seed=cfg["seed"],
-                    replicas=cfg["replicas"], eval_every=rounds)
+    engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver), rounds=rounds, seed=cfg.seed,
+                    replicas=cfg.replicas, eval_every=rounds)
     outcome = engine.run()
     return outcome.state.x.numpy(), problem.optimum(), engine, outcome
 

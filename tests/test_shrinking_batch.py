@@ -11,7 +11,7 @@ import torch
 from closeness import assert_close_to_scale
 from fedharness.core.engine import Engine
 from fedharness.core.executors import ClientShard, InlineExecutor, RoundPlan, ShardResult
-from fedharness.problems.base import ClientKeys
+from fedharness.contracts import ClientKeys
 from fedharness.runner import prepare
 
 CASES = {
@@ -51,11 +51,11 @@ def masked_train(shard: ClientShard, x: torch.Tensor, plan: RoundPlan) -> tuple[
             {key: {name: v[i] for name, v in new_state.items()} for i, key in enumerate(clients)})
 
 
-def _after_rounds(cfg: dict, rounds: int):
+def _after_rounds(cfg, rounds: int):
     """An engine run for `rounds` rounds (SCAFFOLD's controls become non-zero) and the plan of the next round."""
     problem, algorithm, _ = prepare(cfg)
     executor = InlineExecutor(problem, algorithm.solver)
-    engine = Engine(problem, algorithm, executor, rounds=rounds, seed=cfg["seed"], replicas=cfg["replicas"],
+    engine = Engine(problem, algorithm, executor, rounds=rounds, seed=cfg.seed, replicas=cfg.replicas,
                     eval_every=rounds)
     state = engine.run().state
     plan, _ = engine.plan_round(state.round)

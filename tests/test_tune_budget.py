@@ -9,12 +9,16 @@ import pytest
 
 from fedharness import cli
 from fedharness.config import load_config
-from fedharness.runner import execute
+from fedharness.runner import execute as execute_settings
+from fedharness.settings import RunSettings
 from fedharness.studies.tuning.budget import Budget
 
 QUAD = ["dataset=quadratic", "algorithm.sampler=full", "dtype=float64"]
 
 
+def execute(cfg: dict):
+    """The runner on a plain config that a test changes (its rounds), as the tuner changes a trial's."""
+    return execute_settings(RunSettings.from_config(cfg))
 
 
 def _final_rows(results) -> pd.DataFrame:

@@ -23,7 +23,7 @@ CASES = {
     "grid without choices": (["tune.sampler.name=grid"], "tune.space.client_lr"),
     "bad value for a part": (["tune.space.local_steps.log=false", "tune.space.local_steps.low=0"],
                              "algorithm.local_steps"),
-    "unreachable postgresql": (["tune.storage=postgresql+psycopg2://someone:secret@127.0.0.1:1/nodb"],
+    "unreachable postgresql": (["tune.storage=postgresql://someone:secret@127.0.0.1:1/nodb"],
                                "tune.storage"),
     "sqlite in a missing folder": (["tune.storage=sqlite:////nonexistent-dir/x/optuna.db"], "tune.storage"),
     "not a storage URL": (["tune.storage=nonsense"], "tune.storage"),

@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 
 from fedharness import cli
-from fedharness.config import load_config
+from fedharness.config import load_settings
 from fedharness.runner import execute
-from fedharness.studies.tuning.study import build_spec, make_sampler
+from fedharness.studies.tuning.optuna_parts import make_sampler
+from fedharness.studies.tuning.spec import build_spec
 
 # scheme_i sampling and noisy gradients: the objective depends on every random stream, so an exact
 # reproduction means the same config, seed and rounds, not just the same step size
@@ -37,7 +38,7 @@ def test_best_overrides_reproduce_the_best_trial_exactly(tmp_path, capsys):
     assert rounds["round"].max() == best.rounds
     assert rounds.loc[rounds["round"].idxmax(), "train_loss"] == best.value
     spec = build_spec(NOISY, probe=False)
-    result = execute(load_config(lines))
+    result = execute(load_settings(lines))
     assert spec.objective.value(result.rows, result.status) == best.value  # exactly, not approximately
     assert [r["train_loss"] for r in result.rows if r["round"] == best.rounds] == [best.value]
     assert cli.main(["run", *lines, "progress=false"]) == 0  # plain `fedharness run $(cat best.overrides)`

@@ -15,7 +15,7 @@ import pandas as pd
 from fedharness import cli
 from fedharness.config import load_config
 from fedharness.problems import build_problem
-from fedharness.studies.tuning.study import build_spec
+from fedharness.studies.tuning.spec import build_spec
 
 
 

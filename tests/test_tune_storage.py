@@ -16,7 +16,10 @@ import pytest
 import sqlalchemy
 
 from fedharness import cli
-from fedharness.studies.tuning.study import _run_one, build_spec, check_reachable, open_study, work
+from fedharness.studies.tuning.optuna_parts import open_study
+from fedharness.studies.tuning.spec import build_spec
+from fedharness.studies.tuning.storage import check_reachable
+from fedharness.studies.tuning.workers import _run_one, work
 
 PG_URL = os.environ.get("FEDHARNESS_TEST_PG_URL")
 # a small space below 2 / lambda_max, so every trial converges and has a finite value

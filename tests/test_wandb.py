@@ -90,7 +90,8 @@ def offline(tmp_path, monkeypatch):
     return wandb_dir
 
 
-def test_offline_history_equals_parquet_rows(run_config, offline, tmp_path, capfd):
+def test_offline_history_equals_parquet_rows(run_config, offline, tmp_path, caplog):
+    caplog.set_level("INFO", logger="fedharness")
     cfg = run_config("dataset=quadratic", "dataset.noise=0.3", "rounds=6", "eval_every=2", "replicas=3",
                      "wandb.enabled=true", "wandb.project=fh-test", "wandb.tags=[a,b]", "study=wb")
     result = execute(cfg)
@@ -119,7 +120,7 @@ def test_offline_history_equals_parquet_rows(run_config, offline, tmp_path, capf
     paths = {e.path for e in artifacts[0].manifest.contents}
     assert f"runs/run_id={result.run_id}/run.parquet" in paths
     assert any(p.startswith(f"rounds/run_id={result.run_id}/part-") and p.endswith(".parquet") for p in paths)
-    assert "wandb sync" in capfd.readouterr().err  # says how to upload later
+    assert "wandb sync" in caplog.text  # says how to upload later (the CLI shows it on stderr)
 
 
 def test_auto_mode_without_a_key_is_offline(monkeypatch, tmp_path):
@@ -145,7 +146,9 @@ def test_bad_wandb_settings_stop_before_any_file(run_config, offline, tmp_path):
 
 
 def test_report_figures_and_tables_are_logged(run_config, offline, tmp_path):
-    from fedharness.config import load_config
+    from dataclasses import replace
+
+    from fedharness.config import load_settings
     from fedharness.studies.reports import build_report, parse_target
     from fedharness.sinks.wandb_sink import log_report
 
@@ -153,7 +156,7 @@ def test_report_figures_and_tables_are_logged(run_config, offline, tmp_path):
         execute(run_config("dataset=quadratic", "rounds=20", "eval_every=1", "replicas=2", "study=wbr",
                            f"algorithm.clients_per_round={n}"))
     report = build_report(tmp_path / "results", [parse_target("subopt<=0.1")], bootstrap=20)
-    log_report(report, {**load_config([])["wandb"], "project": "fh-test"})
+    log_report(report, replace(load_settings([]).wandb, project="fh-test"))
     records = read_records(wandb_file(offline))
     keys = history_keys(records)
     assert {f"figures/{name}" for name in report.figures} <= keys
@@ -187,7 +190,7 @@ def test_a_storage_password_reaches_no_file_and_no_output(offline, tmp_path, mon
     import optuna
 
     from fedharness import cli
-    from fedharness.studies.tuning import study as study_mod
+    from fedharness.studies.tuning import storage as study_mod
 
     for var in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_ARTIFACT_DIR"):
         monkeypatch.setenv(var, str(offline / var.lower()))  # artifact staging copies too
@@ -195,7 +198,7 @@ def test_a_storage_password_reaches_no_file_and_no_output(offline, tmp_path, mon
     monkeypatch.setattr(study_mod, "check_reachable", lambda spec: None)
     monkeypatch.setattr(study_mod, "open_storage", lambda spec: optuna.storages.RDBStorage(sqlite))
     args = ["tune", "tune=quadratic_lr", "tune.n_trials=2", "tune.budget.total=4", "tune.sampler.name=random",
-            f"tune.storage=postgresql+psycopg2://fh:{SECRET}@127.0.0.1:5432/optuna", f"results_dir={tmp_path / 'r'}",
+            f"tune.storage=postgresql://fh:{SECRET}@127.0.0.1:5432/optuna", f"results_dir={tmp_path / 'r'}",
             f"wandb.group=https://fh:{SECRET}@example.org/data", "wandb.enabled=true", "wandb.project=fh-test"]
     monkeypatch.setattr(sys, "argv", ["fedharness", *args])  # what W&B would record as the command line
     assert cli.main(args) == 0

@@ -83,7 +83,7 @@ def test_report_spec_offline_then_published_from_the_file(run_config, tmp_path, 
     assert spec["runs"]["run_ids"] == run_ids and spec["project"] == PROJECT
 
     assert cli.main(["report", str(results), "--publish"]) == 0
-    assert "published http://127.0.0.1:" in capsys.readouterr().out
+    assert "fedharness: wandb report: published http://127.0.0.1:" in capsys.readouterr().err
     (variables,) = [v for op, v in fake_wandb if op == "upsertView"]
     assert (variables["entityName"], variables["projectName"]) == (ENTITY, PROJECT)
     assert variables["displayName"] == "Study: wr" and "3 runs of wr" in variables["description"]

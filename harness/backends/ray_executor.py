@@ -1,7 +1,7 @@
 """`executor=ray`: long-lived ClientShard actors on a Ray cluster.
 
 Each shard actor owns a fixed, cost-balanced set of clients (cost n_k x expected
-local steps), builds its own data from the config (generated from the seed, or
+local steps), builds its own data from the run's settings (generated from the seed, or
 read from `data_dir` on its node), keeps its clients' state (SCAFFOLD control
 variates) and returns per-replica float64 partial sums. The model goes out once
 per round through the object store: one `ray.put(x)` whose reference every shard
@@ -22,7 +22,6 @@ import dataclasses
 import math
 import os
 import resource
-from typing import Any
 
 import numpy as np
 import ray
@@ -35,6 +34,7 @@ from fedharness.errors import ConfigError, require
 from fedharness.core.executors import ClientShard, RoundPlan, ShardResult, balanced_shards
 from fedharness.parts import algorithm_for, build_parts
 from fedharness.core.runtime import apply_runtime
+from fedharness.settings import RunSettings
 
 SNAPSHOT_EVERY = 10  # rounds of replay history kept in memory for stateful solvers (SCAFFOLD)
 RECOVERABLE = (RayActorError, ObjectLostError, WorkerCrashedError, NodeDiedError)
@@ -42,15 +42,16 @@ COST_ROUNDS = 4  # rounds of local work averaged to estimate each client's expec
 
 
 class ShardActor:
-    """One ClientShard in its own process. Built from the config, never from the driver's arrays."""
+    """One ClientShard in its own process. Built from the settings (they travel as their plain config), never
+    from the driver's arrays."""
 
-    def __init__(self, cfg: dict[str, Any], owned: np.ndarray, threads: int):
+    def __init__(self, settings: RunSettings, owned: np.ndarray, threads: int):
         self.rss_at_start = _peak_rss_bytes()  # the process with its imports, before any data
         torch.set_num_threads(threads)
         self.error = None
         try:
-            apply_runtime(cfg)  # precision and determinism hold in the shard processes too
-            problem, algorithm = build_parts(cfg)
+            apply_runtime(settings.precision, settings.deterministic)  # in the shard processes too
+            problem, algorithm = build_parts(settings)
         except ConfigError as err:  # e.g. data_dir missing on this node: reported by ready(), with the node
             self.error = (err.key, err.value, err.allowed)
             return
@@ -93,10 +94,10 @@ def problem_fingerprint(problem) -> tuple:
             int((sizes * np.arange(1, len(sizes) + 1)).sum() % (1 << 61)))
 
 
-def shard_costs(cfg: dict[str, Any], problem, local_work, batch_size: int) -> np.ndarray:
+def shard_costs(seed: int, problem, local_work, batch_size: int) -> np.ndarray:
     """n_k times client k's expected local steps (averaged over a few rounds of its own local-work stream)."""
     clients = np.arange(problem.num_clients)[None, :]
-    taus = [local_work.steps(cfg["seed"], np.zeros(1, dtype=np.int64), r, clients, problem.sizes, batch_size)
+    taus = [local_work.steps(seed, np.zeros(1, dtype=np.int64), r, clients, problem.sizes, batch_size)
             for r in range(COST_ROUNDS)]
     return np.asarray(problem.sizes, dtype=np.float64) * np.mean(taus, axis=0)[0]
 
@@ -104,31 +105,33 @@ def shard_costs(cfg: dict[str, Any], problem, local_work, batch_size: int) -> np
 class RayExecutor:
     """Shards as Ray actors; `local_updates` has the InlineExecutor's contract."""
 
-    def __init__(self, cfg: dict[str, Any], problem, solver):
-        rcfg = cfg["ray"]  # composed and validated by load_config (harness/schema.py)
-        self.cfg, self.rcfg, self.problem = cfg, rcfg, problem
-        n, cpus, gpus = rcfg["num_shards"], float(rcfg["cpus_per_shard"]), float(rcfg["gpus_per_shard"])
+    def __init__(self, settings: RunSettings, problem, solver):
+        ray_settings = settings.ray
+        self.settings, self.ray_settings, self.problem = settings, ray_settings, problem
+        n, cpus, gpus = ray_settings.num_shards, float(ray_settings.cpus_per_shard), float(ray_settings.gpus_per_shard)
         self.bundle = {"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {})}
         self.threads = max(1, int(cpus))
         self.pg, self.actors, self.infos = None, [], []
         self.restarts = 0
         self._restore_state: dict = {}
         self._history: list[tuple[ray.ObjectRef, ray.ObjectRef]] = []
-        if rcfg["address"] is None and not ray.is_initialized():
+        if ray_settings.address is None and not ray.is_initialized():
             cores = os.cpu_count() or 1
             require(cpus <= cores, "ray.cpus_per_shard", cpus,
                     f"this machine has {cores} CPU(s): a local Ray instance cannot give one shard more")
         # a local instance gets enough logical CPUs for the shards: they share the machine like inline shards do
-        self.conn = ray_cluster.connect(rcfg["address"], num_cpus=max(os.cpu_count() or 1, math.ceil(n * cpus)),
-                                        timeout_s=float(rcfg["connect_timeout_s"]))
+        self.conn = ray_cluster.connect(ray_settings.address,
+                                        num_cpus=max(os.cpu_count() or 1, math.ceil(n * cpus)),
+                                        timeout_s=float(ray_settings.connect_timeout_s))
         try:
-            algorithm = algorithm_for(cfg, problem)
-            cost = shard_costs(cfg, problem, algorithm.local_work, algorithm.batch_size)
+            algorithm = algorithm_for(settings, problem)
+            cost = shard_costs(settings.seed, problem, algorithm.local_work, algorithm.batch_size)
             self.owned = balanced_shards(cost, n)
             self.owner = np.empty(problem.num_clients, dtype=np.int64)
             for s, clients in enumerate(self.owned):
                 self.owner[clients] = s
-            self.pg = ray_cluster.reserve(n, self.bundle, rcfg["placement"], float(rcfg["reserve_timeout_s"]))
+            self.pg = ray_cluster.reserve(n, self.bundle, ray_settings.placement,
+                                          float(ray_settings.reserve_timeout_s))
             self.actors = [self._spawn(s) for s in range(n)]
             self.infos = [self._check_ready(s, ray.get(a.ready.remote())) for s, a in enumerate(self.actors)]
         except BaseException:
@@ -141,7 +144,7 @@ class RayExecutor:
         options = {"num_cpus": self.bundle["CPU"], "num_gpus": self.bundle.get("GPU", 0),
                    "max_restarts": 0, "max_task_retries": 0,
                    "scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=s)}
-        return ray.remote(ShardActor).options(**options).remote(self.cfg, self.owned[s], self.threads)
+        return ray.remote(ShardActor).options(**options).remote(self.settings, self.owned[s], self.threads)
 
     def _check_ready(self, s: int, info: dict) -> dict:
         if info["error"] is not None:
@@ -149,7 +152,7 @@ class RayExecutor:
             raise ConfigError(key, value, f"{allowed} [on the node of client shard {s}, {info['host_ip']}]")
         mine = problem_fingerprint(self.problem)
         if tuple(info["fingerprint"]) != mine:
-            raise ConfigError("dataset", self.cfg["dataset"]["name"],
+            raise ConfigError("dataset", self.settings.dataset.name,
                               f"client shard {s} on {info['host_ip']} built different data (num_clients, dim, "
                               f"dtype, sizes: {tuple(info['fingerprint'])} vs the driver's {mine}); every node "
                               "needs the same data_dir contents and package versions")
@@ -163,7 +166,7 @@ class RayExecutor:
             pass
         self.restarts += 1
         actor = self._spawn(s)
-        timeout = float(self.rcfg["reserve_timeout_s"])
+        timeout = float(self.ray_settings.reserve_timeout_s)
         try:
             info = ray.get(actor.ready.remote(), timeout=timeout)
         except GetTimeoutError:
@@ -176,7 +179,7 @@ class RayExecutor:
 
     def _recover(self, s: int, err: Exception, current: tuple | None = None) -> tuple[ShardResult, bool] | None:
         """Restart shard s, restore its clients' state, replay the rounds since the snapshot (and `current`)."""
-        for _ in range(int(self.rcfg["max_restarts"])):
+        for _ in range(int(self.ray_settings.max_restarts)):
             try:
                 actor = self._respawn(s)
                 mine = {k: v for k, v in self._restore_state.items() if self.owner[k[1]] == s}
@@ -186,7 +189,7 @@ class RayExecutor:
                 return None if current is None else ray.get(actor.train.remote(*current))
             except RECOVERABLE as again:
                 err = again
-        raise RuntimeError(f"client shard {s} failed and was restarted {self.rcfg['max_restarts']} time(s) "
+        raise RuntimeError(f"client shard {s} failed and was restarted {self.ray_settings.max_restarts} time(s) "
                            f"(ray.max_restarts) without success; last error: {err}") from err
 
     def _call_all(self, method: str, *args) -> list:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +25,7 @@ import torch
 from fedharness.core.engine import RunState
 from fedharness.errors import ConfigError, require
 from fedharness.files import atomic_text, atomic_write
+from fedharness.settings import RunSettings
 
 FORMAT = 2  # 2: numpy arrays as plain (dtype, shape, bytes), loadable with weights_only=True
 _NDARRAY = "__ndarray__"  # marks an encoded numpy array in a checkpoint
@@ -37,26 +38,27 @@ def checkpoint_dir(results_dir: str | Path, run_id: str) -> Path:
     return Path(results_dir) / "checkpoints" / f"run_id={run_id}"
 
 
-def _plain(cfg: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(json.dumps(cfg, sort_keys=True, default=str))
+def _plain(config: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(config, sort_keys=True, default=str))
 
 
 class Checkpointer:
     """Saves a run's state every `checkpoint_every` rounds (the engine calls `save`)."""
 
-    def __init__(self, cfg: dict[str, Any], run_id: str, started: str, sink, executor):
-        self.dir = checkpoint_dir(cfg["results_dir"], run_id)
+    def __init__(self, settings: RunSettings, run_id: str, started: str, sink, executor):
+        self.dir = checkpoint_dir(settings.results_dir, run_id)
         self.sink, self.executor = sink, executor
         self.round: int | None = None  # the last round saved (a resumed run sets its checkpoint's)
         meta = self.dir / "meta.json"
         if not meta.exists():  # a resumed run keeps its original meta
-            text = json.dumps({"format": FORMAT, "run_id": run_id, "started_at": started, "config": _plain(cfg)},
+            text = json.dumps({"format": FORMAT, "run_id": run_id, "started_at": started,
+                               "config": _plain(settings.config)},
                               sort_keys=True, indent=1)
             atomic_text(meta, text)
 
     def save(self, state: RunState) -> None:
         self.sink.flush()  # rows up to this round are on disk before the state that follows them
-        run_state = {f.name: getattr(state, f.name) for f in fields(RunState)}
+        run_state = dict(vars(state))  # its fields by name; the parts' states are named tensors (harness/contracts.py)
         payload = {"format": FORMAT, "round": state.round, "run_state": _map(_to(run_state, "cpu"), _encode_array),
                    "client_state": _map(self.executor.get_state(), _encode_array)}
         atomic_write(self.dir / "state.pt", lambda f: torch.save(payload, f))
@@ -136,37 +138,37 @@ def _run_status(results_dir: str | Path, run_id: str) -> str | None:
     return pq.read_table(path, columns=["status"]).column("status")[0].as_py()
 
 
-def checkpointed(cfg: dict[str, Any], key: str) -> Any:
-    """cfg[key] as the checkpoint of the run that `resume` names recorded it; None without a readable one
-    (load_resume says why, later)."""
+def checkpointed(settings: RunSettings, key: str) -> Any:
+    """The value of `key` in the config the checkpoint of the run that `resume` names recorded; None without a
+    readable one (load_resume says why, later)."""
     try:
-        meta = json.loads((checkpoint_dir(cfg["results_dir"], cfg["resume"]) / "meta.json").read_text())
+        meta = json.loads((checkpoint_dir(settings.results_dir, settings.resume) / "meta.json").read_text())
         return meta["config"].get(key)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def load_resume(cfg: dict[str, Any]) -> Resume:
-    """Check that `cfg["resume"]` names a checkpointed, unfinished run with the same config; load its state.
+def load_resume(settings: RunSettings) -> Resume:
+    """Check that `resume` names a checkpointed, unfinished run with the same config; load its state.
 
     Raises ConfigError (before anything is written) when it does not.
     """
-    run_id = cfg["resume"]
-    d = checkpoint_dir(cfg["results_dir"], run_id)
+    run_id = settings.resume
+    d = checkpoint_dir(settings.results_dir, run_id)
     meta_path = d / "meta.json"
     if not meta_path.exists():
         raise ConfigError("resume", run_id, f"no checkpoint of this run under {d.parent}/ (runs write "
                           "checkpoints when checkpoint_every > 0, under the same results_dir)")
     meta = json.loads(meta_path.read_text())
-    diffs = _differences(meta["config"], _plain(cfg))
+    diffs = _differences(meta["config"], _plain(settings.config))
     require(not diffs, "resume", run_id, "the config differs from the checkpointed run's in: " + "; ".join(diffs))
-    status = _run_status(cfg["results_dir"], run_id)
+    status = _run_status(settings.results_dir, run_id)
     require(status not in ("ok", "diverged"), "resume", run_id, f"this run already finished (status {status})")
     state_path = d / "state.pt"
     if not state_path.exists():
         return Resume(run_id, meta["started_at"], None, {})
     payload = _load_state(state_path, run_id)
-    run_state = RunState(**_to(_map(payload["run_state"], _decode_array), torch.device(cfg["device"])))
+    run_state = RunState(**_to(_map(payload["run_state"], _decode_array), torch.device(settings.device)))
     return Resume(run_id, meta["started_at"], run_state, _map(payload["client_state"], _decode_array))
 
 

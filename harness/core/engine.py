@@ -8,47 +8,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedharness.errors import require
+from fedharness.contracts import (Algorithm, Coefficients, Problem, ReplicaLayout, SeriesHook, ServerContext,
+                                  ServerState)
 from fedharness.core.executors import RoundPlan
-
-
-@dataclass
-class Algorithm:
-    """The parts an algorithm is composed of (see algorithms/registry.py)."""
-
-    name: str
-    sampler: object
-    local_work: object
-    schedule: object
-    solver: object
-    aggregator: object
-    server: object
-    batch_size: int
-
-
-@dataclass
-class ReplicaLayout:
-    """What each replica on the leading axis is: its random stream and its step-size / local-step factors.
-
-    Plain seeds: stream r, factors 1. Richardson-Romberg couples replicas that share a
-    stream (or not) and differ by a factor 2 in the step size or the local steps.
-    """
-
-    stream_ids: np.ndarray
-    lr_factor: np.ndarray
-    tau_factor: np.ndarray
-    init_ids: np.ndarray | None = None  # which initial point each replica starts from (default: its own)
-
-    def __post_init__(self):
-        if self.init_ids is None:
-            self.init_ids = np.arange(len(self.stream_ids))
-
-    @classmethod
-    def seeds(cls, replicas: int) -> "ReplicaLayout":
-        return cls(np.arange(replicas), np.ones(replicas), np.ones(replicas, dtype=np.int64))
-
-    def __len__(self) -> int:
-        return len(self.stream_ids)
 
 
 @dataclass(frozen=True)
@@ -64,15 +26,9 @@ class NetworkModel:
     compute_s_per_step: float = 0.0
 
     @classmethod
-    def from_config(cls, net: dict | None) -> "NetworkModel":
-        net = net or {}
-        bw = net.get("bandwidth_MB_per_s", cls.bandwidth_MB_per_s)
-        comp = net.get("compute_s_per_step", cls.compute_s_per_step)
-        require(isinstance(bw, (int, float)) and not isinstance(bw, bool) and bw > 0,
-                "network.bandwidth_MB_per_s", bw, "must be a number > 0 (MB/s, 1 MB = 10^6 bytes)")
-        require(isinstance(comp, (int, float)) and not isinstance(comp, bool) and comp >= 0,
-                "network.compute_s_per_step", comp, "must be a number >= 0 (seconds per local step)")
-        return cls(float(bw), float(comp))
+    def of(cls, network) -> "NetworkModel":
+        """The model of the run's `network` settings (harness/settings.py's NetworkSettings)."""
+        return cls(network.bandwidth_MB_per_s, network.compute_s_per_step)
 
     def round_seconds(self, bytes_per_client: float, max_tau: np.ndarray) -> np.ndarray:
         return bytes_per_client / (self.bandwidth_MB_per_s * 1e6) + max_tau * self.compute_s_per_step
@@ -84,10 +40,10 @@ class RunState:
 
     round: int
     x: torch.Tensor
-    server_state: dict
+    server_state: ServerState  # the server optimizer's (harness/contracts.py: MomentumState, AdamState, ...)
     counters: dict[str, np.ndarray]
-    server_ctx: dict = field(default_factory=dict)
-    series_state: list = field(default_factory=list)
+    server_ctx: ServerContext = field(default_factory=dict)  # the solver's server side (SCAFFOLD's c)
+    series_state: list = field(default_factory=list)  # one AverageState per series hook
     wall_s: float = 0.0
 
 
@@ -100,9 +56,9 @@ class RunOutcome:
 
 
 class Engine:
-    def __init__(self, problem, algorithm: Algorithm, executor, *, rounds: int, seed: int, replicas: int,
+    def __init__(self, problem: Problem, algorithm: Algorithm, executor, *, rounds: int, seed: int, replicas: int,
                  eval_every: int, reference=None, on_rows=None, progress=None, layout: ReplicaLayout | None = None,
-                 series: list | None = None, network: NetworkModel | None = None, checkpoint=None,
+                 series: list[SeriesHook] | None = None, network: NetworkModel | None = None, checkpoint=None,
                  checkpoint_every: int = 0):
         self.problem, self.alg, self.executor = problem, algorithm, executor
         self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every  # checkpoint(state) after such rounds
@@ -117,7 +73,7 @@ class Engine:
         self.progress = progress
         self.bytes_per_param = torch.finfo(problem.dtype).bits // 8
         self._last_lr = np.full(replicas, np.nan)
-        self._last_diag = None
+        self._last_diag: Coefficients | None = None
         self.rounds_done = 0  # the last completed round, also when an exception ends the run
 
     def initial_state(self) -> RunState:
@@ -126,10 +82,10 @@ class Engine:
         zeros = {k: np.zeros(len(self.stream_replicas), dtype=np.int64)
                  for k in ("local_steps", "grad_evals", "bytes_up", "bytes_down")}
         zeros["sim_s"] = np.zeros(len(self.stream_replicas))  # simulated seconds (NetworkModel), float
-        ctx = self.alg.solver.init_server_ctx(x) if hasattr(self.alg.solver, "init_server_ctx") else {}
+        ctx = self.alg.solver.init_server_ctx(x)
         return RunState(0, x, self.alg.server.init_state(x), zeros, ctx, [h.init_state(x) for h in self.series])
 
-    def plan_round(self, rnd: int) -> tuple[RoundPlan, object]:
+    def plan_round(self, rnd: int) -> tuple[RoundPlan, Coefficients]:
         alg, p = self.alg, self.problem
         sel = alg.sampler.select(self.seed, self.stream_replicas, rnd, p.weights)
         tau = alg.local_work.steps(self.seed, self.stream_replicas, rnd, sel.clients, p.sizes, alg.batch_size)
@@ -137,12 +93,8 @@ class Engine:
         lrs = alg.solver.step_lrs(alg.schedule.step_lrs(rnd, int(tau.max())))
         lr_scale = sel.lr_scale * self.layout.lr_factor[:, None]
         coefs = alg.aggregator.coefficients(sel.weights, alg.solver.weight_stats(tau, lrs, lr_scale), tau)
-        if getattr(sel, "active", None) is not None and not sel.active.all():
-            # replicas none of whose sampled clients returned (dropout): nobody trains, Delta = 0
-            idle = ~sel.active
-            coefs.coef = np.where(idle[:, None], 0.0, coefs.coef)
-            for name in ("tau_eff", "chi2", "slowdown"):
-                setattr(coefs, name, np.where(idle, np.nan, getattr(coefs, name)))
+        if sel.active is not None and not sel.active.all():
+            coefs.idle(~sel.active)  # replicas none of whose sampled clients returned (dropout): Delta = 0
         plan = RoundPlan(rnd, self.seed, self.stream_replicas, sel.clients, coefs.coef, tau, lr_scale, lrs)
         return plan, coefs
 
@@ -154,7 +106,7 @@ class Engine:
         work = np.array([tau[cf != 0][first].sum() for (_, first), tau, cf in zip(trained, plan.tau, plan.coef)])
         c["local_steps"] += np.where(distinct > 0, plan.tau.max(1), 0)
         c["grad_evals"] += work * self.alg.batch_size
-        model_bytes = self.problem.dim * self.bytes_per_param * getattr(self.alg.solver, "comm_factor", 1)
+        model_bytes = self.problem.dim * self.bytes_per_param * self.alg.solver.comm_factor
         c["bytes_down"] += distinct * model_bytes
         c["bytes_up"] += distinct * model_bytes
         c["sim_s"] += self.network.round_seconds(2 * model_bytes, plan.tau.max(1))
@@ -193,15 +145,16 @@ class Engine:
             src = min(int(r), len(self.layout) - 1)
             row = {"replica": int(r), "series": series, "round": state.round, "wall_s": state.wall_s,
                    "train_loss": ev.train_loss[i], "grad_norm_sq": ev.grad_norm_sq[i],
-                   "server_lr": getattr(self.alg.server, "server_lr", None),
+                   "server_lr": self.alg.server.server_lr,
                    "lr": None if np.isnan(self._last_lr[src]) else self._last_lr[src]}
             row.update({k: v[src].item() for k, v in state.counters.items()})  # int64 -> int, sim_s -> float
             for name, values in (("subopt", subopt), ("dist_to_opt", dist),
                                  ("test_loss", ev.test_loss), ("test_acc", ev.test_acc)):
                 row[name] = None if values is None else float(values[i])
             if self._last_diag is not None:
-                for name in ("tau_eff", "chi2", "slowdown"):
-                    row[name] = float(getattr(self._last_diag, name)[src])
+                diag = self._last_diag
+                row.update(tau_eff=float(diag.tau_eff[src]), chi2=float(diag.chi2[src]),
+                           slowdown=float(diag.slowdown[src]))
             rows.append({k: _finite_or_none(v) for k, v in row.items()})
         return rows
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedharness.contracts import ClientKeys, ClientState, LocalSolver, Problem, ServerContext, SolverState
 from fedharness.errors import require
-from fedharness.problems.base import ClientKeys
 
 
 @dataclass
@@ -29,7 +29,7 @@ class RoundPlan:
     tau: np.ndarray  # [R, K] local steps
     lr_scale: np.ndarray  # [R, K] client lr multipliers (sampler and per-replica factors)
     step_lrs: np.ndarray  # [max tau] step sizes of this round
-    server_ctx: dict[str, torch.Tensor] = field(default_factory=dict)  # e.g. SCAFFOLD's server control c
+    server_ctx: ServerContext = field(default_factory=dict)  # e.g. SCAFFOLD's server control c
 
 
 @dataclass
@@ -63,7 +63,7 @@ PARAM_COPIES = 5  # w, w0, the gradient and two temporaries of the update, per c
 DELTA_BYTES = 16  # per parameter: the float64 delta and its weighted copy
 
 
-def entry_bytes(problem, solver, steps: int) -> int:
+def entry_bytes(problem: Problem, solver: LocalSolver, steps: int) -> int:
     """Estimated bytes of one client copy in a batched local step of a round of `steps` steps."""
     w = torch.zeros(1, problem.dim, dtype=problem.dtype)
     state = solver.init_state(w)  # the solver's per-copy tensors (momentum buffer, control variates)
@@ -72,9 +72,9 @@ def entry_bytes(problem, solver, steps: int) -> int:
     return problem.dim * (PARAM_COPIES * w.element_size() + DELTA_BYTES) + state_bytes + problem.entry_bytes(steps)
 
 
-def require_fits_budget(problem, solver) -> None:
+def require_fits_budget(problem: Problem, solver: LocalSolver) -> None:
     """ConfigError naming memory_budget_gb unless one client copy fits the problem's memory budget."""
-    budget = getattr(problem, "memory_budget", None)
+    budget = problem.memory_budget
     if budget is not None:
         need = entry_bytes(problem, solver, 1)
         require(need <= budget, "memory_budget_gb", budget / 1e9,
@@ -89,12 +89,12 @@ class ClientShard:
     sorted entries and their sums are added in entry order, so chunking does not change the result.
     """
 
-    def __init__(self, problem, solver, owned: np.ndarray):
+    def __init__(self, problem: Problem, solver: LocalSolver, owned: np.ndarray):
         self.problem, self.solver = problem, solver
         self.owned = np.zeros(problem.num_clients, dtype=bool)
         self.owned[owned] = True
-        self.client_state: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
-        self.budget = getattr(problem, "memory_budget", None)
+        self.client_state: dict[tuple[int, int], ClientState] = {}  # (replica, client) -> e.g. SCAFFOLD's c_i
+        self.budget = problem.memory_budget
 
     def chunk_entries(self, steps: int, entries: int) -> int:
         """Client copies per batched computation: all `entries`, or as many as the budget holds (>= 1)."""
@@ -169,7 +169,7 @@ class ClientShard:
         self.client_state = {k: dict(s) for k, s in client_state.items() if self.owned[k[1]]}
 
 
-def prefix_state(state: dict, n: int) -> dict:
+def prefix_state(state: SolverState, n: int) -> SolverState:
     """A solver's per-round state restricted to its first n client copies (every tensor has them on axis 0)."""
     return {k: v[:n] if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 

@@ -16,18 +16,19 @@ Linear models have one formulation (their closed-form gradient) and ignore the k
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from fedharness.files import atomic_text
-from fedharness.reference_cache import cache_dir
+from fedharness.files import atomic_text, cache_dir
+from fedharness.settings import RunSettings
+
+log = logging.getLogger(__name__)
 
 KERNELS = ("vmap", "loop", "loop_channels_last")
 MEASURE_COPIES = 64  # at most this many copies are timed: enough to fill a GPU, bounded start-up cost
@@ -73,32 +74,32 @@ def measure(objective, copies: int, batch: int, device: torch.device, dtype: tor
     return timings
 
 
-def copies_per_step(cfg: dict[str, Any], num_clients: int) -> int:
+def copies_per_step(settings: RunSettings, num_clients: int) -> int:
     """Client copies in a shard's first batched step of a round: sampled clients x replicas over the shards."""
-    acfg = cfg["algorithm"]
-    per_round = num_clients if acfg.get("sampler", "full") == "full" else acfg.get("clients_per_round", num_clients)
-    shards = cfg["ray"]["num_shards"] if cfg.get("executor") == "ray" else cfg.get("num_shards", 1)
-    return max(1, -(-int(per_round) * int(cfg.get("replicas", 1)) // max(1, int(shards))))
+    algorithm = settings.algorithm
+    per_round = num_clients if algorithm.sampler == "full" else algorithm.clients_per_round
+    shards = settings.ray.num_shards if settings.executor == "ray" else settings.num_shards
+    return max(1, -(-int(per_round) * int(settings.replicas) // max(1, int(shards))))
 
 
-def resolve_kernel(cfg: dict[str, Any], problem, resumed_kernel: str | None = None) -> str:
-    """The formulation this run uses, written into cfg["kernel"] (so the runs/ row and every Ray shard see it)
-    and set on the problem's network. A resumed run keeps the one its checkpoint recorded."""
-    objective = getattr(problem, "objective", None)
-    wanted = cfg.get("kernel", "auto")
-    if not hasattr(objective, "kernel"):  # a linear model or a quadratic: nothing to choose
+def resolve_kernel(settings: RunSettings, problem, resumed_kernel: str | None = None) -> str:
+    """The formulation this run uses, set on the problem's network; the runner records it in the run's settings
+    (so the runs/ row and every Ray shard see it). A resumed run keeps the one its checkpoint recorded."""
+    objective = problem.objective
+    wanted = settings.kernel
+    if objective is None or objective.kernel is None:  # a quadratic or a linear model: nothing to choose
         return wanted
     if wanted == "auto":
-        wanted = resumed_kernel if resumed_kernel in KERNELS else _auto(cfg, problem)
-    cfg["kernel"] = objective.kernel = wanted
+        wanted = resumed_kernel if resumed_kernel in KERNELS else _auto(settings, problem)
+    objective.kernel = wanted
     return wanted
 
 
-def _auto(cfg: dict[str, Any], problem) -> str:
+def _auto(settings: RunSettings, problem) -> str:
     objective, device = problem.objective, problem.device
-    copies = min(MEASURE_COPIES, copies_per_step(cfg, problem.num_clients))
+    copies = min(MEASURE_COPIES, copies_per_step(settings, problem.num_clients))
     key = json.dumps([CACHE_FORMAT, objective.name, objective.in_shape, objective.dim, copies, problem.batch_size,
-                      _device_name(device), str(problem.dtype), cfg.get("precision", "fp32"),
+                      _device_name(device), str(problem.dtype), settings.precision,
                       torch.get_num_threads(), torch.__version__])
     known = _read_cache()
     if known.get(key, {}).get("kernel") in candidates(objective):
@@ -106,9 +107,8 @@ def _auto(cfg: dict[str, Any], problem) -> str:
     timings = measure(objective, copies, problem.batch_size, device, problem.dtype)
     chosen = min(timings, key=timings.get)
     _remember(key, {"kernel": chosen, "ms": {k: 1e3 * v for k, v in timings.items()}})
-    if cfg.get("progress", True):
-        print(f"fedharness: kernel=auto chose {describe(chosen, timings, copies)}; remembered in {cache_path()}",
-              file=sys.stderr, flush=True)
+    if settings.progress:
+        log.info(f"kernel=auto chose {describe(chosen, timings, copies)}; remembered in {cache_path()}")
     return chosen
 
 

@@ -13,7 +13,6 @@ Keys (top level of the run config):
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import torch
 
@@ -21,28 +20,26 @@ import torch
 BUDGET_FRACTION = 0.5  # of the free device memory, for memory_budget_gb=null
 
 
-def apply_runtime(cfg: dict[str, Any]) -> None:
+def apply_runtime(precision: str = "fp32", deterministic: bool = False) -> None:
     """Set the process-wide torch flags of `precision` and `deterministic` (both ways: a process may run
     several configs). Call before the first CUDA matmul: cuBLAS reads its workspace setting once."""
-    tf32 = cfg.get("precision", "fp32") == "tf32"
+    tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
-    det = cfg.get("deterministic", False)
-    if det:
+    if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(det)
-    torch.backends.cudnn.deterministic = det
+    torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = False
 
 
-def autocast_dtype(cfg: dict[str, Any]) -> torch.dtype | None:
+def autocast_dtype(precision: str) -> torch.dtype | None:
     """The dtype networks' forward/backward run in under autocast (None: the parameters' own)."""
-    return torch.bfloat16 if cfg.get("precision", "fp32") == "bf16" else None
+    return torch.bfloat16 if precision == "bf16" else None
 
 
-def memory_budget_bytes(cfg: dict[str, Any], device: torch.device) -> int:
-    """memory_budget_gb in bytes, or BUDGET_FRACTION of what the device has free now."""
-    budget = cfg.get("memory_budget_gb")
+def memory_budget_bytes(budget: float | None, device: torch.device) -> int:
+    """memory_budget_gb (`budget`) in bytes, or BUDGET_FRACTION of what the device has free now."""
     if budget is not None:
         return int(budget * 1e9)
     if device.type == "cuda":

@@ -19,39 +19,45 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedharness.closed_forms import rr_coefficients
-from fedharness.core.engine import ReplicaLayout
+from fedharness.algorithms.extrapolation import rr_coefficients
+from fedharness.contracts import AverageState, ReplicaLayout, SeriesHook
 from fedharness.errors import require
+from fedharness.keys import Key, boolean, choice, number
 
-RR_KINDS = ("none", "gamma", "H")
+KEYS: dict[str, Key] = {  # the algorithm keys build_series reads
+    "average": boolean("also record the Polyak-Ruppert average of the iterates (series average)"),
+    "burn_in": number("fraction of the rounds before averaging starts", lo=0, hi=1, hi_open=True),
+    "rr": choice("Richardson-Romberg: none | gamma (gamma and 2 gamma) | H (H and 2H)", ("none", "gamma", "H")),
+    "rr_shared_noise": boolean("the coupled replicas share their random streams"),
+}
 
 
 def _burn_in_rounds(burn_in: float, rounds: int) -> int:
     return math.floor(burn_in * rounds)
 
 
-class PolyakAverage:
+class PolyakAverage(SeriesHook):
     """Running mean of the iterates after round floor(burn_in * rounds); the iterate itself before that."""
 
     def __init__(self, burn_in: float):
         self.burn_in = burn_in
 
-    def init_state(self, x: torch.Tensor) -> dict:
+    def init_state(self, x: torch.Tensor) -> AverageState:
         return {"sum": torch.zeros(x.shape, dtype=torch.float64, device=x.device), "count": 0, "last": x.clone()}
 
-    def observe(self, hs: dict, x: torch.Tensor, rnd: int, rounds: int) -> None:
+    def observe(self, hs: AverageState, x: torch.Tensor, rnd: int, rounds: int) -> None:
         hs["last"] = x.clone()
         if rnd > _burn_in_rounds(self.burn_in, rounds):
             hs["sum"] += x.double()
             hs["count"] += 1
 
     @staticmethod
-    def average(hs: dict) -> torch.Tensor:
+    def average(hs: AverageState) -> torch.Tensor:
         if hs["count"] == 0:
             return hs["last"]
         return (hs["sum"] / hs["count"]).to(hs["last"].dtype)
 
-    def series(self, hs: dict) -> dict[str, tuple[torch.Tensor, np.ndarray]]:
+    def series(self, hs: AverageState) -> dict[str, tuple[torch.Tensor, np.ndarray]]:
         return {"average": (self.average(hs), np.arange(len(hs["last"])))}
 
 
@@ -67,36 +73,28 @@ class RichardsonRomberg(PolyakAverage):
         R = self.replicas
         return (self.a * x[:R].double() + self.b * x[R:].double()).to(x.dtype)
 
-    def series(self, hs: dict) -> dict[str, tuple[torch.Tensor, np.ndarray]]:
+    def series(self, hs: AverageState) -> dict[str, tuple[torch.Tensor, np.ndarray]]:
         avg = self.average(hs)
         ids = np.arange(self.replicas)
         return {"average": (avg, np.arange(len(avg))), "rr": (self._combine(hs["last"]), ids),
                 "rr_average": (self._combine(avg), ids)}
 
 
-def build_series(acfg: dict[str, Any], replicas: int) -> tuple[ReplicaLayout, list]:
-    """The replica layout and series hooks an algorithm config asks for (`rr`, `rr_shared_noise`,
-    `burn_in`, `average`); raises ConfigError for bad values."""
-    kind = acfg.get("rr", "none")
-    require(kind in RR_KINDS, "algorithm.rr", kind, "one of: " + ", ".join(RR_KINDS))
-    shared = acfg.get("rr_shared_noise", True)
-    require(isinstance(shared, bool), "algorithm.rr_shared_noise", shared, "true or false")
-    burn_in = acfg.get("burn_in", 0.5)
-    require(isinstance(burn_in, (int, float)) and not isinstance(burn_in, bool) and 0 <= burn_in < 1,
-            "algorithm.burn_in", burn_in, "a fraction of the rounds in [0, 1)")
-    average = acfg.get("average", False)
-    require(isinstance(average, bool), "algorithm.average", average, "true or false")
-    if kind == "none":
+def build_series(replicas: int, *, rr: str = "none", rr_shared_noise: bool = True, burn_in: float = 0.5,
+                 average: bool = False, local_work: str | None = None, local_steps: int = 1,
+                 **_other_keys: Any) -> tuple[ReplicaLayout, list]:
+    """The replica layout and series hooks the algorithm's keys ask for (`rr`, `rr_shared_noise`, `burn_in`,
+    `average`), called with all of them: `build_series(settings.replicas, **settings.algorithm.params)`. The
+    schema has checked each key; ConfigError for rr=H without a fixed H."""
+    if rr == "none":
         return ReplicaLayout.seeds(replicas), [PolyakAverage(burn_in)] if average else []
-    local_steps = 1
-    if kind == "H":
-        require(acfg.get("local_work") == "steps", "algorithm.local_work", acfg.get("local_work"),
+    if rr == "H":
+        require(local_work == "steps", "algorithm.local_work", local_work,
                 "steps (a fixed H) when algorithm.rr=H: the extrapolation weights depend on H")
-        local_steps = acfg["local_steps"]
     base = np.arange(replicas)
-    streams = np.concatenate([base, base if shared else base + replicas])
+    streams = np.concatenate([base, base if rr_shared_noise else base + replicas])
     ones = np.ones(replicas)
-    lr_factor = np.concatenate([ones, 2 * ones if kind == "gamma" else ones])
-    tau_factor = np.concatenate([ones, 2 * ones if kind == "H" else ones]).astype(np.int64)
+    lr_factor = np.concatenate([ones, 2 * ones if rr == "gamma" else ones])
+    tau_factor = np.concatenate([ones, 2 * ones if rr == "H" else ones]).astype(np.int64)
     layout = ReplicaLayout(streams, lr_factor, tau_factor, np.concatenate([base, base]))
-    return layout, [RichardsonRomberg(kind, replicas, local_steps, burn_in)]
+    return layout, [RichardsonRomberg(rr, replicas, local_steps if rr == "H" else 1, burn_in)]

@@ -21,10 +21,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedharness.errors import require
+from fedharness.keys import Key, choice, integer, number
 
-VARIANTS = ("noisy", "heterogeneous")
 DEFAULT_STD = {"noisy": 2.0, "heterogeneous": 0.3}
+KEYS: dict[str, Key] = {  # dataset=blobs's, besides num_clients and data_seed
+    "variant": choice("noisy | heterogeneous (Mangold et al.)", tuple(DEFAULT_STD)),
+    "dim": integer("feature dimension", lo=1),
+    "samples_per_client": integer("training samples per client", lo=2),
+    "std": number("blob standard deviation", lo=0, lo_open=True, null="2.0 noisy, 0.3 heterogeneous"),
+    "shift": number("heterogeneous: std of each perturbed client's feature shift", lo=0),
+}
 
 
 def _blobs(rng: np.random.Generator, n: int, centre: np.ndarray, std: float) -> tuple[np.ndarray, np.ndarray]:
@@ -35,14 +41,9 @@ def _blobs(rng: np.random.Generator, n: int, centre: np.ndarray, std: float) -> 
 
 def generate(num_clients: int, variant: str, dim: int, samples_per_client: int, std: float | None,
              shift: float, seed: int):
-    """Pooled (x, y, owner, x_test, y_test); the test set is drawn like the training set."""
-    require(variant in VARIANTS, "dataset.variant", variant, "one of: " + ", ".join(VARIANTS))
-    require(isinstance(dim, int) and dim >= 1, "dataset.dim", dim, "an integer >= 1")
-    require(isinstance(samples_per_client, int) and samples_per_client >= 2, "dataset.samples_per_client",
-            samples_per_client, "an integer >= 2")
+    """Pooled (x, y, owner, x_test, y_test); the test set is drawn like the training set (keys: KEYS, checked by
+    harness/schema.py)."""
     std = DEFAULT_STD[variant] if std is None else std
-    require(isinstance(std, (int, float)) and std > 0, "dataset.std", std, "a number > 0 (null: the variant's)")
-    require(isinstance(shift, (int, float)) and shift >= 0, "dataset.shift", shift, "a number >= 0")
     rng = np.random.default_rng([seed, 2025])
     centre = np.ones(dim) / np.sqrt(dim)  # the two blob centres are +-centre, at distance 2
     n_test = max(1, samples_per_client // 10)

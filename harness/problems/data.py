@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedharness.contracts import ClientKeys, Evaluation, Model, Problem
 from fedharness.core import streams
-from fedharness.problems.base import ClientKeys, Evaluation
 
 EVAL_CHUNK = 16384  # samples per evaluation chunk: bounds memory for large data sets
 GATHER_ELEMENTS = 1 << 20  # floats gathered at once when prefetching a round's minibatches
@@ -24,19 +24,18 @@ class RoundBatches:
     chunk: tuple[torch.Tensor, ...] = ()
 
 
-class DataProblem:
+class DataProblem(Problem):
     """Clients own contiguous slices of one training array; the test set is pooled.
 
-    `memory_budget` (bytes, None: no limit; build_problem sets it from memory_budget_gb) bounds the
+    `memory_budget` (bytes, None: no limit; build_problem passes memory_budget_gb's) bounds the
     samples evaluated at once, besides the EVAL_CHUNK cap.
     """
 
-    memory_budget: int | None = None
-
-    def __init__(self, objective, x_train: np.ndarray, y_train: np.ndarray, client_index: list[np.ndarray],
+    def __init__(self, objective: Model, x_train: np.ndarray, y_train: np.ndarray, client_index: list[np.ndarray],
                  x_test: np.ndarray | None, y_test: np.ndarray | None, batch_size: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-        self.objective = objective
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 memory_budget: int | None = None):
+        self.objective, self.memory_budget = objective, memory_budget
         self.dtype, self.device = dtype, torch.device(device)
         self.num_clients = len(client_index)
         self.dim = objective.dim
@@ -57,9 +56,7 @@ class DataProblem:
         """The same problem with tensors in another dtype (the reference solver runs in float64)."""
         x, y, xt, yt = self._raw
         index = [np.arange(o, o + n) for o, n in zip(self.offsets, self.sizes)]
-        out = DataProblem(self.objective, x, y, index, xt, yt, self.batch_size, dtype, self.device)
-        out.memory_budget = self.memory_budget
-        return out
+        return DataProblem(self.objective, x, y, index, xt, yt, self.batch_size, dtype, self.device, self.memory_budget)
 
     def init_params(self, replicas: int, seed: int) -> torch.Tensor:
         return self.objective.init(replicas, seed, self.dtype).to(self.device)

@@ -23,10 +23,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedharness.errors import require
+from fedharness.contracts import ClientKeys, Evaluation, Model, Problem
+from fedharness.keys import Key, integer, number
 from fedharness.problems import synthetic
-from fedharness.problems.base import ClientKeys, Evaluation
 from fedharness.problems.data import DataProblem, RoundBatches
+
+KEYS: dict[str, Key] = {  # dataset=synthetic_lazy's, besides synthetic's
+    **synthetic.KEYS,
+    "cache_mb": number("generated clients kept per process (MB); least recently used dropped", lo=0),
+    "eval_clients": integer("metrics over clients 0..eval_clients-1", lo=1),
+}
 
 
 @dataclass
@@ -37,7 +43,7 @@ class RoundData:
     fields), so lazy clients are batched exactly as stored ones are.
     """
 
-    objective: object
+    objective: Model
     x: torch.Tensor
     y: torch.Tensor
     sizes: np.ndarray  # [N] n_k of every client
@@ -56,16 +62,16 @@ class LazyBatches:
     batches: RoundBatches
 
 
-class LazySyntheticProblem:
+class LazySyntheticProblem(Problem):
     convex = True
     exact_reference = False  # F over N lazily generated clients is never built
-    memory_budget: int | None = None  # bytes (build_problem sets it); evaluation and executors fit within it
     sample_numel = synthetic.FEATURES + 1  # features plus the linear models' bias column
     entry_bytes = DataProblem.entry_bytes
 
-    def __init__(self, objective, num_clients: int, alpha: float, beta: float, seed: int, size: int | None,
+    def __init__(self, objective: Model, num_clients: int, alpha: float, beta: float, seed: int, size: int | None,
                  batch_size: int, dtype: torch.dtype, device: str | torch.device, cache_mb: float,
-                 eval_clients: int):
+                 eval_clients: int, memory_budget: int | None = None):
+        self.memory_budget = memory_budget  # bytes; evaluation and executors fit within it (None: no bound)
         self.objective, self.alpha, self.beta, self.seed, self.size = objective, alpha, beta, seed, size
         self.num_clients, self.dim, self.batch_size = num_clients, objective.dim, batch_size
         self.dtype, self.device = dtype, torch.device(device)
@@ -127,8 +133,7 @@ class LazySyntheticProblem:
             index = np.split(np.arange(sum(len(y) for y in ys)), np.cumsum([len(y) for y in ys])[:-1])
             self._eval = DataProblem(self.objective, np.concatenate(xs), np.concatenate(ys), index,
                                      np.concatenate(xts), np.concatenate(yts), self.batch_size, self.dtype,
-                                     self.device)
-            self._eval.memory_budget = self.memory_budget
+                                     self.device, self.memory_budget)
         return self._eval
 
     def init_params(self, replicas: int, seed: int) -> torch.Tensor:
@@ -149,20 +154,11 @@ def _nbytes(entry: tuple[torch.Tensor, ...]) -> int:
 
 
 def build_lazy_synthetic(cfg: dict[str, Any], batch_size: int, make_objective, data_seed: int,
-                         dtype: torch.dtype) -> LazySyntheticProblem:
-    """`make_objective(in_shape, num_classes)` is the model the config names (problems.build_problem's)."""
+                         dtype: torch.dtype, memory_budget: int | None = None) -> LazySyntheticProblem:
+    """`make_objective(in_shape, num_classes)` is the model the config names (problems.build_problem's); the
+    schema has checked the keys (and that the partition is auto or natural)."""
     dcfg = cfg["dataset"]
-    require(cfg["partition"]["name"] in ("auto", "natural"), "partition", cfg["partition"]["name"],
-            "synthetic_lazy clients are their own generators: use partition=auto or partition=natural")
-    size = dcfg.get("samples_per_client")
-    require(size is None or (isinstance(size, int) and size >= 2), "dataset.samples_per_client", size,
-            "null (lognormal(4, 2) + 50 sizes) or an integer >= 2")
-    cache_mb = dcfg.get("cache_mb", 256)
-    require(isinstance(cache_mb, (int, float)) and cache_mb >= 0, "dataset.cache_mb", cache_mb,
-            "must be a number of MiB >= 0")
-    eval_clients = dcfg.get("eval_clients", 100)
-    require(isinstance(eval_clients, int) and eval_clients >= 1, "dataset.eval_clients", eval_clients,
-            "must be an integer >= 1")
     objective = make_objective((synthetic.FEATURES,), synthetic.CLASSES)
-    return LazySyntheticProblem(objective, dcfg["num_clients"], dcfg["alpha"], dcfg["beta"], data_seed, size,
-                                batch_size, dtype, cfg["device"], cache_mb, eval_clients)
+    return LazySyntheticProblem(objective, dcfg["num_clients"], dcfg["alpha"], dcfg["beta"], data_seed,
+                                dcfg["samples_per_client"], batch_size, dtype, cfg["device"], dcfg["cache_mb"],
+                                dcfg["eval_clients"], memory_budget)

@@ -17,8 +17,16 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedharness.errors import require
+from fedharness.keys import Key, integer, number
 from fedharness.problems.quadratic import QuadraticProblem
+
+KEYS: dict[str, Key] = {  # dataset=li_toy's
+    "num_clients": integer("N, the number of clients", lo=2),
+    "block": integer("p: each client's features live on p coordinates", lo=1),
+    "mu": number("ridge term mu/2 ||w||^2", lo=0),
+    "noise": number("std of additive Gaussian gradient noise", lo=0),
+    "data_seed": integer("not used: the construction is deterministic", lo=0, null="the run's seed"),
+}
 
 
 def li_toy_matrices(num_clients: int, block: int) -> tuple[np.ndarray, np.ndarray]:
@@ -41,22 +49,18 @@ def li_toy_matrices(num_clients: int, block: int) -> tuple[np.ndarray, np.ndarra
 
 class LiToyProblem(QuadraticProblem):
     def __init__(self, num_clients: int = 5, block: int = 4, mu: float = 2e-4, noise: float = 0.0,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-        require(isinstance(num_clients, int) and num_clients >= 2, "dataset.num_clients", num_clients,
-                "an integer >= 2 (the construction needs a first and a last client)")
-        require(isinstance(block, int) and block >= 1, "dataset.block", block, "an integer >= 1 (Li et al.'s p)")
-        require(mu >= 0, "dataset.mu", mu, "must be >= 0")
-        require(noise >= 0, "dataset.noise", noise, "must be >= 0")
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 memory_budget: int | None = None):
         self.block, self.mu = block, float(mu)
         A, b = li_toy_matrices(num_clients, block)
         A_mu = A + mu * np.eye(A.shape[1])
         e = np.stack([np.linalg.pinv(A_mu[k]) @ b[k] for k in range(num_clients)])
         self.b_np = b
         self.offsets = -0.5 * np.einsum("nd,nd->n", b, e)  # F_k(w) = quadratic form + offset_k
-        super().__init__(A_mu, e, None, noise, dtype, device)
+        super().__init__(A_mu, e, None, noise, dtype, device, memory_budget)
 
     def with_dtype(self, dtype: torch.dtype) -> "LiToyProblem":
-        return LiToyProblem(self.num_clients, self.block, self.mu, self.noise, dtype, self.device)
+        return LiToyProblem(self.num_clients, self.block, self.mu, self.noise, dtype, self.device, self.memory_budget)
 
     def objective_value(self, w: torch.Tensor) -> torch.Tensor:
         return super().objective_value(w) + float(np.dot(self.weights, self.offsets))

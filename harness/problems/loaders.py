@@ -28,6 +28,8 @@ from typing import Callable
 import numpy as np
 
 from fedharness.errors import ConfigError
+from fedharness.extras import require_extra
+from fedharness.keys import Key, boolean, text
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
@@ -74,9 +76,7 @@ def _from_uint8(images: np.ndarray, name: str) -> np.ndarray:
 
 def load_digits_arrays() -> Arrays:
     """scikit-learn's bundled 8x8 digits, split 80/20 by a fixed seed-0 permutation."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
+    digits = require_extra("sklearn.datasets", "dataset", "digits").load_digits()  # the `data` extra
     images = (digits.images / 16.0).astype(np.float32)[:, None, :, :]
     labels = digits.target.astype(np.int64)
     order = np.random.default_rng(0).permutation(len(labels))
@@ -288,6 +288,10 @@ LOADERS: dict[str, Callable[[str, bool], Arrays]] = {
     "mnist": lambda data_dir, download: load_idx_dataset("mnist", data_dir, download),
     "fashion_mnist": lambda data_dir, download: load_idx_dataset("fashion_mnist", data_dir, download),
     "cifar10": load_cifar10,
+}
+KEYS: dict[str, Key] = {  # every loader's, besides num_clients and data_seed
+    "data_dir": text("where the files are read from (torchvision's layout)"),
+    "download": boolean("let torchvision download when the network allows"),
 }
 
 

@@ -14,10 +14,14 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from fedharness.contracts import Model
 from fedharness.errors import ConfigError
+from fedharness.keys import number
+
+L2 = number("l2 weight: + l2 ||w||^2", lo=0)  # `model.l2`, the key of every model but the quadratic's
 
 
-class SoftmaxRegression:
+class SoftmaxRegression(Model):
     """Multinomial logistic regression, cross-entropy + l2 * ||w||^2 (Li et al.; bias included).
 
     Parameters are stored class-major, W [C, d+1] per client, so that both batched
@@ -112,7 +116,7 @@ class LinearRegression(SoftmaxRegression):
 ACTIVATION_FACTOR = 3  # a layer's output, kept for backward, its gradient, and workspace
 
 
-class NetObjective:
+class NetObjective(Model):
     """Cross-entropy of a torch module (+ l2 ||w||^2), vectorized over client copies with vmap.
 
     `autocast` (precision=bf16): the training forward/backward runs under torch.autocast in that dtype;

@@ -5,16 +5,28 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedharness.contracts import ClientKeys, Evaluation, Problem
 from fedharness.core import streams
-from fedharness.problems.base import ClientKeys, Evaluation
+from fedharness.keys import Key, choice, integer, number
+
+KEYS: dict[str, Key] = {  # dataset=quadratic's, besides num_clients and data_seed (harness/schema.py: mu <= L)
+    "dim": integer("dimension d", lo=1),
+    "spread": number("e_i ~ N(0, spread^2 I)", lo=0),
+    "curvature": choice("identity | diagonal | random (eigenvalues uniform in [mu, L])",
+                        ("identity", "diagonal", "random")),
+    "mu": number("smallest eigenvalue", lo=0, lo_open=True),
+    "L": number("largest eigenvalue", lo=0, lo_open=True),
+    "noise": number("std of additive Gaussian gradient noise", lo=0),
+}
 
 
-class QuadraticProblem:
+class QuadraticProblem(Problem):
     convex = True
-    memory_budget: int | None = None  # bytes (build_problem sets it); the executor splits its batches to fit
 
     def __init__(self, A: np.ndarray, e: np.ndarray, weights: np.ndarray | None = None, noise: float = 0.0,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 memory_budget: int | None = None):
+        self.memory_budget = memory_budget  # bytes; the executor splits its batches to fit (None: no bound)
         self.num_clients, self.dim = e.shape
         self.A_np, self.e_np = np.asarray(A, np.float64), np.asarray(e, np.float64)
         self.weights = np.full(self.num_clients, 1 / self.num_clients) if weights is None else np.asarray(weights)
@@ -26,7 +38,7 @@ class QuadraticProblem:
         self._p = torch.as_tensor(self.weights, dtype=dtype, device=self.device)
 
     def with_dtype(self, dtype: torch.dtype) -> "QuadraticProblem":
-        return QuadraticProblem(self.A_np, self.e_np, self.weights, self.noise, dtype, self.device)
+        return QuadraticProblem(self.A_np, self.e_np, self.weights, self.noise, dtype, self.device, self.memory_budget)
 
     def init_params(self, replicas: int, seed: int) -> torch.Tensor:
         return torch.zeros(replicas, self.dim, dtype=self.dtype, device=self.device)
@@ -66,6 +78,13 @@ class QuadraticProblem:
         value, g = self.objective_and_grad(w)
         return Evaluation(train_loss=value.cpu().numpy(), grad_norm_sq=(g.double() ** 2).sum(-1).cpu().numpy())
 
+    def hessians(self) -> np.ndarray:
+        return self.A_np
+
+    def client_minima(self) -> np.ndarray:
+        """1/2 (x - e)^T A (x - e) with A positive semi-definite: 0, at e."""
+        return np.zeros(self.num_clients)
+
     def optimum(self) -> np.ndarray:
         """w* = (sum p_i A_i)^-1 sum p_i A_i e_i."""
         H = np.einsum("n,nde->de", self.weights, self.A_np)
@@ -73,7 +92,8 @@ class QuadraticProblem:
 
 
 def make_quadratic(num_clients: int, dim: int, spread: float, curvature: str, mu: float, L: float,
-                   noise: float, seed: int, dtype: torch.dtype, device: str) -> QuadraticProblem:
+                   noise: float, seed: int, dtype: torch.dtype, device: str,
+                   memory_budget: int | None = None) -> QuadraticProblem:
     """Random heterogeneous quadratics: e_i ~ N(0, spread^2 I); A_i = I, or eigenvalues in [mu, L]."""
     rng = np.random.default_rng([seed, 7])
     e = rng.normal(0, spread, (num_clients, dim))
@@ -83,7 +103,7 @@ def make_quadratic(num_clients: int, dim: int, spread: float, curvature: str, mu
         A = np.stack([np.diag(rng.uniform(mu, L, dim)) for _ in range(num_clients)])
     else:  # "random": random rotation of eigenvalues in [mu, L]
         A = np.stack([_random_spd(rng, dim, mu, L) for _ in range(num_clients)])
-    return QuadraticProblem(A, e, None, noise, dtype, device)
+    return QuadraticProblem(A, e, None, noise, dtype, device, memory_budget)
 
 
 def _random_spd(rng: np.random.Generator, dim: int, mu: float, L: float) -> np.ndarray:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedharness.keys import Key, integer, number
+
 FEATURES, CLASSES = 60, 10
+KEYS: dict[str, Key] = {  # dataset=synthetic's, besides num_clients and data_seed
+    "alpha": number("how much the clients' models differ (Li et al.'s alpha)", lo=0),
+    "beta": number("how much the clients' inputs differ (Li et al.'s beta)", lo=0),
+    "samples_per_client": integer("samples per client", lo=2, null="n_k ~ lognormal(4, 2) + 50"),
+}
 
 
 def client_size(seed: int, client: int) -> int:

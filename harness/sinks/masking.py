@@ -1,6 +1,6 @@
 """Secrets out of everything the harness shows or stores: the password of any `scheme://user:password@host`.
 
-Storage URLs (`tune.storage=postgresql+psycopg2://user:password@host/db`) reach the command line, the config,
+Storage URLs (`tune.storage=postgresql://user:password@host/db`) reach the command line, the config,
 messages and W&B; each of those goes through `mask_secrets` first. A password may hold '@' when the URL is
 typed unencoded, so the mask runs to the last '@' before whitespace or a quote: it may hide a little more than
 the password, never less.

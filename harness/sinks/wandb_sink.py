@@ -13,28 +13,21 @@ metric against `round` (set as its step metric) and group by `replica`.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedharness.errors import require
+from fedharness.extras import require_extra
+from fedharness.settings import RunSettings, WandbSettings
 from fedharness.sinks.masking import mask_secrets
 
-MODES = ("auto", "online", "offline")
+log = logging.getLogger(__name__)
+
 INIT_TIMEOUT_S = 30.0
-
-
-def validate(wcfg: dict[str, Any]) -> None:
-    require(wcfg.get("mode", "auto") in MODES, "wandb.mode", wcfg.get("mode"), MODES)
-    require(isinstance(wcfg.get("project"), str) and wcfg["project"], "wandb.project", wcfg.get("project"),
-            "a W&B project name")
-    tags = wcfg.get("tags") or []
-    require(isinstance(tags, list) and all(isinstance(t, str) for t in tags), "wandb.tags", tags,
-            "a list of strings")
 
 
 def has_api_key() -> bool:
@@ -67,7 +60,7 @@ def _init(mode: str, **kwargs):
     W&B would record the command line (which may hold `tune.storage` with its password), the git state and the
     code; it gets none of them, and every string it is given has its URL passwords masked.
     """
-    import wandb
+    wandb = require_extra("wandb", "wandb.enabled", True)
 
     settings = wandb.Settings(init_timeout=INIT_TIMEOUT_S, console="off", silent=True, x_disable_meta=True,
                               disable_git=True, disable_code=True, save_code=False)
@@ -77,15 +70,14 @@ def _init(mode: str, **kwargs):
     except Exception as err:
         if mode != "online":
             raise
-        print(f"wandb: could not start online ({type(err).__name__}: {str(err)[:200]}); logging offline",
-              file=sys.stderr)
+        log.warning(f"wandb: could not start online ({type(err).__name__}: {str(err)[:200]}); logging offline")
         return wandb.init(mode="offline", settings=settings, reinit="finish_previous", **kwargs), "offline"
 
 
 def _say_sync(run, mode: str) -> None:
     if mode == "offline":
         where = Path(run.dir).parent
-        print(f"wandb: offline run saved in {where}; upload it later with: wandb sync {where}", file=sys.stderr)
+        log.info(f"wandb: offline run saved in {where}; upload it later with: wandb sync {where}")
 
 
 def _plain(v: Any) -> Any:
@@ -95,14 +87,13 @@ def _plain(v: Any) -> Any:
 class WandbSink:
     """One W&B run per harness run."""
 
-    def __init__(self, cfg: dict[str, Any], run_id: str):
-        w = cfg["wandb"]
-        validate(w)
+    def __init__(self, settings: RunSettings, run_id: str):
+        w = settings.wandb
         self.run_id = run_id
-        self.mode = resolve_mode(w.get("mode", "auto"))
+        self.mode = resolve_mode(w.mode)
         self.run, self.mode = _init(
-            self.mode, project=w["project"], entity=w.get("entity"), group=w.get("group") or cfg.get("study"),
-            tags=list(w.get("tags") or []), name=run_id, job_type="run", config={**cfg, "run_id": run_id})
+            self.mode, project=w.project, entity=w.entity, group=w.group or settings.study, tags=list(w.tags),
+            name=run_id, job_type="run", config={**settings.config, "run_id": run_id})
         self.run.define_metric("round")
         self.run.define_metric("*", step_metric="round")
 
@@ -139,21 +130,19 @@ class WandbSink:
         _say_sync(self.run, self.mode)
 
 
-def open_sink(cfg: dict[str, Any], run_id: str) -> WandbSink | None:
+def open_sink(settings: RunSettings, run_id: str) -> WandbSink | None:
     """A sink when `wandb.enabled` is true, else None."""
-    w = cfg.get("wandb") or {}
-    return WandbSink(cfg, run_id) if w.get("enabled") else None
+    return WandbSink(settings, run_id) if settings.wandb.enabled else None
 
 
-def log_report(report, wcfg: dict[str, Any]) -> None:
+def log_report(report, w: WandbSettings) -> None:
     """A `job_type=report` run holding the report's figures (images) and tables (W&B tables), and report.md."""
-    import wandb
+    wandb = require_extra("wandb", "--wandb", True)
 
-    validate(wcfg)
-    mode = resolve_mode(wcfg.get("mode", "auto"))
-    group = wcfg.get("group") or ",".join(sorted(report.tables["runs"]["study"].dropna().unique()))
-    run, mode = _init(mode, project=wcfg["project"], entity=wcfg.get("entity"), group=group,
-                      tags=list(wcfg.get("tags") or []), job_type="report", name=f"report-{group}",
+    mode = resolve_mode(w.mode)
+    group = w.group or ",".join(sorted(report.tables["runs"]["study"].dropna().unique()))
+    run, mode = _init(mode, project=w.project, entity=w.entity, group=group,
+                      tags=list(w.tags), job_type="report", name=f"report-{group}",
                       config={"targets": [t.label for t in report.targets], "scale_key": report.design.scale_key,
                               "group_keys": report.design.group_keys})
     run.log({f"figures/{name}": wandb.Image(str(path)) for name, path in report.figures.items()})

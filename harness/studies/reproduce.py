@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
 import sys
 import time
@@ -23,6 +24,17 @@ from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
+
+from fedharness import closed_forms as cf
+from fedharness.config import load_settings
+from fedharness.core.engine import Engine, NetworkModel
+from fedharness.core.series import build_series
+from fedharness.parts import build_parts
+from fedharness.reference import solve_reference
+from fedharness.runner import build_executor
+from fedharness.studies.sweep import apply_cli, expand, format_value, load_spec
+
+logger = logging.getLogger(__name__)
 
 OUT_DIR = Path(__file__).resolve().parents[2] / "docs" / "reproductions"
 
@@ -39,8 +51,6 @@ def _problem_key(cfg: dict[str, Any]) -> str:
 
 def reference_for(cfg: dict[str, Any], problem):
     """w* and F* of a convex problem, solved once per distinct problem (Newton-CG in float64)."""
-    from fedharness.reference import solve_reference
-
     key = _problem_key(cfg)
     if key not in _REFERENCES:
         _REFERENCES[key] = solve_reference(problem)
@@ -57,20 +67,15 @@ def final_iterates(engine, outcome) -> dict[str, np.ndarray]:
 
 def run_overrides(overrides: list[str], reference: bool = False):
     """One run of a composed config on the engine: (outcome, config, problem, reference, final iterates)."""
-    from fedharness.config import load_config
-    from fedharness.core.engine import Engine, NetworkModel
-    from fedharness.parts import build_parts
-    from fedharness.runner import build_executor
-    from fedharness.core.series import build_series
-
-    cfg = load_config(overrides)
-    problem, algorithm = build_parts(cfg)
-    layout, series = build_series(cfg["algorithm"], cfg["replicas"])
+    settings = load_settings(overrides)
+    cfg = settings.config
+    problem, algorithm = build_parts(settings)
+    layout, series = build_series(settings.replicas, **settings.algorithm.params)
     ref = reference_for(cfg, problem) if reference and problem.convex else None
-    executor = build_executor(cfg, problem, algorithm.solver)
-    engine = Engine(problem, algorithm, executor, rounds=cfg["rounds"], seed=cfg["seed"], replicas=cfg["replicas"],
-                    eval_every=cfg["eval_every"], reference=ref, layout=layout, series=series,
-                    network=NetworkModel.from_config(cfg.get("network")))
+    executor = build_executor(settings, problem, algorithm.solver)
+    engine = Engine(problem, algorithm, executor, rounds=settings.rounds, seed=settings.seed,
+                    replicas=settings.replicas, eval_every=settings.eval_every, reference=ref, layout=layout,
+                    series=series, network=NetworkModel.of(settings.network))
     try:
         outcome = engine.run()
     finally:
@@ -108,18 +113,14 @@ class Grid:
 
 
 def _grid_value(v: Any) -> str:
-    from fedharness.studies.sweep import format_value
-
     return v if isinstance(v, str) else format_value(v)
 
 
-def run_grid(sweep: str, extra: list[str] = (), reference: bool = False, log: Callable[[str], None] = print,
+def run_grid(sweep: str, extra: list[str] = (), reference: bool = False, log: Callable[[str], None] = logger.info,
              only: dict[str, list] | None = None) -> Grid:
     """Every point of conf/sweep/<sweep>.yaml, run here one after the other. `extra` overrides fix keys (as on
     `fedharness sweep`'s command line); `only` keeps the points whose values are among the listed ones, e.g.
     {"algorithm": ["fedavg", "fedavg_rr"]} (a point without such a key is dropped)."""
-    from fedharness.studies.sweep import apply_cli, expand, load_spec
-
     spec = apply_cli(load_spec(sweep, []), list(extra), {})
     wanted = {k: {_grid_value(v) for v in vals} for k, vals in (only or {}).items()}
     jobs = [j for j in expand(spec) if all(j.point.get(k) in vals for k, vals in wanted.items())]
@@ -195,7 +196,7 @@ def _save(fig, out: Path, name: str) -> str:
 
 # ---------------------------------------------------------------- Li et al.: Theorem 4 toy
 
-def li_toy(out: Path, log=print) -> dict:
+def li_toy(out: Path, log=logger.info) -> dict:
     """Constant step: FedAvg stalls ~ (E - 1) eta from w* (E = 1 reaches it); decaying step: it converges."""
     g = run_grid("repro_li_toy", reference=True, log=log)
     res: dict[str, Any] = {"E": [], "constant": [], "decaying": [], "seconds": g.seconds}
@@ -225,7 +226,7 @@ WANG_PANELS = (("steps", "equal tau_i = 30"), ("per_client", "fixed tau_i in [1,
 WANG_ALGS = ("fedavg", "fedprox", "scaffold", "fednova")
 
 
-def wang_quadratic(out: Path, log=print) -> dict:
+def wang_quadratic(out: Path, log=logger.info) -> dict:
     """Final ||x - x*|| of FedAvg, FedProx (mu = 1), SCAFFOLD and FedNova in the three local-work settings."""
     g = run_grid("repro_wang_quadratic", reference=True, log=log)
     res: dict[str, Any] = {"seconds": g.seconds}
@@ -253,7 +254,7 @@ WANG_SETTINGS = (("full", "epochs", "all clients, E_i = 5"), ("scheme_i", "epoch
                  ("scheme_i", "random_epochs", "K = 9, E_i(t) ~ U{1..5}"))
 
 
-def wang_synthetic(out: Path, log=print) -> dict:
+def wang_synthetic(out: Path, log=logger.info) -> dict:
     """Figure 5: training loss of FedAvg, FedProx (mu = 1) and FedNova on Synthetic(1,1), 30 clients."""
     g = run_grid("repro_wang_synthetic", log=log)
     res: dict[str, Any] = {"seconds": g.seconds}
@@ -287,7 +288,7 @@ def _mse_curve(rows: pd.DataFrame, series: str, replicas: int) -> pd.Series:
     return (r["dist_to_opt"] ** 2).groupby(r["round"]).mean().sort_index()
 
 
-def mangold(out: Path, log=print) -> dict:
+def mangold(out: Path, log=logger.info) -> dict:
     """MSE ||theta - theta*||^2 of iterates and averages, both data sets, H in {10, 100}, at the end of the run."""
     g = run_grid("repro_mangold", reference=True, log=log)
     res: dict[str, Any] = {"seconds": g.seconds}
@@ -317,10 +318,8 @@ def mangold(out: Path, log=print) -> dict:
     return res
 
 
-def mangold_bias(out: Path, log=print) -> dict:
+def mangold_bias(out: Path, log=logger.info) -> dict:
     """Stationary bias of FedAvg (and of the RR extrapolation) against gamma and H, beside (gamma (H-1)/2) b_h."""
-    from fedharness import closed_forms as cf
-
     g = run_grid("repro_mangold_bias", reference=True, log=log)
     p = g.problems[0]
     A, e = p.A_np, p.e_np
@@ -404,7 +403,7 @@ def _scheme_summary(g: Grid, where: dict, ax, title: str) -> dict:
     return out
 
 
-def li_schemes(out: Path, log=print) -> dict:
+def li_schemes(out: Path, log=logger.info) -> dict:
     """Figure 4: schemes I, II, transformed II and the original on Synthetic(0,0) and Synthetic(1,1)."""
     g = run_grid("repro_li_schemes", log=log)
     fig, ax = _figure(2)
@@ -416,7 +415,7 @@ def li_schemes(out: Path, log=print) -> dict:
     return res
 
 
-def li_schemes_mnist(out: Path, log=print) -> dict:
+def li_schemes_mnist(out: Path, log=logger.info) -> dict:
     """Figure 1c/1d at smoke scale: the schemes on digits, two classes per device, balanced and power-law sizes."""
     g = run_grid("repro_li_schemes_mnist", log=log)
     fig, ax = _figure(2)
@@ -430,7 +429,7 @@ def li_schemes_mnist(out: Path, log=print) -> dict:
 LI_TARGET_RATIO = 1.15 / 1.075  # Li et al.'s Synthetic(1,1) target over the minimum loss found
 
 
-def li_local_steps(out: Path, log=print) -> dict:
+def li_local_steps(out: Path, log=logger.info) -> dict:
     """Figure 1a: rounds to reach 1.07 x (the best loss any E reached) against E, K = 30, Synthetic(1,1)."""
     g = run_grid("repro_li_local_steps", log=log)
     Es = [int(p["algorithm.local_steps"]) for p in g.points]
@@ -456,7 +455,7 @@ def li_local_steps(out: Path, log=print) -> dict:
     return res
 
 
-def li_clients(out: Path, log=print) -> dict:
+def li_clients(out: Path, log=logger.info) -> dict:
     """Figure 1b: the loss against rounds for K in {10, 20, 50, 100} on Synthetic(0,0), E = 5."""
     g = run_grid("repro_li_clients", log=log)
     Ks = [int(p["algorithm.clients_per_round"]) for p in g.points]
@@ -510,7 +509,7 @@ def _plot_speedup(ax, cells: dict[str, dict], xlabel: str) -> None:
     ax.legend(fontsize=7)
 
 
-def qu_speedup(out: Path, log=print) -> dict:
+def qu_speedup(out: Path, log=logger.info) -> dict:
     """Rounds to target against K: FedAvg and Nesterov FedAvg (strongly convex), FedAvg (overparameterized)."""
     g = run_grid("repro_qu_speedup", reference=True, log=log)
     res: dict[str, Any] = {"seconds": g.seconds}
@@ -536,7 +535,7 @@ def qu_speedup(out: Path, log=print) -> dict:
     return res
 
 
-def yang_speedup(out: Path, log=print) -> dict:
+def yang_speedup(out: Path, log=logger.info) -> dict:
     """Rounds to F - F* <= 0.2 against n under Yang et al.'s theory step sizes (horizon T0 / n). The target is
     one every n reaches: the last iterates of the horizons end at F - F* ~ 0.11-0.17."""
     g = run_grid("repro_yang_speedup", reference=True, log=log)
@@ -558,7 +557,7 @@ def yang_speedup(out: Path, log=print) -> dict:
 YANG_TARGET_ACC = 0.85  # Table 2's target was lost from the extracted text; chosen for the digits smoke data
 
 
-def yang_noniid(out: Path, log=print) -> dict:
+def yang_noniid(out: Path, log=logger.info) -> dict:
     """Figure 1a/1b: training loss and test accuracy for p in {1, 2, 5, 10} classes per worker, full and
     partial participation, LR and 2NN (digits at smoke scale)."""
     g = run_grid("repro_yang_noniid", log=log)
@@ -585,7 +584,7 @@ def yang_noniid(out: Path, log=print) -> dict:
     return res
 
 
-def yang_table2(out: Path, log=print) -> dict:
+def yang_table2(out: Path, log=logger.info) -> dict:
     """Table 2: rounds, MB per worker and simulated seconds to test accuracy >= 0.85, FedAvg vs SCAFFOLD."""
     g = run_grid("repro_yang_table2", log=log)
     res: dict[str, Any] = {"seconds": g.seconds, "target_acc": YANG_TARGET_ACC, "rows": []}

@@ -24,10 +24,16 @@ from typing import Any, Callable
 
 import yaml
 
+from fedharness.algorithms.step_sizes import yang_two_sided
+from fedharness.backends import ray_cluster
 from fedharness.compose import CONF_DIR, group_options
-from fedharness.config import load_config
+from fedharness.config import load_config, load_settings
 from fedharness.errors import ConfigError, require
+from fedharness.extras import require_extra
 from fedharness.files import atomic_text
+from fedharness.lifecycle import RunInterrupted, interrupts_raised, last_recorded_round, mark_lost_runs
+from fedharness.runner import _now, _run_row, execute, new_run_id
+from fedharness.sinks.parquet import ParquetSink
 
 PROTOCOLS = ("fixed", "theory", "tuned")
 RUNNERS = ("ray", "local")
@@ -321,21 +327,19 @@ def clients_per_round(cfg: dict[str, Any]) -> int:
 
 
 def theory_step_sizes(cfg: dict[str, Any], c1: float, c2: float, T: int | None = None) -> tuple[float, float]:
-    """Yang et al.'s Corollary: eta_L = c1 / (K sqrt(T)), eta = c2 sqrt(K n) (their c1 = 1/L, c2 = 1)."""
+    """The theory protocol's (client_lr, server_lr) for a run config: Yang et al.'s two-sided step sizes
+    (fedharness.algorithms.step_sizes.yang_two_sided) with K = algorithm.local_steps, n = clients_per_round(cfg)
+    and T = the protocol's T, else the run's rounds."""
     alg = cfg["algorithm"]
     require(alg["local_work"] == "steps", "algorithm.local_work", alg["local_work"],
             "the theory protocol needs a fixed number of local steps K (local_work=steps)")
     require(alg["lr_schedule"] == "constant", "algorithm.lr_schedule", alg["lr_schedule"],
             "the theory protocol sets constant step sizes (lr_schedule=constant)")
-    K, n = int(alg["local_steps"]), clients_per_round(cfg)
-    T = int(T or cfg["rounds"])
-    return c1 / (K * math.sqrt(T)), c2 * math.sqrt(K * n)
+    return yang_two_sided(int(alg["local_steps"]), clients_per_round(cfg), int(T or cfg["rounds"]), c1, c2)
 
 
 def expand(spec: SweepSpec, new_id: Callable[[], str] | None = None) -> list[Job]:
     """Compose and validate every point (ConfigError before any file); protocol step sizes are set here."""
-    from fedharness.runner import new_run_id
-
     new_id = new_id or new_run_id
     forced = [f"results_dir={spec.results_dir}", f"study={spec.name}", "progress=false"]
     jobs: list[Job] = []
@@ -378,15 +382,11 @@ def _existing_status(results_dir: str, run_id: str) -> str | None:
 
 def record_failure(overrides: list[str], run_id: str, error: str) -> None:
     """A runs/ row with status=failed and the rounds it recorded, unless the run itself wrote its final row."""
-    from fedharness.lifecycle import last_recorded_round
-    from fedharness.runner import _now, _run_row
-    from fedharness.sinks.parquet import ParquetSink
-
-    cfg = load_config(overrides)
-    if _existing_status(cfg["results_dir"], run_id) not in (None, "running"):
+    settings = load_settings(overrides)
+    if _existing_status(settings.results_dir, run_id) not in (None, "running"):
         return
-    rounds = last_recorded_round(cfg["results_dir"], run_id)
-    ParquetSink(cfg["results_dir"], run_id).write_run(_run_row(cfg, "failed", rounds, _now(), error))
+    rounds = last_recorded_round(settings.results_dir, run_id)
+    ParquetSink(settings.results_dir, run_id).write_run(_run_row(settings, "failed", rounds, _now(), error))
 
 
 def run_job(overrides: list[str], run_id: str, num_threads: int = 1) -> JobOutcome:
@@ -395,13 +395,11 @@ def run_job(overrides: list[str], run_id: str, num_threads: int = 1) -> JobOutco
 
     import torch
 
-    from fedharness.runner import execute
-
     torch.set_num_threads(max(1, num_threads))
     start = time.perf_counter()
     worker = f"{platform.node()}:{os.getpid()}"
     try:
-        result = execute(load_config(overrides), run_id=run_id)
+        result = execute(load_settings(overrides), run_id=run_id)
         return JobOutcome(run_id, result.status, time.perf_counter() - start, worker=worker)
     except Exception as err:  # recorded, and the sweep goes on
         error = f"{type(err).__name__}: {err}"
@@ -440,8 +438,6 @@ def _run_ray(jobs: list[Job], spec: SweepSpec, on_done: Callable[[Job, JobOutcom
 
 def _check_job_fits(cpus: float, gpus: float) -> None:
     """A request no node can meet would wait forever: say which resource instead."""
-    from fedharness.backends import ray_cluster
-
     nodes = ray_cluster.alive_nodes()
     for resource, amount, key in (("CPU", cpus, "sweep.resources.num_cpus"), ("GPU", gpus, "sweep.resources.num_gpus")):
         largest = max((n["Resources"].get(resource, 0.0) for n in nodes), default=0.0)
@@ -489,7 +485,7 @@ def run_sweep(spec: SweepSpec, jobs: list[Job] | None = None, echo: Callable[[st
     jobs = jobs if jobs is not None else expand(spec)
     conn = None
     if spec.runner == "ray":  # reach the cluster and check the request fits before any file is written
-        from fedharness.backends import ray_cluster
+        require_extra("ray", "sweep.runner", "ray")  # without the extra: one line naming fedharness[ray]
 
         conn = ray_cluster.connect(spec.address)
         try:
@@ -497,8 +493,6 @@ def run_sweep(spec: SweepSpec, jobs: list[Job] | None = None, echo: Callable[[st
         except BaseException:
             conn.close()
             raise
-    from fedharness.lifecycle import mark_lost_runs
-
     mark_lost_runs(spec.results_dir)  # rows a killed sweep left `running` (CLI and Python API alike)
     started = _dt.datetime.now(_dt.timezone.utc)
     stamp = started.strftime("%Y%m%d-%H%M%S")
@@ -548,8 +542,6 @@ def main(args: list[str], dry_run: bool = False) -> int:
             print(f"{job.run_id}  {' '.join(job.overrides)}")
         print(f"{len(jobs)} runs (dry run: nothing started)")
         return 0
-    from fedharness.lifecycle import RunInterrupted, interrupts_raised
-
     try:
         with interrupts_raised():
             result = run_sweep(spec, jobs, echo=lambda s: print(s, flush=True))

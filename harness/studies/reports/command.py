@@ -60,15 +60,12 @@ def main(args: argparse.Namespace) -> int:
             print(f"  {row.group}: {b}")
     print(f"report: {report.markdown} ({len(report.figures)} figures, tables in {report.out_dir / 'tables'})")
     if args.wandb:
-        from fedharness.config import load_config
+        from fedharness.config import load_settings
         from fedharness.sinks.wandb_sink import log_report
+        from fedharness.studies.sweep import dict_overrides
 
-        wcfg = load_config([])["wandb"]
-        for key in ("project", "entity", "group", "mode"):
-            value = getattr(args, f"wandb_{key}")
-            if value is not None:
-                wcfg[key] = value
-        log_report(report, wcfg)
+        given = {f"wandb.{key}": getattr(args, f"wandb_{key}") for key in ("project", "entity", "group", "mode")}
+        log_report(report, load_settings(dict_overrides({k: v for k, v in given.items() if v is not None})).wandb)
     if args.wandb_report:
         from fedharness.studies.reports.wandb_report import write
 

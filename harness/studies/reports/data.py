@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fedharness.errors import ConfigError, require
+
+log = logging.getLogger(__name__)
 
 # Keys that do not change a trajectory, or that identify a run rather than a design point.
 IGNORED = ("seed", "results_dir", "study", "experiment", "progress", "executor", "num_shards", "device", "trial",
@@ -33,7 +35,7 @@ class Results:
 
 def _read_parts(files: list[Path], run_ids: list[str], skipped: list[str]) -> pd.DataFrame:
     """The files as one table with their run_id; an unreadable file (truncated, not Parquet) is named on
-    stderr, listed in `skipped`, and left out, so one bad file does not hide all the others."""
+    its logger, listed in `skipped`, and left out, so one bad file does not hide all the others."""
     tables = []
     for path, run_id in zip(files, run_ids):
         try:
@@ -41,7 +43,7 @@ def _read_parts(files: list[Path], run_ids: list[str], skipped: list[str]) -> pd
         except (pa.ArrowException, OSError) as err:
             message = (str(err).splitlines() or [""])[0].replace(str(path), "file").replace("`", "'")
             why = f"{path}: {type(err).__name__}: {message[:160]}"
-            print(f"fedharness report: warning: skipped an unreadable file, {why}", file=sys.stderr)
+            log.warning(f"skipped an unreadable file, {why}")
             skipped.append(why)
             continue
         if "run_id" in t.column_names:

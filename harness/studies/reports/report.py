@@ -13,7 +13,7 @@ import pandas as pd
 from fedharness.errors import require
 from fedharness.studies.reports import analysis, markdown, plots
 from fedharness.studies.reports.analysis import Design, Target, parse_target
-from fedharness.studies.reports.data import Results, check_scale_key, load_results
+from fedharness.studies.reports.data import Results, check_scale_key, load_results, varying_keys
 
 DEFAULT_SCALE_KEY = "algorithm.clients_per_round"
 
@@ -54,8 +54,6 @@ def _runs_table(results: Results, labels: pd.DataFrame) -> pd.DataFrame:
 
 def _groups_table(results: Results, labels: pd.DataFrame, design: Design) -> pd.DataFrame:
     """Each group with every varying key that is constant within it (so zipped or tied keys are visible)."""
-    from fedharness.studies.reports.data import varying_keys
-
     keys = [k for k in varying_keys(results.runs) if k != design.scale_key]
     rows = []
     for group, ids in labels.groupby("group", sort=False)["run_id"]:

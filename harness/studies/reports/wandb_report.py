@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +25,10 @@ import pandas as pd
 
 from fedharness.config import load_config
 from fedharness.errors import require
+from fedharness.extras import require_extra
 from fedharness.files import atomic_text
 from fedharness.sinks.masking import mask_secrets
+from fedharness.sinks.wandb_sink import resolve_mode
 from fedharness.studies.reports import markdown
 from fedharness.studies.reports.data import load_results
 from fedharness.studies.reports.report import Report
@@ -35,6 +37,8 @@ from fedharness.studies.tuning.export import shown
 SPEC_FORMAT = "fedharness-wandb-report/1"
 SPEC_NAME = "wandb_report.json"
 LOSSES = ("train_loss", "subopt", "dist_to_opt", "grad_norm_sq", "test_loss")
+
+log = logging.getLogger(__name__)
 
 
 def _one(values: pd.Series, default: str | None) -> str | None:
@@ -152,7 +156,7 @@ def _panel(p: dict):
 
 def to_report(spec: dict, entity: str):
     """The spec as a `wandb_workspaces` Report (building it looks the project up on the W&B server)."""
-    import wandb_workspaces.reports.v2 as wr
+    wr = require_extra("wandb_workspaces.reports.v2", "--wandb-report", "publish")
 
     ids = spec["runs"]["run_ids"]
     runset = wr.Runset(entity=entity, project=spec["project"], name=spec["runs"]["name"],
@@ -165,7 +169,7 @@ def to_report(spec: dict, entity: str):
 
 def publish(spec: dict) -> str:
     """Save the report to W&B; returns its URL."""
-    import wandb
+    wandb = require_extra("wandb", "--wandb-report", "publish")
 
     entity = spec["entity"] or wandb.Api().default_entity
     return to_report(spec, entity).save().url
@@ -177,19 +181,17 @@ def spec_path(args: argparse.Namespace) -> Path:
 
 def write(report: Report, args: argparse.Namespace) -> None:
     """`--wandb-report`: write the spec; publish it now when W&B is online, else print the command that will."""
-    from fedharness.sinks.wandb_sink import resolve_mode
-
     spec = build_spec(report, args.results_dir, args.study, args.wandb_project, args.wandb_entity)
     path = report.out_dir / SPEC_NAME
     atomic_text(path, json.dumps(spec, indent=1) + "\n")
-    print(f"wandb report: {shown(path)} ({sum(len(b.get('panels', [])) for b in spec['blocks'])} panels, "
-          f"{len(spec['runs']['run_ids'])} W&B runs)")
+    log.info(f"wandb report: {shown(path)} ({sum(len(b.get('panels', [])) for b in spec['blocks'])} panels, "
+             f"{len(spec['runs']['run_ids'])} W&B runs)")
     if resolve_mode(args.wandb_mode or "auto") == "online":
-        print(f"wandb report: published {publish(spec)}")
+        log.info(f"wandb report: published {publish(spec)}")
     else:
         out = f" --out {shown(report.out_dir)}" if args.out else ""
-        print(f"wandb report: offline; publish it later with: fedharness report {shown(args.results_dir)}{out} "
-              "--publish", file=sys.stderr)
+        log.info(f"wandb report: offline; publish it later with: fedharness report {shown(args.results_dir)}{out} "
+                 "--publish")
 
 
 def publish_file(args: argparse.Namespace) -> int:
@@ -198,5 +200,5 @@ def publish_file(args: argparse.Namespace) -> int:
     require(path.is_file(), "--publish", str(path), "a spec written by fedharness report DIR --wandb-report")
     spec = json.loads(path.read_text())
     require(spec.get("format") == SPEC_FORMAT, "--publish", str(path), f"a {SPEC_FORMAT} spec")
-    print(f"wandb report: published {publish(spec)}")
+    log.info(f"wandb report: published {publish(spec)}")
     return 0

@@ -22,7 +22,11 @@ from typing import Any
 
 import numpy as np
 
+from fedharness.algorithms.registry import build_algorithm
+from fedharness.core.engine import Engine, NetworkModel
+from fedharness.core.series import build_series
 from fedharness.errors import ConfigError, require
+from fedharness.problems import build_problem
 
 KINDS = ("local_steps", "rounds", "grad_evals", "bytes")
 MAX_ROUNDS = 1_000_000  # a budget that needs more rounds than this is a typo, not a study
@@ -73,8 +77,6 @@ _PROBLEMS: dict[str, Any] = {}
 
 def problem_for(cfg: dict[str, Any]):
     """Problems are rebuilt only when their config changes (the tuned keys are usually the algorithm's)."""
-    from fedharness.problems import build_problem
-
     key = json.dumps([cfg[k] for k in ("dataset", "partition", "model", "seed", "dtype", "device")]
                      + [cfg["algorithm"]["batch_size"]], sort_keys=True, default=str)
     if key not in _PROBLEMS:
@@ -85,15 +87,11 @@ def problem_for(cfg: dict[str, Any]):
 
 def _cumulative_cost(cfg: dict[str, Any], kind: str, total: int) -> np.ndarray:
     """Cost after rounds 1, 2, ... (max over replicas), replayed until it passes `total`."""
-    from fedharness.algorithms.registry import build_algorithm
-    from fedharness.core.engine import Engine, NetworkModel
-    from fedharness.core.series import build_series
-
     problem = problem_for(cfg)
     algorithm = build_algorithm({**cfg["algorithm"], "rounds": cfg["rounds"]}, problem)
-    layout, _ = build_series(cfg["algorithm"], cfg["replicas"])
+    layout, _ = build_series(cfg["replicas"], **cfg["algorithm"])
     engine = Engine(problem, algorithm, None, rounds=cfg["rounds"], seed=cfg["seed"], replicas=cfg["replicas"],
-                    eval_every=1, layout=layout, network=NetworkModel.from_config(cfg.get("network")))
+                    eval_every=1, layout=layout, network=NetworkModel(**cfg["network"]))
     state = engine.initial_state()
     spent: list[int] = []
     for rnd in range(MAX_ROUNDS):

@@ -5,14 +5,14 @@ from __future__ import annotations
 import shlex
 import sys
 
+from fedharness.lifecycle import RunInterrupted, interrupts_raised
 from fedharness.studies.tuning.compare import run_compare
-from fedharness.studies.tuning.study import StudyInterrupted, build_spec, tune
+from fedharness.studies.tuning.spec import build_spec
+from fedharness.studies.tuning.study import StudyInterrupted, tune
 
 
 def main(overrides: list[str], compare: str | None = None) -> int:
     """SIGINT/SIGTERM end it with one line on stderr and exit status 130/143 (128 + the signal)."""
-    from fedharness.lifecycle import RunInterrupted, interrupts_raised
-
     command = shlex.join(["fedharness", "tune", *overrides, *(["--compare", compare] if compare else [])])
     with interrupts_raised():  # also while the line is printed, so a second signal cannot cut it short
         try:

@@ -18,12 +18,17 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from fedharness.compose import group_options
+from fedharness.config import load_settings
 from fedharness.errors import ConfigError, require
 from fedharness.files import atomic_text
+from fedharness.runner import execute
 from fedharness.sinks.parquet import atomic_write_table
 from fedharness.studies.tuning.export import best_trial, shown
-from fedharness.studies.tuning.study import (TuneSpec, build_spec, check_reachable, compose_tune, open_study,
-                                          split_overrides, trial_config, tune)
+from fedharness.studies.tuning.optuna_parts import open_study
+from fedharness.studies.tuning.spec import TuneSpec, build_spec, compose_tune, split_overrides, trial_config
+from fedharness.studies.tuning.storage import check_reachable
+from fedharness.studies.tuning.study import tune
 
 COMPARE_SCHEMA = pa.schema([
     ("algorithm", pa.string()), ("tune_study", pa.string()), ("n_trials", pa.int64()),
@@ -36,8 +41,6 @@ COMPARE_SCHEMA = pa.schema([
 
 
 def _algorithms(text: str) -> list[str]:
-    from fedharness.compose import group_options
-
     algs = [a.strip() for a in text.split(",") if a.strip()]
     require(len(algs) >= 1, "--compare", text, "a comma-separated list of algorithms, e.g. fedavg,fednova")
     require(len(set(algs)) == len(algs), "--compare", text, "each algorithm once")
@@ -65,9 +68,6 @@ def rerun_overrides(spec: TuneSpec, params: dict) -> list[str]:
 
 
 def _rerun(spec: TuneSpec, study_name: str, algorithm: str) -> dict:
-    from fedharness.config import load_config
-    from fedharness.runner import execute
-
     study = open_study(spec)
     best = best_trial(spec, study.get_trials(deepcopy=False))
     row = {"study": study_name, "algorithm": algorithm, "tune_study": spec.study, "n_trials": spec.n_trials,
@@ -76,13 +76,12 @@ def _rerun(spec: TuneSpec, study_name: str, algorithm: str) -> dict:
     if best is None:
         return {**row, "status": "no finite trial"}
     overrides = rerun_overrides(spec, best.params)
-    cfg = load_config(overrides)
-    cfg.update(results_dir=spec.results_dir, progress=False, study=study_name)
-    result = execute(cfg)
+    settings = load_settings(overrides).replace(results_dir=spec.results_dir, progress=False, study=study_name)
+    result = execute(settings)
     values = spec.objective.per_replica(result.rows, result.status)
     std = float(np.std(values, ddof=1)) if len(values) > 1 and np.all(np.isfinite(values)) else None
     return {**row, "best_trial": best.number, "tuned_value": best.value, "params_json": json.dumps(best.params),
-            "rounds": cfg["rounds"], "seed": cfg["seed"], "replicas": cfg["replicas"],
+            "rounds": settings.rounds, "seed": settings.seed, "replicas": settings.replicas,
             "mean": float(np.mean(values)), "std": std, "values_json": json.dumps([float(v) for v in values]),
             "status": result.status, "run_id": result.run_id, "overrides": " ".join(overrides)}
 

@@ -1,0 +1,387 @@
+"""What the engine expects of a problem, a model and each part of an algorithm, and what a part's state is.
+
+The engine (harness/core) calls every member below directly, never asking whether a part has it. A member a
+part may leave out has its default here: a part gets the defaults by subclassing its Protocol
+(`class MySolver(LocalSolver)`); a class that does not must have every member itself, and the registry refuses
+it, naming what is missing, when it builds the part.
+
+A part registers itself beside its class with `part(kind, name)`. Its constructor's signature is its schema:
+the builder (fedharness.algorithms.registry) calls it with the `algorithm` keys its parameters name, each
+declared once, with its type, range and doc (fedharness.keys), in the module of the part that uses it (a
+module's `KEYS`; a user's part declares its own when it is registered), plus the CONTEXT values it asks for.
+
+The state a stateful part keeps between rounds is a mapping of named tensors (a TypedDict below), so a
+checkpoint saves it by name, as plain data.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, TypedDict, runtime_checkable
+
+import numpy as np
+import torch
+
+from fedharness.keys import Key
+
+# --- what the parts hand each other ------------------------------------------------------------------------
+
+
+@dataclass
+class ClientKeys:
+    """Who trains: client ids, the replica each copy belongs to, and the round."""
+
+    clients: np.ndarray  # [M] int64 client ids
+    replicas: np.ndarray  # [M] int64 stream replica ids
+    round: int
+    seed: int
+
+
+@dataclass
+class Evaluation:
+    """Per-replica metrics of the global model; None where a metric does not apply."""
+
+    train_loss: np.ndarray
+    grad_norm_sq: np.ndarray
+    test_loss: np.ndarray | None = None
+    test_acc: np.ndarray | None = None
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class Selection:
+    """A sampler's choice for a round: a multiset of clients per replica and their weights."""
+
+    clients: np.ndarray  # [R, K] int64
+    weights: np.ndarray  # [R, K] float64: Delta = sum_k weights * Delta_k
+    lr_scale: np.ndarray  # [R, K] float64: client learning-rate multiplier
+    active: np.ndarray | None = None  # [R] bool; False: no sampled client returned, the round moves nothing
+
+
+@dataclass
+class ReplicaLayout:
+    """What each replica on the leading axis is: its random stream and its step-size / local-step factors.
+
+    Plain seeds: stream r, factors 1. Richardson-Romberg couples replicas that share a
+    stream (or not) and differ by a factor 2 in the step size or the local steps.
+    """
+
+    stream_ids: np.ndarray
+    lr_factor: np.ndarray
+    tau_factor: np.ndarray
+    init_ids: np.ndarray | None = None  # which initial point each replica starts from (default: its own)
+
+    def __post_init__(self):
+        if self.init_ids is None:
+            self.init_ids = np.arange(len(self.stream_ids))
+
+    @classmethod
+    def seeds(cls, replicas: int) -> "ReplicaLayout":
+        return cls(np.arange(replicas), np.ones(replicas), np.ones(replicas, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.stream_ids)
+
+
+@dataclass
+class WeightStats:
+    """Per sampled client: ||a||_1, ||a||_2^2 and the last entry a_{tau-1}, in units of its own first step size.
+
+    `scale` is the client's lr multiplier s_k (None: all 1): its delta is s_k times larger, so its
+    share of the aggregate is q_k s_k ||a_k||_1 (transformed scheme II scales by N p_k).
+    """
+
+    l1: np.ndarray
+    l2sq: np.ndarray
+    last: np.ndarray
+    scale: np.ndarray | None = None
+
+
+@dataclass
+class Coefficients:
+    """An aggregator's coefficient c_k of each client's delta, and FedNova's diagnostics (NaN: not computed)."""
+
+    coef: np.ndarray  # [R, K]
+    tau_eff: np.ndarray  # [R]
+    chi2: np.ndarray  # [R]: chi^2(p || w) of the sampled weights against the effective ones
+    slowdown: np.ndarray  # [R]: mean tau / tau_eff
+
+    def idle(self, idle: np.ndarray) -> None:
+        """Replicas `idle` [R] bool train nobody this round (dropout): coefficient 0, diagnostics NaN."""
+        self.coef = np.where(idle[:, None], 0.0, self.coef)
+        self.tau_eff = np.where(idle, np.nan, self.tau_eff)
+        self.chi2 = np.where(idle, np.nan, self.chi2)
+        self.slowdown = np.where(idle, np.nan, self.slowdown)
+
+
+# --- what a part keeps between rounds (checkpointed by name, as plain data) ---------------------------------
+
+
+class ControlVariate(TypedDict):
+    """SCAFFOLD's control variate: the server's c (server context) or a client's c_i (client state)."""
+
+    control: torch.Tensor  # float64 [R, dim] (server) or [dim] (one client of one replica)
+
+
+class MomentumState(TypedDict):
+    """Server momentum / Nesterov."""
+
+    buf: torch.Tensor  # float64 [R, dim]
+
+
+class AdamState(TypedDict):
+    """FedAdam / FedYogi: first and second moments."""
+
+    m: torch.Tensor  # float64 [R, dim]
+    v: torch.Tensor  # float64 [R, dim]
+
+
+class AverageState(TypedDict):
+    """A Polyak-Ruppert average (series hooks)."""
+
+    sum: torch.Tensor  # float64 [R, dim]
+    count: int
+    last: torch.Tensor  # the last iterate [R, dim]
+
+
+class SolverState(TypedDict, total=False):
+    """A local solver's state within one round: every tensor holds the M client copies on its first axis."""
+
+    w0: torch.Tensor  # the round's starting point of each copy
+    buf: torch.Tensor | None  # client momentum, reset each round
+    c: torch.Tensor  # SCAFFOLD: the server's control variate, per copy
+    c_i: torch.Tensor  # SCAFFOLD: the client's own
+    correction: torch.Tensor  # SCAFFOLD: c - c_i in the model's dtype
+
+
+ServerState = Mapping[str, torch.Tensor]  # a server optimizer's: {} (sgd), MomentumState, AdamState
+ServerContext = Mapping[str, torch.Tensor]  # what a solver keeps on the server and sends the shards: {}, ControlVariate
+ClientState = Mapping[str, torch.Tensor]  # what a solver keeps per (replica, client) in its shard: {}, ControlVariate
+
+
+# --- the model and the problem ------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A model and its loss over flat parameter vectors, batched over client copies (problems/objectives.py)."""
+
+    name: str
+    convex: bool
+    dim: int
+    l2: float  # weight of the ridge term l2 ||w||^2
+    kernel: str | None = None  # how a net batches its copies' gradients (core/kernels.py); None: nothing to choose
+
+    def prepare(self, x: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor: ...
+
+    def prepare_chunk(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]: ...
+
+    def init(self, replicas: int, seed: int, dtype: torch.dtype) -> torch.Tensor: ...
+
+    def batch_grad(self, w: torch.Tensor, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Minibatch gradients of M client copies w [M, dim] at once."""
+
+    def loss_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed data loss and number of correct predictions, per replica: ([R], [R])."""
+
+    def regularizer(self, w: torch.Tensor) -> torch.Tensor: ...
+
+    def activation_bytes(self, batch: int, itemsize: int) -> int: ...
+
+
+@runtime_checkable
+class Problem(Protocol):
+    """Client weights, batched local gradients, evaluation.
+
+    A problem's parameters are a flat vector of `dim` entries. The engine trains M client copies at once as a
+    [M, dim] tensor; the problem draws every minibatch of a round from the counter-based streams, so the
+    result never depends on how the clients are grouped into shards.
+    """
+
+    num_clients: int
+    dim: int
+    weights: np.ndarray  # p_k, float64, sums to 1
+    sizes: np.ndarray  # n_k, number of training samples (1 for sample-free objectives)
+    convex: bool
+    dtype: torch.dtype
+    device: torch.device
+    memory_budget: int | None = None  # bytes one batched step may use (memory_budget_gb); None: no bound
+    objective: Model | None = None  # the model and loss of a data problem; None: an analytic objective
+    exact_reference: bool = True  # False: F is never built whole, so there is no exact w*, F*
+
+    def init_params(self, replicas: int, seed: int) -> torch.Tensor: ...
+
+    def round_batches(self, keys: ClientKeys, steps: int) -> Any:
+        """All the randomness local training of a round needs, drawn at once."""
+
+    def grad(self, w: torch.Tensor, batches: Any, step: int) -> torch.Tensor:
+        """Stochastic gradient of each client's objective at local step `step`: [M, dim]."""
+
+    def reference_grad(self, w: torch.Tensor, batches: Any, step: int) -> torch.Tensor:
+        """The same gradient computed the slow, obvious way (the reference executor checks the fast path)."""
+
+    def entry_bytes(self, steps: int) -> int:
+        """Bytes one client copy of a batched local step needs besides its parameter vectors."""
+
+    def evaluate(self, w: torch.Tensor) -> Evaluation:
+        """Metrics of each replica's global model w [R, dim]."""
+
+    def objective_value(self, w: torch.Tensor) -> torch.Tensor:
+        """F(w) per replica, float64."""
+
+    def objective_and_grad(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact global objective F and its gradient at w [R, dim] (used by the reference solver)."""
+
+    def with_dtype(self, dtype: torch.dtype) -> Problem:
+        """The same problem in another dtype (the reference solver runs in float64)."""
+        raise TypeError(f"{type(self).__name__} cannot be rebuilt in another dtype")
+
+    def hessians(self) -> np.ndarray | None:
+        """The clients' constant Hessians A_k [N, dim, dim] of a quadratic objective; None: not quadratic."""
+        return None
+
+    def client_minima(self) -> np.ndarray | None:
+        """Every client's F_k* in closed form; None: none known (harness/closed_forms.py may solve for it)."""
+        return None
+
+
+# --- the parts --------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Who takes part in a round and with which aggregation weight q_k (algorithms/samplers.py)."""
+
+    with_replacement: bool = False  # a client may be drawn twice in a round (each draw counts)
+
+    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection: ...
+
+
+@runtime_checkable
+class LocalWork(Protocol):
+    """How many local steps tau_k each sampled client makes (algorithms/local_work.py)."""
+
+    def steps(self, seed: int, replicas: np.ndarray, rnd: int, clients: np.ndarray, sizes: np.ndarray,
+              batch_size: int) -> np.ndarray:
+        """[R, K] int64 local steps of the sampled `clients` [R, K]."""
+
+
+@runtime_checkable
+class Schedule(Protocol):
+    """The client step size of each local step of a round, a pure function of (round, step) (algorithms/schedules.py)."""
+
+    def step_lrs(self, rnd: int, steps: int) -> np.ndarray:
+        """The sizes of local steps 0..steps-1 of round `rnd`."""
+
+
+@runtime_checkable
+class LocalSolver(Protocol):
+    """The update each client applies at every local step, vectorized over client copies (algorithms/solvers.py)."""
+
+    comm_factor: int = 1  # model-sized vectors each way per client and round (SCAFFOLD: 2, its control variate)
+
+    def init_state(self, w0: torch.Tensor, server_ctx: ServerContext | None = None,
+                   saved: list[ClientState] | None = None) -> SolverState:
+        """Per-round state of M client copies w0 [M, dim]."""
+
+    def update(self, w: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: SolverState) -> torch.Tensor:
+        """One local step in place for the M copies w [M, dim] (a prefix of the round's batch), lr [M, 1]."""
+
+    def weight_stats(self, tau: np.ndarray, step_lrs: np.ndarray, lr_scale: np.ndarray | None = None) -> WeightStats:
+        """||a_k||_1, ||a_k||_2^2 and a_k's last entry of the solver's weighting vector (Wang et al.)."""
+
+    def step_lrs(self, base_lrs: np.ndarray) -> np.ndarray:
+        """The schedule's step sizes as the solver takes them within a round."""
+        return base_lrs
+
+    def finish(self, w0: torch.Tensor, w: torch.Tensor, lr_sum: torch.Tensor, state: SolverState,
+               p: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """New persistent client state and per-client sums to reduce (none for a stateless solver)."""
+        return {}, {}
+
+    def init_server_ctx(self, x: torch.Tensor) -> ServerContext:
+        """What the solver keeps on the server (SCAFFOLD's c); sent to the shards every round."""
+        return {}
+
+    def update_server_ctx(self, ctx: ServerContext, extras: dict[str, torch.Tensor]) -> ServerContext:
+        """The server context after a round whose shards reduced `extras` (the sums `finish` returned)."""
+        return ctx
+
+
+@runtime_checkable
+class Aggregator(Protocol):
+    """The coefficient c_k of each client's delta in Delta = sum_k c_k Delta_k (algorithms/aggregators.py)."""
+
+    def coefficients(self, q: np.ndarray, stats: WeightStats, tau: np.ndarray) -> Coefficients: ...
+
+
+@runtime_checkable
+class ServerOptimizer(Protocol):
+    """x_{r+1} from x_r and the aggregated delta (algorithms/server.py)."""
+
+    server_lr: float | None = None  # eta_g, recorded in the rounds table (None: the optimizer has none)
+
+    def step(self, x: torch.Tensor, delta: torch.Tensor, state: ServerState, lr: np.ndarray | None = None) \
+            -> torch.Tensor:
+        """The new model; `state` is updated in place; `lr` [R] the round's first client step size."""
+
+    def init_state(self, x: torch.Tensor) -> ServerState:
+        return {}
+
+
+@runtime_checkable
+class SeriesHook(Protocol):
+    """Extra recorded iterates (core/series.py): Polyak-Ruppert averages, Richardson-Romberg extrapolation."""
+
+    def init_state(self, x: torch.Tensor) -> AverageState: ...
+
+    def observe(self, hs: AverageState, x: torch.Tensor, rnd: int, rounds: int) -> None: ...
+
+    def series(self, hs: AverageState) -> dict[str, tuple[torch.Tensor, np.ndarray]]: ...
+
+
+@dataclass
+class Algorithm:
+    """The parts an algorithm is composed of (algorithms/registry.py builds it from the `algorithm` config)."""
+
+    name: str
+    sampler: Sampler
+    local_work: LocalWork
+    schedule: Schedule
+    solver: LocalSolver
+    aggregator: Aggregator
+    server: ServerOptimizer
+    batch_size: int
+
+
+# --- registering parts --------------------------------------------------------------------------------------
+
+PROTOCOLS: dict[str, type] = {"sampler": Sampler, "local_work": LocalWork, "lr_schedule": Schedule,
+                              "solver": LocalSolver, "aggregator": Aggregator, "server_optimizer": ServerOptimizer}
+PARTS: dict[str, dict[str, Callable[..., Any]]] = {kind: {} for kind in PROTOCOLS}  # kind -> name -> factory
+CONTEXT = ("problem", "num_clients", "rounds")  # what a constructor may ask for besides its keys
+PART_KEYS: dict[Callable[..., Any], dict[str, Key]] = {}  # the keys a user's part declared when registered
+
+
+def part(kind: str, name: str, **bound: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Class (or function) decorator: `algorithm.<kind>=name` builds it. `bound` fixes arguments for this name
+    (e.g. nesterov=True), which then are not config keys."""
+    def register(factory: Callable[..., Any]) -> Callable[..., Any]:
+        PARTS[kind][name] = functools.partial(factory, **bound) if bound else factory
+        return factory
+
+    return register
+
+
+def key_parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
+    """The parameters the builder fills, by name, from the config keys and CONTEXT (not those bound by `part`)."""
+    bound = factory.keywords if isinstance(factory, functools.partial) else {}
+    return [p for p in inspect.signature(factory).parameters.values()
+            if p.name not in bound and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def part_names(kind: str) -> Callable[[], tuple[str, ...]]:
+    """The names registered for `kind` when called (a `choice` key lists the live registry)."""
+    return lambda: tuple(PARTS[kind])

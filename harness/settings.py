@@ -1,0 +1,227 @@
+"""The run's settings: the validated config as one frozen, typed object, built once at load time.
+
+Every run-level key is declared here, once, as a field with its Key (the check, what is allowed, a doc:
+harness/keys.py); the schema's TOP and SECTIONS (harness/schema.py), `fedharness run --help` and the error
+messages are generated from these fields. Defaults live in the YAML under conf/, never here.
+`fedharness.config.load_settings` composes, validates and builds a RunSettings; the core, the backends and the
+sinks read its typed fields. The group sections (dataset, partition, model, algorithm) are PartSettings: the
+option's name and its keys, which the part that uses them declares. `.config` keeps the plain validated dict for
+what must round-trip as data (the runs/ row's config_json, checkpoints, `--cfg job`, the exact-reference cache).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from fedharness.errors import ConfigError
+from fedharness.keys import Key, _is_list, anything, boolean, choice, integer, number, text
+
+
+def key(spec: Key) -> Any:
+    """A field that is a config key, declared by its Key; no default (the YAML under conf/ holds it)."""
+    return field(metadata={"key": spec})
+
+
+def section(cls: type) -> Any:
+    """A field holding a section of keys (`ray`, `network`, `wandb`), itself a frozen dataclass of key fields."""
+    return field(metadata={"section": cls})
+
+
+def part() -> Any:
+    """A field holding a group's option (`dataset=NAME` and its keys): a PartSettings."""
+    return field(metadata={"part": True})
+
+
+def keys_of(cls: type) -> dict[str, Key]:
+    """The keys a settings class declares, in declaration order."""
+    return {f.name: f.metadata["key"] for f in fields(cls) if "key" in f.metadata}
+
+
+def sections_of(cls: type) -> dict[str, type]:
+    return {f.name: f.metadata["section"] for f in fields(cls) if "section" in f.metadata}
+
+
+def parts_of(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(cls) if "part" in f.metadata)
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
+def _plain(value: Any) -> Any:
+    """A settings value as config data: sections and parts as dicts, tuples as lists."""
+    if isinstance(value, PartSettings):
+        return value.as_dict()
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    return [_plain(v) for v in value] if isinstance(value, tuple) else copy.deepcopy(value)
+
+
+def _section(cls: type, values: Mapping[str, Any]):
+    return cls(**{name: _frozen(values[name]) for name in keys_of(cls)})
+
+
+# --- sections ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class RaySettings:
+    """`executor=ray` (docs/cluster.md)."""
+
+    address: str | None = key(Key(lambda v: v is None or (isinstance(v, str) and v != ""), "null, auto or host:port",
+                                  "null: start a local Ray on 127.0.0.1; auto | host:port: join a running cluster"))
+    num_shards: int = key(integer("long-lived ClientShard actors, each owning a cost-balanced set of clients", lo=1))
+    cpus_per_shard: float = key(number("CPUs reserved per shard (fractions allowed)", lo=0, lo_open=True))
+    gpus_per_shard: float = key(number("GPU share per shard (needs device=cuda), e.g. 0.25", lo=0))
+    placement: str = key(choice("spread (one shard per node where possible) | pack", ("spread", "pack")))
+    connect_timeout_s: float = key(number("bounded wait for the cluster to answer (s)", lo=0, lo_open=True))
+    reserve_timeout_s: float = key(number("bounded wait for the shards' CPUs/GPUs (s)", lo=0, lo_open=True))
+    max_restarts: int = key(integer("restarts of a dead shard per round before the run fails", lo=0))
+
+
+@dataclass(frozen=True, slots=True)
+class NetworkSettings:
+    """Simulated wall-clock per round: Parquet column sim_s (Yang et al.'s Table 2)."""
+
+    bandwidth_MB_per_s: float = key(number("each client's up- and downlink in MB/s (simulated sim_s)", lo=0,
+                                           lo_open=True))
+    compute_s_per_step: float = key(number("simulated seconds per local step", lo=0))
+
+
+@dataclass(frozen=True, slots=True)
+class WandbSettings:
+    """Weights & Biases: config, per-round metrics, summary, the run's Parquet as an artifact."""
+
+    enabled: bool = key(boolean("log config, per-round metrics, summary and the Parquet artifact to W&B"))
+    project: str = key(text("W&B project"))
+    entity: str | None = key(text("W&B entity", null="your default"))
+    group: str | None = key(text("W&B group", null="the run's study"))
+    tags: tuple[str, ...] = key(Key(lambda v: _is_list(v, lambda t: isinstance(t, str)), "a list of strings",
+                                    "W&B tags"))
+    mode: str = key(choice("auto (online with an API key, else offline) | online | offline",
+                           ("auto", "online", "offline")))
+
+
+# --- a group's option -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class PartSettings:
+    """One option of a group (`dataset=synthetic`, `algorithm=fedprox`, ...): its name and its keys, read-only.
+
+    The keys are declared beside the part that uses them; `params` holds them as a mapping (a part's builder takes
+    them as keyword arguments), and each one reads as an attribute too: `settings.algorithm.batch_size`.
+    """
+
+    name: str
+    params: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any]) -> PartSettings:
+        rest = {k: v for k, v in values.items() if k != "name"}
+        return cls(values["name"], MappingProxyType(copy.deepcopy(rest)))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The option as config data: `{"name": ..., **params}` (a fresh copy)."""
+        return {"name": self.name, **copy.deepcopy(dict(self.params))}
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("_"):
+            params = object.__getattribute__(self, "params")
+            if name in params:
+                return params[name]
+        raise AttributeError(f"{type(self).__name__} {object.__getattribute__(self, 'name')!r} has no key {name!r}")
+
+    def __reduce__(self):
+        return PartSettings.of, (self.as_dict(),)
+
+
+# --- the run ----------------------------------------------------------------------------------------------
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9._=-]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSettings:
+    """The validated run config, typed and frozen. Build it with `RunSettings.from_config` (or
+    `fedharness.config.load_settings`); `replace(**changes)` gives a new one."""
+
+    study: str = key(text("groups runs (tuning studies, sweeps)"))
+    experiment: str = key(text("the experiment config this run belongs to (experiment=NAME picks a paper "
+                               "reproduction)"))
+    rounds: int = key(integer("communication rounds", lo=1))
+    seed: int = key(integer("seed of every random stream (clients, minibatches, data)", lo=0))
+    replicas: int = key(integer("independent seeds batched on one tensor axis", lo=1))
+    eval_every: int = key(integer("rounds between evaluations (and Parquet rows)", lo=1))
+    results_dir: str = key(text("where runs/ and rounds/ are written as Parquet"))
+    executor: str = key(choice("inline | reference (per-client loop, for checking) | ray",
+                               ("inline", "reference", "ray")))
+    num_shards: int = key(integer("inline shards (the ray executor uses ray.num_shards)", lo=1))
+    checkpoint_every: int = key(integer("rounds between checkpoints under <results_dir>/checkpoints/ (0: none)",
+                                        lo=0))
+    resume: str | None = key(Key(lambda v: v is None or (isinstance(v, str) and bool(_RUN_ID.match(v)) and v != ".."),
+                                 "null, or the run_id of a checkpointed run (letters, digits, . _ - =)",
+                                 "a run_id: continue that run from its last checkpoint"))
+    dtype: str = key(choice("float32 | float64", ("float32", "float64")))
+    device: str = key(Key(lambda v: isinstance(v, str) and re.fullmatch(r"cpu|cuda(:\d+)?", v) is not None,
+                          "one of: cpu, cuda, cuda:N", "cpu | cuda | cuda:N"))
+    progress: bool = key(boolean("show a progress bar on stderr"))
+    threads: int | None = key(integer("torch threads; null: 1 for one replica of a small model, else torch's "
+                                      "default", lo=1, null="automatic"))
+    heterogeneity: bool = key(boolean("convex problems: solve every client's F_k* for Gamma = F* - sum p_k F_k*"))
+    reference: str | bool = key(Key(lambda v: v in ("auto", "on", "off") or isinstance(v, bool),
+                                    "one of: auto, on, off", "exact w*, F* for subopt/dist_to_opt: auto (where "
+                                    "strongly convex), on (always, or fail), off"))  # YAML reads bare on/off as bools
+    precision: str = key(choice("fp32 | tf32 (TF32 matmuls on CUDA) | bf16 (nets' training under bf16 autocast)",
+                                ("fp32", "tf32", "bf16")))
+    kernel: str = key(choice("nets' batched client gradients: auto (the fastest, timed once per shape on this "
+                             "machine and remembered) | vmap | loop | loop_channels_last",
+                             ("auto", "vmap", "loop", "loop_channels_last")))
+    deterministic: bool = key(boolean("deterministic CUDA kernels (cuBLAS workspace, cuDNN): same bits run to run, "
+                                      "slower"))
+    memory_budget_gb: float | None = key(number("GB (10^9 bytes) a batched training or evaluation step may use",
+                                                lo=0, lo_open=True, null="half the device's free memory"))
+    reference_timeout_s: float | None = key(number("each exact solve (w*; all clients' F_k* together) gives up "
+                                                   "after this long", lo=0, lo_open=True, null="no bound"))
+    scale: str | None = key(text("an experiment's scale: an entry of its `scales` (smoke, paper)"))
+    scales: Any = key(anything("an experiment's sizes per scale (conf/experiment/)"))
+    tune: Any = key(anything("a tuning study's settings (tune=NAME; checked by fedharness tune)"))
+    ray: RaySettings = section(RaySettings)
+    network: NetworkSettings = section(NetworkSettings)
+    wandb: WandbSettings = section(WandbSettings)
+    dataset: PartSettings = part()
+    partition: PartSettings = part()
+    model: PartSettings = part()
+    algorithm: PartSettings = part()
+    trial: int | None = field()  # not a config key: the tuning trial this run is (set by fedharness tune)
+    config: dict[str, Any] = field(repr=False, compare=False)  # the plain validated config; read it, never change it
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> RunSettings:
+        """The settings of a validated config (harness/schema.py has checked every value; nothing is checked
+        again). Keys that only some configs have (scale, scales, tune, trial) are None where absent."""
+        config = copy.deepcopy(dict(cfg))
+        values: dict[str, Any] = {name: _frozen(config.get(name)) for name in keys_of(cls)}
+        values.update({name: _section(kind, config[name]) for name, kind in sections_of(cls).items()})
+        values.update({name: PartSettings.of(config[name]) for name in parts_of(cls)})
+        return cls(**values, trial=config.get("trial"), config=config)
+
+    def replace(self, **changes: Any) -> RunSettings:
+        """New settings with `changes` (fields: values, sections and parts as their settings objects); `.config`
+        follows. A changed key is checked against its declaration."""
+        config = copy.deepcopy(self.config)
+        declared = keys_of(type(self))
+        for name, value in changes.items():
+            if name in declared and not declared[name].check(_plain(value)):
+                raise ConfigError(name, value, str(declared[name].allowed))
+            if name == "config" or name not in {f.name for f in fields(self)}:
+                raise TypeError(f"RunSettings has no field {name!r} to replace")
+            config[name] = _plain(value)
+        return RunSettings.from_config(config)
+
+    def __reduce__(self):  # pickles (to Ray workers) as its plain config, rebuilt on arrival
+        return RunSettings.from_config, (self.config,)

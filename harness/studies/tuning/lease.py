@@ -1,0 +1,63 @@
+"""A running trial's lease: a heartbeat while it runs, so that a worker that died is found out and its
+trial's slot is run again; and how many of a study's slots are finished or taken."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from fedharness.studies.tuning.spec import TuneSpec
+
+logger = logging.getLogger(__name__)
+
+
+class Lease:
+    """Refreshes the trial's `heartbeat_at` user attr while it runs, so others can tell a dead worker."""
+
+    def __init__(self, trial, every_s: float):
+        self.trial, self.every_s = trial, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def __enter__(self) -> "Lease":
+        self.trial.set_user_attr("heartbeat_at", time.time())
+        self._thread.start()
+        return self
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.trial.set_user_attr("heartbeat_at", time.time())
+            except Exception:  # the trial was finished meanwhile (or the storage is gone): stop beating
+                return
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _last_beat(t) -> float:
+    return float(t.user_attrs.get("heartbeat_at", t.datetime_start.timestamp() if t.datetime_start else 0.0))
+
+
+def reap_lost(study, trials, spec: TuneSpec) -> None:
+    """Mark FAIL every running trial whose heartbeat is older than three beats: its worker is gone."""
+    from optuna.trial import TrialState
+
+    grace = 3 * spec.heartbeat_s
+    now = time.time()
+    for t in trials:
+        if t.state == TrialState.RUNNING and now - _last_beat(t) > grace:
+            study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+            logger.warning(f"[{spec.study}] trial {t.number}: lost (no heartbeat for {now - _last_beat(t):.0f} s); "
+                           "its slot is run again")
+
+
+def trial_counts(trials) -> tuple[int, int]:
+    """(finished, live): finished = COMPLETE + PRUNED; live = finished + RUNNING + WAITING."""
+    from optuna.trial import TrialState
+
+    finished = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials)
+    live = sum(t.state != TrialState.FAIL for t in trials)
+    return finished, live

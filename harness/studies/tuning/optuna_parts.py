@@ -1,0 +1,85 @@
+"""Optuna's parts of a study: its sampler and pruner, and the study itself, opened on the storage.
+
+Optuna is imported inside each function: it is an optional extra, paid for only when a study runs.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from fedharness.errors import ConfigError, require
+from fedharness.sinks.masking import mask_secrets
+from fedharness.studies.tuning import storage
+from fedharness.studies.tuning.space import grid_space
+from fedharness.studies.tuning.spec import TuneSpec
+
+
+def make_sampler(spec: TuneSpec, worker: int, trial_number: int = 0):
+    """A sampler seeded by (seed, worker, trial number).
+
+    Optuna's samplers keep no state but their random generator (CMA-ES keeps its own in the
+    trials), so a fresh one per trial makes trial k's proposal depend only on the seed and the
+    trials before it: a resumed or continued study goes on where it stopped instead of replaying
+    its first proposals, and concurrent workers (worker index, tune.worker_id) propose different points.
+    """
+    import optuna
+
+    seed = int(np.random.SeedSequence([spec.seed, spec.worker_id, worker, trial_number]).generate_state(1)[0])
+    if spec.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if spec.sampler == "grid":
+        class Grid(optuna.samplers.GridSampler):
+            def after_trial(self, study, trial, state, values) -> None:
+                """No study.stop() when the grid is used up: the worker loop stops at n_trials (<= grid size)."""
+
+        # grid ids index the seeded shuffle of the grid, so every instance must use the same seed
+        return Grid(grid_space(list(spec.params)), seed=spec.seed)
+    if spec.sampler == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=spec.startup_trials,
+                                            warn_independent_sampling=False)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.startup_trials)
+
+
+def make_pruner(spec: TuneSpec):
+    import optuna
+
+    p = spec.pruner
+    if p["name"] == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=p["startup_trials"], n_warmup_steps=p["warmup_steps"])
+    if p["name"] == "successive_halving":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=p["min_resource"],
+                                                      reduction_factor=p["reduction_factor"])
+    return optuna.pruners.NopPruner()
+
+
+def open_study(spec: TuneSpec, worker: int = 0, create: bool = False):
+    """Create the study (or continue it: same objective and budget required), or load it in a worker."""
+    import optuna
+
+    store = storage.open_storage(spec)  # looked up on the module: tests stand a local database in for a server
+    if create:
+        study = optuna.create_study(study_name=spec.study, storage=store, sampler=make_sampler(spec, worker),
+                                    pruner=make_pruner(spec), direction=spec.objective.direction,
+                                    load_if_exists=True)
+        require(study.direction.name.lower() == spec.objective.direction, "tune.objective.direction",
+                spec.objective.direction, f"study {spec.study} exists as {study.direction.name.lower()}")
+        held = study.user_attrs.get("fedharness")
+        if held is None:
+            study.set_user_attr("fedharness", spec.describe())
+        elif held != spec.describe():
+            raise ConfigError("tune.study", spec.study,
+                              f"exists in {mask_secrets(spec.storage)} with {held}; a continued study keeps its "
+                              "objective and budget: use another tune.study")
+        return study
+    return optuna.load_study(study_name=spec.study, storage=store, sampler=make_sampler(spec, worker),
+                             pruner=make_pruner(spec))
+
+
+def quiet_optuna() -> None:
+    """Optuna's own INFO lines off (the workers report each trial), and its experimental-feature warnings."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)

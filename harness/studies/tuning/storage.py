@@ -1,0 +1,61 @@
+"""Where a study lives: connect to its storage (SQLite, an Optuna journal file, or an SQLAlchemy URL) once
+before anything is created, and open it for the study's workers."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from fedharness.errors import ConfigError, require
+from fedharness.sinks.masking import mask_secrets
+from fedharness.studies.tuning.spec import TuneSpec
+
+
+def _engine_kwargs(url: str) -> dict:
+    if url.startswith("sqlite"):
+        return {"connect_args": {"timeout": 60}}
+    if url.startswith("postgresql"):
+        return {"pool_pre_ping": True, "connect_args": {"connect_timeout": 10}}
+    return {"pool_pre_ping": True}
+
+
+def check_reachable(spec: TuneSpec) -> None:
+    """Connect once before anything is created: an unreachable storage is a ConfigError, not a traceback."""
+    if spec.storage.startswith("journal:"):
+        parent = Path(spec.storage[len("journal:"):]).parent
+        require(parent.is_dir() and os.access(parent, os.W_OK), "tune.storage", spec.storage,
+                f"the journal's folder {parent} must exist and be writable")
+        return
+    import sqlalchemy
+
+    if spec.storage == "sqlite:///" + str(Path(spec.results_dir) / "optuna.db"):
+        Path(spec.results_dir).mkdir(parents=True, exist_ok=True)
+    try:
+        engine = sqlalchemy.create_engine(spec.storage, **_engine_kwargs(spec.storage))
+        with engine.connect():
+            pass
+        engine.dispose()
+    except Exception as err:  # driver missing, host down, bad credentials, unwritable file ...
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError("tune.storage", mask_secrets(spec.storage), f"cannot connect: {mask_secrets(first)}") from None
+
+
+def open_storage(spec: TuneSpec, attempts: int = 5):
+    import optuna
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if spec.storage.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        return JournalStorage(JournalFileBackend(spec.storage[len("journal:"):]))
+    for attempt in range(attempts):
+        try:
+            return optuna.storages.RDBStorage(spec.storage, engine_kwargs=_engine_kwargs(spec.storage))
+        except SQLAlchemyError:
+            # Workers starting together on an empty database race to create Optuna's tables; the
+            # loser hits a duplicate (or a lock) and finds the tables there when it tries again.
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+

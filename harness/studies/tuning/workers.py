@@ -1,0 +1,179 @@
+"""The workers of a study: each claims and runs trials until the study holds n_trials finished ones, in this
+process or as `tune.parallel` Ray tasks.
+
+Exactly n_trials, with any number of concurrent workers on one storage: Optuna numbers trials serially (the
+storage locks the study row), so a worker that asked for a trial keeps it only if fewer than n_trials non-failed
+trials precede it; otherwise it is marked FAIL (user attr status=surplus) without running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+
+from fedharness.backends import ray_cluster
+from fedharness.errors import ConfigError
+from fedharness.extras import require_extra
+from fedharness.runner import execute, new_run_id
+from fedharness.settings import RunSettings
+from fedharness.studies.tuning.export import trial_status
+from fedharness.studies.tuning.lease import Lease, reap_lost, trial_counts
+from fedharness.studies.tuning.optuna_parts import make_sampler, open_study, quiet_optuna
+from fedharness.studies.tuning.spec import TuneSpec, trial_config
+
+logger = logging.getLogger(__name__)
+
+
+def work(spec: TuneSpec, worker: int = 0) -> int:
+    """Claim and run trials until the study holds spec.n_trials finished ones; returns how many this ran."""
+    quiet_optuna()
+    study = open_study(spec, worker)
+    ran, poll = 0, min(1.0, spec.heartbeat_s)
+    while True:
+        trials = study.get_trials(deepcopy=False)
+        reap_lost(study, trials, spec)
+        finished, live = trial_counts(study.get_trials(deepcopy=False))
+        if finished >= spec.n_trials:
+            return ran
+        if live >= spec.n_trials:  # the remaining slots are running elsewhere: wait for them (or their loss)
+            time.sleep(poll)
+            continue
+        ran += _run_one(spec, study, worker, len(trials))
+
+
+def _run_one(spec: TuneSpec, study, worker: int, trial_number: int) -> int:
+    import optuna
+    from optuna.trial import TrialState
+
+    study.sampler = make_sampler(spec, worker, trial_number)
+    trial = study.ask()
+    with Lease(trial, spec.heartbeat_s):
+        earlier = [t for t in study.get_trials(deepcopy=False)
+                   if t.number < trial.number and t.state != TrialState.FAIL]
+        if len(earlier) >= spec.n_trials:
+            trial.set_user_attr("status", "surplus")
+            study.tell(trial, state=TrialState.FAIL)
+            return 0
+        try:
+            value = run_trial(spec, trial)
+        except optuna.TrialPruned:
+            study.tell(trial, state=TrialState.PRUNED)
+            _log_trial(spec, trial, None)
+            return 1
+        except BaseException as err:  # FAIL, not PRUNED, also when interrupted: the slot is run again
+            interrupted = isinstance(err, KeyboardInterrupt)
+            trial.set_user_attr("status", "interrupted" if interrupted else "failed")
+            trial.set_user_attr("error", f"interrupted by {err}" if interrupted else f"{type(err).__name__}: {err}")
+            study.tell(trial, state=TrialState.FAIL)
+            raise
+    try:
+        study.tell(trial, value)
+    except optuna.exceptions.UpdateFinishedTrialError:  # declared lost while it ran (missed heartbeats)
+        logger.warning(f"[{spec.study}] trial {trial.number}: finished after it was declared lost; not counted")
+        return 0
+    _log_trial(spec, trial, value)
+    return 1
+
+
+def run_trial(spec: TuneSpec, trial) -> float:
+    """One trial: sample, build the config under the budget, run it (recording `study` and `trial`), score it."""
+    import optuna
+
+    values = {p.name: p.suggest(trial) for p in spec.params}
+    cfg, overrides = trial_config(spec, values)
+    cfg["study"], cfg["trial"] = spec.study, trial.number
+    if isinstance(cfg.get("wandb"), dict):  # W&B hook: one run per trial, grouped by study (group null = study)
+        cfg["wandb"]["tags"] = [*cfg["wandb"].get("tags", []), f"trial={trial.number}"]
+    run_id = new_run_id()
+    worker = f"{platform.node()}:{os.getpid()}"
+    for key, value in (("run_id", run_id), ("rounds", cfg["rounds"]), ("overrides", overrides), ("worker", worker)):
+        trial.set_user_attr(key, value)
+    reporter = _Reporter(spec, trial, cfg["rounds"])
+    try:
+        result = execute(RunSettings.from_config(cfg), progress=None, run_id=run_id, on_eval=reporter)
+    except optuna.TrialPruned:
+        trial.set_user_attr("status", "pruned")
+        trial.set_user_attr("budget_used", spec.budget.used(reporter.rows))
+        raise
+    trial.set_user_attr("status", result.status)
+    trial.set_user_attr("budget_used", spec.budget.used(result.rows))
+    return spec.objective.value(result.rows, result.status)
+
+
+class _Reporter:
+    """Feeds pruners: after each evaluation, the objective's metric at step = the budget fraction spent,
+    in units of 1/reports, so trials with different local steps are compared at equal budget."""
+
+    def __init__(self, spec: TuneSpec, trial, rounds: int):
+        self.spec, self.trial, self.rounds = spec, trial, rounds
+        self.reports = spec.reports or rounds
+        self.last_step = 0
+        self.rows: list[dict] = []
+
+    def __call__(self, rows: list[dict], state) -> None:
+        import optuna
+
+        self.rows = rows
+        if self.spec.objective.target is not None or not rows:
+            return
+        rnd = rows[0]["round"]
+        step = round(self.reports * rnd / self.rounds)
+        value = self.spec.objective.intermediate(rows)
+        if rnd == 0 or step <= self.last_step or value is None:
+            return
+        self.last_step = step
+        self.trial.report(value, step)
+        if self.trial.should_prune():
+            raise optuna.TrialPruned(f"pruned at round {rnd} ({step}/{self.reports} of the budget)")
+
+
+def _log_trial(spec: TuneSpec, trial, value: float | None, status: str | None = None) -> None:
+    attrs = trial.user_attrs
+    status = status or attrs.get("status")
+    shown = "-" if value is None else f"{value:.6g}"
+    params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
+    print(f"[{spec.study}] trial {trial.number}: {spec.objective.name} = {shown} ({status}; "
+          f"{attrs.get('rounds')} rounds, {attrs.get('budget_used')}/{spec.budget.total} {spec.budget.kind}) "
+          f"{params}", flush=True)
+
+
+def connect_ray(address: str | None):
+    """fedharness.backends.ray_cluster's connection: a local Ray on 127.0.0.1 only, or a probed cluster address."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    try:
+        return ray_cluster.connect(address)
+    except ConfigError as err:  # name the tuner's key, not the executor's
+        raise ConfigError("tune.ray_address", err.value, err.allowed) from None
+
+
+def run_workers(spec: TuneSpec) -> int:
+    """Run the study to n_trials: in this process, or as `parallel` Ray tasks with `resources` each.
+
+    Ray workers' output stays in Ray's logs (on a cluster it is on other machines); the driver
+    prints each trial as it lands in the storage instead.
+    """
+    if spec.parallel == 1:
+        return work(spec, 0)
+    ray = require_extra("ray", "tune.parallel", spec.parallel)
+
+    conn = connect_ray(spec.ray_address)
+    try:
+        res = dict(spec.resources)
+        options = {"num_cpus": res.pop("num_cpus", 1), "num_gpus": res.pop("num_gpus", 0), "max_retries": 0}
+        if res:
+            options["resources"] = res
+        task = ray.remote(work).options(**options)
+        pending = [task.remote(spec, i) for i in range(spec.parallel)]
+        study, shown, ran = open_study(spec), set(), 0
+        while pending:
+            done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+            ran += sum(ray.get(done))  # raises a worker's error here
+            for t in study.get_trials(deepcopy=False):
+                if t.state.is_finished() and t.number not in shown and t.user_attrs.get("status") != "surplus":
+                    shown.add(t.number)
+                    _log_trial(spec, t, t.value, trial_status(t))
+        return ran
+    finally:
+        conn.close()

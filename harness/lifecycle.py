@@ -20,6 +20,8 @@ from typing import Iterator
 
 import pyarrow.parquet as pq
 
+from fedharness.core.checkpoint import restore_rows
+from fedharness.errors import ConfigError
 from fedharness.sinks.parquet import RUN_SCHEMA, ParquetSink
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,10 @@ def mark_lost_runs(results_dir: str | Path) -> list[str]:
         if process_alive(row["pid"], row.get("pid_start")):
             continue
         run_id = path.parent.name.split("=", 1)[1]
+        try:
+            restore_rows(ParquetSink(root, run_id), run_id)  # killed between its checkpoint and that checkpoint's rows
+        except (ConfigError, OSError) as err:
+            log.warning(f"run {run_id}: its checkpoint is unreadable ({err}); rows after its last part are lost")
         rounds = last_recorded_round(root, run_id)
         row = {k: v for k, v in row.items() if k in RUN_SCHEMA.names}
         row.update(status="lost", rounds_done=rounds, error=f"process {row['pid']} on {host} ended without "

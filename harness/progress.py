@@ -1,4 +1,4 @@
-"""Progress on long work: a bar over the rounds of a run, on stderr."""
+"""Progress on long work: a bar over the rounds of a run, on stderr; the command line's progress lines."""
 
 from __future__ import annotations
 
@@ -24,3 +24,9 @@ class ProgressBar:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def echo(line: str) -> None:
+    """A progress line of a command (a study's trials, a sweep's runs) on stdout, at once; library calls send
+    theirs to a logger instead."""
+    print(line, flush=True)

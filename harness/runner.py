@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from fedharness.closed_forms import heterogeneity
-from fedharness.core.checkpoint import Checkpointer, checkpointed, load_resume
+from fedharness.core.checkpoint import Checkpointer, checkpointed, load_resume, restore_rows
 from fedharness.core.engine import Engine, NetworkModel, RunOutcome
 from fedharness.core.executors import InlineExecutor, ReferenceExecutor
 from fedharness.core.kernels import resolve_kernel
@@ -177,6 +177,7 @@ def execute(settings: RunSettings, progress=None, run_id: str | None = None, on_
     started = resumed.started if resumed else _now()
     wb = open_wandb(settings, run_id)  # None unless wandb.enabled; offline without an API key
     if resumed:
+        restore_rows(sink, run_id)  # the checkpoint's rows, if the process died before writing them
         sink.drop_after(resumed.round)  # rows past the checkpoint are recomputed: each round lands once
 
     def on_rows(rows, state):

@@ -206,3 +206,38 @@ def test_a_sweep_from_python_marks_rows_of_killed_runs_lost(tmp_path):
                                         "grid:\n  seed: [0]\n")
     done = fedharness.sweep([f"sweep={tmp_path / 'tiny.yaml'}", f"results_dir={results}", "progress=false"])
     assert list(done.statuses.values()) == ["ok"] and _run_row(results, "killed")["status"] == "lost"
+
+
+def test_killed_between_a_checkpoint_and_its_rows_loses_no_round(run_config, tmp_path, monkeypatch):
+    """The window the SIGKILL test can land in: state.pt of round 10 is written, its rows part is not. The next
+    command puts the checkpoint's rows in place, so the lost run's rounds_done is its checkpoint's round, and the
+    resumed run holds every round once, equal to a run that was never cut."""
+    results = tmp_path / "results"
+    run = ["dataset=quadratic", "rounds=20", "eval_every=1", "checkpoint_every=5"]
+
+    class Killed(BaseException):
+        pass
+
+    real_write_part = ParquetSink.write_part
+
+    def die_at_round_10(sink, part):
+        if part[0].endswith("-000000010.parquet"):
+            raise Killed
+        real_write_part(sink, part)
+
+    monkeypatch.setattr(ParquetSink, "write_part", die_at_round_10)
+    with pytest.raises(Killed):
+        execute(run_config(*run), run_id="cut")
+    monkeypatch.setattr(ParquetSink, "write_part", real_write_part)
+    assert _last_round_in_parquet(results, "cut") == 5  # the part of rounds 6-10 never landed
+    _running_row(results, "cut", platform.node(), 2 ** 22 + 1, None)  # what a SIGKILL leaves (no such pid)
+
+    assert mark_lost_runs(results) == ["cut"]
+    assert _run_row(results, "cut")["rounds_done"] == 10 == _last_round_in_parquet(results, "cut")
+    assert load_resume(run_config(*run, "resume=cut")).round == 10
+    execute(run_config(*run, "resume=cut"))
+    execute(run_config(*run), run_id="whole")
+    rounds = pq.read_table(results / "rounds").to_pandas()
+    cut, whole = (rounds[rounds.run_id == r].sort_values(["round", "replica"]) for r in ("cut", "whole"))
+    assert cut["round"].tolist() == list(range(21)) == whole["round"].tolist()
+    assert cut["train_loss"].tolist() == whole["train_loss"].tolist()

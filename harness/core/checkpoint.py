@@ -2,8 +2,11 @@
 
 Layout: `<results_dir>/checkpoints/run_id=<id>/meta.json` (the run's config, written when
 the run starts) and `state.pt` (the latest RunState and every client's state, replaced
-atomically). A checkpoint first flushes the Parquet sink, so a `rounds/` part never
-straddles a checkpoint; resuming drops the parts past the checkpoint and replays from it.
+atomically). A checkpoint carries the rows evaluated since the last one as a Parquet part, and writes that
+part to `rounds/` only after state.pt: a process killed between the two leaves the part in the checkpoint,
+and `restore_rows` (resume, and the command that finds the run lost) puts it in place. So a `rounds/` part
+never straddles a checkpoint, and the rows on disk always reach the checkpoint's round; resuming drops the
+parts past it and replays from it.
 Random streams are keyed by round, so the RunState (round, model, server state and
 context, counters, series state) and the clients' state are all a run needs to continue
 on exactly the same trajectory. state.pt holds plain data only, so that it loads with
@@ -57,11 +60,12 @@ class Checkpointer:
             atomic_text(meta, text)
 
     def save(self, state: RunState) -> None:
-        self.sink.flush()  # rows up to this round are on disk before the state that follows them
+        part = self.sink.pending_part()  # the rows up to this round: in the state first, then in rounds/
         run_state = dict(vars(state))  # its fields by name; the parts' states are named tensors (harness/contracts.py)
         payload = {"format": FORMAT, "round": state.round, "run_state": _map(_to(run_state, "cpu"), _encode_array),
-                   "client_state": _map(self.executor.get_state(), _encode_array)}
+                   "client_state": _map(self.executor.get_state(), _encode_array), "rows_part": part}
         atomic_write(self.dir / "state.pt", lambda f: torch.save(payload, f))
+        self.sink.flush(part)
         self.round = state.round
 
 
@@ -170,6 +174,19 @@ def load_resume(settings: RunSettings) -> Resume:
     payload = _load_state(state_path, run_id)
     run_state = RunState(**_to(_map(payload["run_state"], _decode_array), torch.device(settings.device)))
     return Resume(run_id, meta["started_at"], run_state, _map(payload["client_state"], _decode_array))
+
+
+def restore_rows(sink, run_id: str) -> int | None:
+    """Put the latest checkpoint's rows part in `sink`'s rounds/ if its process died before writing it; returns
+    the checkpoint's round (None: no readable checkpoint)."""
+    path = checkpoint_dir(sink.root, run_id) / "state.pt"
+    if not path.exists():
+        return None
+    payload = _load_state(path, run_id)
+    part = payload.get("rows_part")
+    if part is not None and not (sink.rounds_dir / part[0]).exists():
+        sink.write_part(part)
+    return payload["round"]
 
 
 def _load_state(path: Path, run_id: str) -> dict:

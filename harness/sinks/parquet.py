@@ -54,13 +54,26 @@ class ParquetSink:
     def add_rounds(self, rows: list[dict]) -> None:
         self.pending.extend(rows)
 
-    def flush(self) -> None:
-        """Write buffered rows as one part named by its round range (resume drops parts past a checkpoint)."""
+    def pending_part(self) -> tuple[str, bytes] | None:
+        """The buffered rows as one Parquet part: (file name by its round range, bytes); None when none."""
         if not self.pending:
-            return
+            return None
         rounds = [r["round"] for r in self.pending]
-        name = f"part-{min(rounds):09d}-{max(rounds):09d}.parquet"
-        atomic_write_table(_table(self.pending, ROUND_SCHEMA), self.rounds_dir / name)
+        buf = pa.BufferOutputStream()
+        pq.write_table(_table(self.pending, ROUND_SCHEMA), buf)
+        return f"part-{min(rounds):09d}-{max(rounds):09d}.parquet", buf.getvalue().to_pybytes()
+
+    def write_part(self, part: tuple[str, bytes]) -> None:
+        name, data = part
+        atomic_write(self.rounds_dir / name, lambda f: f.write(data))
+
+    def flush(self, part: tuple[str, bytes] | None = None) -> None:
+        """Write the buffered rows as one part named by its round range (resume drops parts past a checkpoint);
+        `part`: them as pending_part gave them. The buffer empties only once the part is written, so a signal
+        that cuts this short leaves the rows for the flush that records the run's end."""
+        part = part or self.pending_part()
+        if part is not None:
+            self.write_part(part)
         self.pending = []
 
     def drop_after(self, last_round: int) -> None:

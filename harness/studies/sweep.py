@@ -32,6 +32,7 @@ from fedharness.errors import ConfigError, require
 from fedharness.extras import require_extra
 from fedharness.files import atomic_text
 from fedharness.lifecycle import RunInterrupted, interrupts_raised, last_recorded_round, mark_lost_runs
+from fedharness.progress import echo
 from fedharness.runner import _now, _run_row, execute, new_run_id
 from fedharness.sinks.parquet import ParquetSink
 
@@ -544,7 +545,7 @@ def main(args: list[str], dry_run: bool = False) -> int:
         return 0
     try:
         with interrupts_raised():
-            result = run_sweep(spec, jobs, echo=lambda s: print(s, flush=True))
+            result = run_sweep(spec, jobs, echo=echo)
     except KeyboardInterrupt as err:  # SIGINT/SIGTERM: the running run recorded itself as interrupted
         print(f"fedharness: sweep {spec.name} interrupted ({err or 'SIGINT'}); the runs that finished are in "
               f"{spec.results_dir}/ and listed in its sweeps/ manifest", file=sys.stderr)

@@ -6,6 +6,7 @@ import shlex
 import sys
 
 from fedharness.lifecycle import RunInterrupted, interrupts_raised
+from fedharness.progress import echo
 from fedharness.studies.tuning.compare import run_compare
 from fedharness.studies.tuning.spec import build_spec
 from fedharness.studies.tuning.study import StudyInterrupted, tune
@@ -18,7 +19,7 @@ def main(overrides: list[str], compare: str | None = None) -> int:
         try:
             if compare is not None:
                 return run_compare(overrides, compare)
-            summary = tune(build_spec(overrides))
+            summary = tune(build_spec(overrides), echo=echo)
         except StudyInterrupted as err:
             print(f"fedharness: study {err.study} interrupted ({err}) with {err.finished} of {err.n_trials} trials "
                   f"finished; the same command continues it: {command}", file=sys.stderr)

@@ -22,6 +22,7 @@ from fedharness.compose import group_options
 from fedharness.config import load_settings
 from fedharness.errors import ConfigError, require
 from fedharness.files import atomic_text
+from fedharness.progress import echo
 from fedharness.runner import execute
 from fedharness.sinks.parquet import atomic_write_table
 from fedharness.studies.tuning.export import best_trial, shown
@@ -115,7 +116,7 @@ def run_compare(overrides: list[str], algorithms_text: str) -> int:
         _compare_settings(spec)
         check_reachable(spec)
     for spec in specs:
-        print(tune(spec)["text"], flush=True)
+        echo(tune(spec, echo=echo)["text"])
     rows = [_rerun(spec, base, a) for spec, a in zip(specs, algs)]
     out = Path(specs[0].results_dir) / "compare" / f"study={base}"
     table = pa.Table.from_pylist([{f.name: r.get(f.name) for f in COMPARE_SCHEMA} for r in rows],

@@ -17,6 +17,9 @@ pruner, the study), lease.py (heartbeats, lost trials), workers.py (claim and ru
 
 from __future__ import annotations
 
+import logging
+from typing import Callable
+
 from fedharness.lifecycle import RunInterrupted, mark_lost_runs
 from fedharness.sinks.masking import mask_secrets
 from fedharness.studies.tuning import storage
@@ -25,6 +28,8 @@ from fedharness.studies.tuning.lease import trial_counts
 from fedharness.studies.tuning.optuna_parts import open_study, quiet_optuna
 from fedharness.studies.tuning.spec import TuneSpec
 from fedharness.studies.tuning.workers import run_workers
+
+log = logging.getLogger(__name__)
 
 
 class StudyInterrupted(RunInterrupted):
@@ -36,18 +41,19 @@ class StudyInterrupted(RunInterrupted):
         self.study, self.finished, self.n_trials = study, finished, n_trials
 
 
-def tune(spec: TuneSpec) -> dict:
-    """Create or continue the study, run it to n_trials, export; returns the export summary.
+def tune(spec: TuneSpec, echo: Callable[[str], None] = log.info) -> dict:
+    """Create or continue the study, run it to n_trials, export; returns the export summary. Progress lines (the
+    study, then each trial as it finishes) go to `echo`: the `fedharness.studies.tuning` logger unless the
+    command line passes print.
     Raises StudyInterrupted on SIGINT/SIGTERM once the study exists (in the main thread, inside interrupts_raised)."""
     quiet_optuna()
     storage.check_reachable(spec)  # looked up on the module: tests stand a local database in for a server
     mark_lost_runs(spec.results_dir)  # trial runs a killed worker left `running`
     study = open_study(spec, create=True)
-    print(f"[{spec.study}] {spec.n_trials} trials of {spec.sampler} ({spec.objective.name}, "
-          f"{spec.objective.direction}; budget {spec.budget.total} {spec.budget.kind}) in {mask_secrets(spec.storage)}",
-          flush=True)
+    echo(f"[{spec.study}] {spec.n_trials} trials of {spec.sampler} ({spec.objective.name}, "
+         f"{spec.objective.direction}; budget {spec.budget.total} {spec.budget.kind}) in {mask_secrets(spec.storage)}")
     try:
-        run_workers(spec)
+        run_workers(spec, echo)
         return export_study(spec, open_study(spec))
     except RunInterrupted as err:
         finished, _ = trial_counts(study.get_trials(deepcopy=False))

@@ -12,6 +12,7 @@ import logging
 import os
 import platform
 import time
+from typing import Callable
 
 from fedharness.backends import ray_cluster
 from fedharness.errors import ConfigError
@@ -26,7 +27,7 @@ from fedharness.studies.tuning.spec import TuneSpec, trial_config
 logger = logging.getLogger(__name__)
 
 
-def work(spec: TuneSpec, worker: int = 0) -> int:
+def work(spec: TuneSpec, worker: int = 0, echo: Callable[[str], None] = logger.info) -> int:
     """Claim and run trials until the study holds spec.n_trials finished ones; returns how many this ran."""
     quiet_optuna()
     study = open_study(spec, worker)
@@ -40,10 +41,10 @@ def work(spec: TuneSpec, worker: int = 0) -> int:
         if live >= spec.n_trials:  # the remaining slots are running elsewhere: wait for them (or their loss)
             time.sleep(poll)
             continue
-        ran += _run_one(spec, study, worker, len(trials))
+        ran += _run_one(spec, study, worker, len(trials), echo)
 
 
-def _run_one(spec: TuneSpec, study, worker: int, trial_number: int) -> int:
+def _run_one(spec: TuneSpec, study, worker: int, trial_number: int, echo: Callable[[str], None]) -> int:
     import optuna
     from optuna.trial import TrialState
 
@@ -60,7 +61,7 @@ def _run_one(spec: TuneSpec, study, worker: int, trial_number: int) -> int:
             value = run_trial(spec, trial)
         except optuna.TrialPruned:
             study.tell(trial, state=TrialState.PRUNED)
-            _log_trial(spec, trial, None)
+            echo(_trial_line(spec, trial, None))
             return 1
         except BaseException as err:  # FAIL, not PRUNED, also when interrupted: the slot is run again
             interrupted = isinstance(err, KeyboardInterrupt)
@@ -73,7 +74,7 @@ def _run_one(spec: TuneSpec, study, worker: int, trial_number: int) -> int:
     except optuna.exceptions.UpdateFinishedTrialError:  # declared lost while it ran (missed heartbeats)
         logger.warning(f"[{spec.study}] trial {trial.number}: finished after it was declared lost; not counted")
         return 0
-    _log_trial(spec, trial, value)
+    echo(_trial_line(spec, trial, value))
     return 1
 
 
@@ -129,14 +130,14 @@ class _Reporter:
             raise optuna.TrialPruned(f"pruned at round {rnd} ({step}/{self.reports} of the budget)")
 
 
-def _log_trial(spec: TuneSpec, trial, value: float | None, status: str | None = None) -> None:
+def _trial_line(spec: TuneSpec, trial, value: float | None, status: str | None = None) -> str:
     attrs = trial.user_attrs
     status = status or attrs.get("status")
     shown = "-" if value is None else f"{value:.6g}"
     params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
-    print(f"[{spec.study}] trial {trial.number}: {spec.objective.name} = {shown} ({status}; "
-          f"{attrs.get('rounds')} rounds, {attrs.get('budget_used')}/{spec.budget.total} {spec.budget.kind}) "
-          f"{params}", flush=True)
+    return (f"[{spec.study}] trial {trial.number}: {spec.objective.name} = {shown} ({status}; "
+            f"{attrs.get('rounds')} rounds, {attrs.get('budget_used')}/{spec.budget.total} {spec.budget.kind}) "
+            f"{params}")
 
 
 def connect_ray(address: str | None):
@@ -148,14 +149,14 @@ def connect_ray(address: str | None):
         raise ConfigError("tune.ray_address", err.value, err.allowed) from None
 
 
-def run_workers(spec: TuneSpec) -> int:
+def run_workers(spec: TuneSpec, echo: Callable[[str], None] = logger.info) -> int:
     """Run the study to n_trials: in this process, or as `parallel` Ray tasks with `resources` each.
 
     Ray workers' output stays in Ray's logs (on a cluster it is on other machines); the driver
-    prints each trial as it lands in the storage instead.
+    echoes each trial as it lands in the storage instead.
     """
     if spec.parallel == 1:
-        return work(spec, 0)
+        return work(spec, 0, echo)
     ray = require_extra("ray", "tune.parallel", spec.parallel)
 
     conn = connect_ray(spec.ray_address)
@@ -173,7 +174,7 @@ def run_workers(spec: TuneSpec) -> int:
             for t in study.get_trials(deepcopy=False):
                 if t.state.is_finished() and t.number not in shown and t.user_attrs.get("status") != "surplus":
                     shown.add(t.number)
-                    _log_trial(spec, t, t.value, trial_status(t))
+                    echo(_trial_line(spec, t, t.value, trial_status(t)))
         return ran
     finally:
         conn.close()

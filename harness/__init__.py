@@ -20,14 +20,16 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 _EXPORTS = {"run": "api", "tune": "api", "sweep": "api", "report": "api", "Result": "api", "Study": "api",
             "ConfigError": "errors", "register_dataset": "extend", "register_model": "extend",
-            "register_part": "extend", "register_partitioner": "extend"}
+            "register_part": "extend", "register_partitioner": "extend", "register_metric": "extend",
+            "Callback": "contracts", "RoundContext": "contracts", "DataSplit": "contracts"}
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 if TYPE_CHECKING:
     from fedharness.api import Result, Study, report, run, sweep, tune
     from fedharness.errors import ConfigError
-    from fedharness.extend import register_dataset, register_model, register_part, register_partitioner
+    from fedharness.contracts import Callback, DataSplit, RoundContext
+    from fedharness.extend import register_dataset, register_metric, register_model, register_part, register_partitioner
 
 
 def __getattr__(name: str) -> Any:

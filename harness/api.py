@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fedharness.config import load_settings
-from fedharness.errors import ConfigError, raise_for_results_write
+from fedharness.contracts import Callback
+from fedharness.errors import ConfigError, raise_for_results_write, require
 from fedharness.extras import require_extra
 from fedharness.lifecycle import mark_lost_runs
 from fedharness.progress import ProgressBar
@@ -54,7 +55,7 @@ def _read(root: Path, table: str, run_ids: Sequence[str]) -> pd.DataFrame:
             parts.append(t.add_column(0, "run_id", pa.array([run_id] * t.num_rows, pa.string())))
     if not parts:
         return pd.DataFrame({"run_id": pd.Series(dtype="string")})
-    return pa.concat_tables(parts).to_pandas()
+    return pa.concat_tables(parts, promote_options="default").to_pandas()  # runs may add metric columns
 
 
 @dataclass(frozen=True)
@@ -90,16 +91,21 @@ class Result:
         return _read(self.results_dir, "rounds", self.run_ids)
 
 
-def run(overrides: Overrides = None, **kwargs: Any) -> Result:
+def run(overrides: Overrides = None, callbacks: Sequence[Callback] = (), **kwargs: Any) -> Result:
     """One run, as `fedharness run`: e.g. run({"dataset": "digits", "rounds": 20}) or run(["rounds=20"], seed=1).
 
-    The tqdm progress bar follows the `progress` key (on by default, also in notebooks).
+    The tqdm progress bar follows the `progress` key (on by default, also in notebooks). `callbacks`
+    (fedharness.Callback: on_round_end, on_evaluation) see every round; one returning True stops the run,
+    which ends with status `stopped`.
     """
+    for cb in callbacks:
+        missing = [m for m in ("on_round_end", "on_evaluation") if not callable(getattr(cb, m, None))]
+        require(not missing, "callbacks", cb, f"a fedharness.Callback (subclass it); this one lacks {', '.join(missing)}")
     settings = load_settings(as_overrides(overrides, **kwargs))
     mark_lost_runs(settings.results_dir)  # rows a killed process left `running`
     bar = ProgressBar(settings.rounds, settings.progress)
     try:
-        result = execute(settings, progress=bar)
+        result = execute(settings, progress=bar, callbacks=callbacks)
     except OSError as err:
         raise_for_results_write(settings.results_dir, err)
         raise

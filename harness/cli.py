@@ -87,7 +87,9 @@ def cmd_list() -> int:
     from fedharness.compose import group_options
     from fedharness.problems import DATASETS, MODELS
     from fedharness.partitions import PARTITIONERS
+    from fedharness.plugins import load_entry_points
 
+    load_entry_points()  # installed packages' parts are listed with the built-ins
     sections = {
         "datasets": DATASETS, "partitions": ("auto", *PARTITIONERS), "models": MODELS,
         "algorithms": group_options("algorithm"), "experiments": group_options("experiment"),

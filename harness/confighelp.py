@@ -9,6 +9,7 @@ from fedharness.algorithms.registry import user_keys
 from fedharness.compose import group_options
 from fedharness.errors import ConfigError
 from fedharness.extend import register_targets
+from fedharness.plugins import load_entry_points
 
 HELP_GROUPS = ("dataset", "partition", "model", "algorithm")
 WIDTH = 34  # "key = default" column
@@ -36,6 +37,7 @@ def _options_line(group: str, default: str) -> str:
 
 def describe_run() -> str:
     """The groups and every top-level and section key of a run (`fedharness run --help`)."""
+    load_entry_points()  # installed packages' options are listed too
     top = schema.defaults()
     lines = ["config groups (group=OPTION, * the default; `fedharness config GROUP` shows a group's keys):"]
     lines += [_options_line(g, top[g]["name"]) for g in HELP_GROUPS]
@@ -53,6 +55,7 @@ def describe_group(group: str, option: str | None = None) -> str:
     """A group's options and the keys of one option (the default one unless named): `fedharness config GROUP`."""
     if group not in HELP_GROUPS:
         raise ConfigError("group", group, HELP_GROUPS)
+    load_entry_points()  # installed packages' options and keys are described too
     option = option or schema.defaults()[group]["name"]
     if option not in group_options(group):
         raise ConfigError(group, option, group_options(group))

@@ -173,6 +173,11 @@ class Model(Protocol):
     dim: int
     l2: float  # weight of the ridge term l2 ||w||^2
     kernel: str | None = None  # how a net batches its copies' gradients (core/kernels.py); None: nothing to choose
+    # A net's float buffers (BatchNorm statistics) are the last `buffer_dim` entries of its flat vector; its
+    # `batch_grad` returns their values after the step's forward pass there (core/buffers.py writes them in).
+    buffer_dim: int = 0
+    buffers: str = "average"  # average | local: shared through the server, or kept per client (FedBN)
+    stochastic: bool = False  # draws random numbers in training (dropout): batch_grad takes per-copy `seeds`
 
     def prepare(self, x: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor: ...
 
@@ -244,6 +249,10 @@ class Problem(Protocol):
 
     def client_minima(self) -> np.ndarray | None:
         """Every client's F_k* in closed form; None: none known (harness/closed_forms.py may solve for it)."""
+        return None
+
+    def data_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The samples and labels of `split` (train | test) as the model takes them; None: the problem has none."""
         return None
 
 
@@ -318,6 +327,30 @@ class Aggregator(Protocol):
 
 
 @runtime_checkable
+class UpdateAggregator(Aggregator, Protocol):
+    """An aggregator that sees the updates (algorithms/robust.py): the shards send each sampled client's Delta_k
+    and `aggregate` makes the server's Delta of one replica from them (median, trimmed mean, Krum, clipping).
+
+    Its `coefficients` weigh each draw (default: the sampler's q_k, FedNova's diagnostics not computed); a client's
+    draws' weights add up to the weight `aggregate` gets with its update, and a draw of weight 0 (a dropped-out
+    client) is not trained. The linear aggregators' shards keep reducing in place and send no update.
+    """
+
+    def coefficients(self, q: np.ndarray, stats: WeightStats, tau: np.ndarray) -> Coefficients:
+        nan = np.full(len(q), np.nan)
+        return Coefficients(np.array(q, dtype=np.float64), nan, nan.copy(), nan.copy())
+
+    def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """One replica's Delta [dim] float64 from its updates [n, dim] float64 and their weights [n] float64.
+
+        One row per sampled client that returned (n >= 1), ordered by client id; its weight is the sum of its
+        draws' coefficients, as in the linear path (a client drawn twice by scheme I, or a dropped-out draw
+        that dropout re-points at it, is one row with the summed weight). Replicas are aggregated one at a
+        time, each on its own; a replica nobody returned to gets Delta = 0 without a call.
+        """
+
+
+@runtime_checkable
 class ServerOptimizer(Protocol):
     """x_{r+1} from x_r and the aggregated delta (algorithms/server.py)."""
 
@@ -385,3 +418,77 @@ def key_parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
 def part_names(kind: str) -> Callable[[], tuple[str, ...]]:
     """The names registered for `kind` when called (a `choice` key lists the live registry)."""
     return lambda: tuple(PARTS[kind])
+
+
+# --- a user's metrics and callbacks -------------------------------------------------------------------------
+
+ROUND_COLUMNS = ("run_id", "replica", "series", "round", "local_steps", "grad_evals", "bytes_up", "bytes_down",
+                 "wall_s", "sim_s", "train_loss", "subopt", "dist_to_opt", "grad_norm_sq", "test_loss", "test_acc",
+                 "lr", "server_lr", "tau_eff", "chi2", "slowdown")  # the rounds/ table's own (sinks/parquet.py)
+
+
+@dataclass(frozen=True)
+class DataSplit:
+    """What a metric is computed on: a split's samples and labels as the model takes them (None where the problem
+    has no samples, e.g. a quadratic) and the problem's model (None for an analytic objective)."""
+
+    x: torch.Tensor | None
+    y: torch.Tensor | None
+    model: Model | None
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A user's metric: `fn(w, split)` maps the global models w [R, dim] (one row per replica) and a DataSplit to
+    R numbers. Registered once (`fedharness.register_metric`); a run computes the ones its `metrics` key names at
+    every evaluation, each in its own column of the rounds/ table."""
+
+    name: str
+    fn: Callable[[torch.Tensor, DataSplit], Any]
+    split: str = "test"  # train | test
+    maximize: bool = False  # larger is better (a tuning objective's direction)
+
+    def values(self, problem: Problem, w: torch.Tensor) -> np.ndarray:
+        data = problem.data_split(self.split)
+        split = DataSplit(*(data if data is not None else (None, None)), problem.objective)
+        with torch.no_grad():
+            out = self.fn(w, split)
+        out = np.asarray(out.detach().cpu() if isinstance(out, torch.Tensor) else out, dtype=np.float64)
+        if out.shape != (w.shape[0],):
+            raise ValueError(f"metric {self.name!r} returned shape {out.shape}; it must return one number per "
+                             f"replica, shape ({w.shape[0]},)")
+        return out
+
+
+METRICS: dict[str, Metric] = {}  # name -> Metric, filled by fedharness.register_metric
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """Where a run stands, as a callback sees it: after round `round` of `rounds`, the server models x [R, dim],
+    and the rows evaluated at this round (empty between evaluations)."""
+
+    round: int
+    rounds: int
+    x: torch.Tensor
+    rows: list[dict]
+
+
+class Callback(Protocol):
+    """Hooks into a run (`fedharness.run(..., callbacks=[...])`), called in the driver. A hook that returns True
+    stops the run after this round: it ends with status `stopped`, its rows so far recorded. Subclass it and
+    override what you need; the others do nothing."""
+
+    def on_round_end(self, context: RoundContext) -> bool | None:
+        """After every round, before its evaluation."""
+        return None
+
+    def on_evaluation(self, context: RoundContext) -> bool | None:
+        """After every evaluated round, with its rows (one per replica and series)."""
+        return None
+
+
+def callback_name(callback: Any) -> str:
+    """How the runs/ row names a callback: its `name` attribute, or its class's qualified name."""
+    name = getattr(callback, "name", None)
+    return name if isinstance(name, str) else f"{type(callback).__module__}.{type(callback).__qualname__}"

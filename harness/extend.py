@@ -3,7 +3,8 @@
 Registration adds to the same registries `fedharness list`, validation and the builders use. Two ways in,
 one mechanism: a call from Python (`fedharness.register_model(...)`), or a `_target_` in a config file,
 which names the factory by its dotted import path and is registered when the config is loaded (also in
-every Ray worker, since the config travels with the job).
+every Ray worker, since the config travels with the job). What is registered from Python reaches Ray workers
+too: fedharness.plugins carries `user_registrations()` with the work and `restore`s them there.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Callable
 from hydra.core.config_store import ConfigStore
 
 from fedharness.algorithms.registry import BUILTIN_KEYS, PARTS, undeclared
-from fedharness.contracts import PART_KEYS
+from fedharness.contracts import METRICS, PART_KEYS, ROUND_COLUMNS, Metric
 from fedharness.keys import Key
 from fedharness.errors import ConfigError, require
 from fedharness.problems import DATASETS, MODELS
@@ -27,6 +28,7 @@ from fedharness.partitions import PARTITIONERS
 _BUILTIN = {"model": set(MODELS), "dataset": set(DATASETS), "partition": {"auto", *PARTITIONERS},
             **{kind: set(reg) for kind, reg in PARTS.items()}}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+_NODES: dict[tuple[str, str], dict[str, Any]] = {}  # (group, name) -> the config defaults of a Python registration
 
 
 def _check(kind: str, name: str, factory: Any) -> None:
@@ -39,6 +41,7 @@ def _check(kind: str, name: str, factory: Any) -> None:
 def _store(group: str, name: str, node: dict[str, Any]) -> None:
     """A config node, so that `group=name` composes like a shipped conf/<group>/<name>.yaml."""
     ConfigStore.instance().store(group=group, name=name, node={"name": name, **node})
+    _NODES[(group, name)] = node  # carried to Ray workers with the factory (fedharness.plugins)
 
 
 def _add_model(name: str, factory: Callable[..., Any]) -> None:
@@ -60,11 +63,13 @@ def _add_partitioner(name: str, fn: Callable[..., Any]) -> None:
     PARTITIONERS[name] = fn
 
 
-def register_model(name: str, factory: Callable[..., Any], l2: float = 0.0, **defaults: Any) -> None:
+def register_model(name: str, factory: Callable[..., Any], l2: float = 0.0, buffers: str = "average",
+                   **defaults: Any) -> None:
     """`factory(in_shape, num_classes, **params) -> nn.Module` (a module class fits); `defaults` are its params,
-    settable as `model.KEY=V`. The module must be a pure function of its parameters: no buffers."""
+    settable as `model.KEY=V`. Any module: BatchNorm's buffers are averaged (`buffers=local`: kept per client),
+    nn.Dropout draws from the run's streams (docs/extending.md)."""
     _add_model(name, factory)
-    _store("model", name, {"l2": l2, **defaults})
+    _store("model", name, {"l2": l2, "buffers": buffers, **defaults})
 
 
 def register_dataset(name: str, factory: Callable[..., Any], num_clients: int = 10, **defaults: Any) -> None:
@@ -105,6 +110,20 @@ def register_part(kind: str, name: str, factory: Callable[..., Any] | None = Non
     return None
 
 
+def register_metric(name: str, fn: Callable[..., Any], split: str = "test", maximize: bool = False) -> None:
+    """`fn(w, split) -> R numbers`: w [R, dim] the global models (one row per replica, flat parameters), split a
+    fedharness.contracts.DataSplit (`.x`, `.y`: the `split` samples as the model takes them, None for a problem
+    without samples; `.model`: the problem's model, with `loss_terms`). A run that names it in its `metrics`
+    key computes it at every evaluation into its own rounds/ column; `tune.objective.metric=name` tunes it
+    (`maximize`: larger is better)."""
+    require(isinstance(name, str) and name.isidentifier(), "metric", name,
+            "a name usable as a column: letters, digits and '_', not starting with a digit")
+    require(name not in ROUND_COLUMNS, "metric", name, "a column of the rounds/ table already; choose another name")
+    require(callable(fn), "metric", name, f"its function must be callable, got {type(fn).__name__}")
+    require(split in ("train", "test"), "metric split", split, "train or test")
+    METRICS[name] = Metric(name, fn, split, bool(maximize))
+
+
 def import_target(key: str, path: Any) -> Any:
     """The object a dotted path `package.module.attribute` names."""
     module, _, attr = str(path).rpartition(".")
@@ -130,3 +149,35 @@ def register_targets(cfg: dict[str, Any]) -> None:
     for kind, path in targets.items():
         require(kind in PARTS, f"algorithm._target_.{kind}", path, f"a part kind; one of: {', '.join(PARTS)}")
         register_part(kind, acfg[kind], import_target(f"algorithm._target_.{kind}", path))
+
+
+def user_registrations() -> list[tuple[str, str, Any, Any]]:
+    """Every registration of a user's part held now, however it was made (a register_* call, `contracts.part`,
+    a `_target_`, an entry point): (kind, name, factory, extra), extra being a model's, data set's or
+    partitioner's config defaults (None without), a part's declared keys, or a metric's split and direction.
+    fedharness.plugins carries these to Ray workers; `restore` puts one back."""
+    out = [(group, name, factory, _NODES.get((group, name)))
+           for group, registry in (("model", NETS), ("dataset", USER_DATASETS), ("partition", PARTITIONERS))
+           for name, factory in registry.items() if name not in _BUILTIN[group]]
+    out += [(kind, name, factory, PART_KEYS.get(factory))
+            for kind, registry in PARTS.items() for name, factory in registry.items() if name not in _BUILTIN[kind]]
+    out += [("metric", m.name, m.fn, {"split": m.split, "maximize": m.maximize}) for m in METRICS.values()]
+    return out
+
+
+def restore(kind: str, name: str, factory: Any, extra: Any) -> None:
+    """Register one of `user_registrations()` again, in another process, as it was in the one that made it."""
+    if kind == "metric":
+        register_metric(name, factory, **extra)
+        return
+    add = {"model": _add_model, "dataset": _add_dataset, "partition": _add_partitioner}.get(kind)
+    if add is not None:
+        add(name, factory)
+        if extra is not None:
+            _store(kind, name, extra)
+        return
+    require(kind in PARTS, "kind", kind, PARTS.keys())
+    _check(kind, name, factory)
+    if extra is not None:
+        PART_KEYS[factory] = extra
+    PARTS[kind][name] = factory

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fedharness.algorithms.registry import build_algorithm
 from fedharness.core.executors import require_fits_budget
 from fedharness.extend import register_targets
+from fedharness.plugins import load_entry_points
 from fedharness.problems import build_problem
 from fedharness.settings import RunSettings
 
@@ -15,6 +16,7 @@ def algorithm_for(settings: RunSettings, problem):
 
 def build_parts(settings: RunSettings):
     """Problem and algorithm of the settings; Ray shards call this too, so they build exactly what the driver has."""
+    load_entry_points()  # installed packages' parts, also in a fresh Ray worker
     register_targets(settings.config)  # a user's `_target_` parts, also in a fresh Ray worker
     problem = build_problem(settings.config, settings.algorithm.batch_size)
     algorithm = algorithm_for(settings, problem)

@@ -9,7 +9,6 @@ Without a reference, subopt, dist_to_opt, f_star and gamma_heterogeneity are nul
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
@@ -18,6 +17,7 @@ import numpy as np
 
 from fedharness.closed_forms import client_minima
 from fedharness.errors import ConfigError, require
+from fedharness.progress import progress_bar
 from fedharness.reference import Reference, SolveFailed, SolveProgress, optimum_doubt, solve_reference
 from fedharness.reference_cache import cached_client_minima, cached_reference
 from fedharness.settings import RunSettings
@@ -58,9 +58,7 @@ def _unavailable(run: RunSettings, problem) -> str | None:
 @contextmanager
 def _status(enabled: bool, what: str) -> Iterator[SolveProgress]:
     """A one-line stderr status of a solve, shown once it has taken a second: Newton step, CG step, ||grad F||."""
-    from tqdm import tqdm
-
-    bar = tqdm(desc=what, disable=not enabled, delay=1.0, file=sys.stderr, bar_format="{desc} [{elapsed}]{postfix}")
+    bar = progress_bar(what, enabled=enabled, delay=1.0, bar_format="{desc} [{elapsed}]{postfix}")  # lines in logs
 
     def tick(newton: int, cg: int, grad_norm: float) -> None:
         bar.set_postfix_str(f"Newton step {newton + 1}, CG step {cg}, ||grad F|| = {grad_norm:.2e}", refresh=False)

@@ -13,12 +13,12 @@ import uuid
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
-import torch
 
 from fedharness.closed_forms import heterogeneity
+from fedharness.contracts import METRICS, Callback, callback_name
 from fedharness.core.checkpoint import Checkpointer, checkpointed, load_resume, restore_rows
 from fedharness.core.engine import Engine, NetworkModel, RunOutcome
 from fedharness.core.executors import InlineExecutor, ReferenceExecutor
@@ -27,7 +27,7 @@ from fedharness.core.series import build_series
 from fedharness.extras import require_extra
 from fedharness.lifecycle import RunInterrupted, interrupts_raised, process_start
 from fedharness.parts import build_parts
-from fedharness.core.runtime import apply_runtime
+from fedharness.core.runtime import apply_runtime, auto_threads, step_work, use_threads
 from fedharness.reference_policy import run_client_minima, run_reference
 from fedharness.settings import RunSettings
 from fedharness.sinks.masking import mask_secrets
@@ -99,6 +99,7 @@ class Prepared:
 def prepare_run(settings: RunSettings) -> Prepared:
     """Build problem, algorithm and exact reference: every check that can fail happens here, before any file."""
     problem, algorithm = build_parts(settings)
+    set_threads(settings, problem)  # threads=null follows the problem's size: before kernel timing and reference
     resumed_kernel = checkpointed(settings, "kernel") if settings.resume else None
     settings = settings.replace(kernel=resolve_kernel(settings, problem, resumed_kernel))
     layout, series = build_series(settings.replicas, **settings.algorithm.params)  # rr=H needs a fixed H
@@ -121,7 +122,8 @@ def _exact_references(settings: RunSettings, problem, reference) -> dict:
             "gamma_heterogeneity": None if minima is None else heterogeneity(problem, reference.f_star, minima)}
 
 
-def _run_row(settings: RunSettings, status: str, rounds_done: int, started: str, error: str | None = None) -> dict:
+def _run_row(settings: RunSettings, status: str, rounds_done: int, started: str, error: str | None = None,
+             callbacks: Sequence[str] = ()) -> dict:
     return {
         "study": settings.study, "experiment": settings.experiment, "algorithm": settings.algorithm.name,
         "dataset": settings.dataset.name, "partition": settings.partition.name, "model": settings.model.name,
@@ -130,6 +132,7 @@ def _run_row(settings: RunSettings, status: str, rounds_done: int, started: str,
         "started_at": started, "finished_at": None if status == "running" else _now(),
         "versions_json": _versions(), "host": platform.node(), "error": mask_secrets(error), "trial": settings.trial,
         "pid": os.getpid(), "pid_start": process_start(os.getpid()),
+        "callbacks": json.dumps(list(callbacks)), "metrics": json.dumps(list(settings.metrics)),
     }
 
 
@@ -142,26 +145,33 @@ def _end_status(err: BaseException) -> str:
     return "pruned" if optuna is not None and isinstance(err, optuna.TrialPruned) else "failed"
 
 
-def set_threads(settings: RunSettings) -> None:
+def set_threads(settings: RunSettings, problem=None) -> None:
     """The process's torch settings: `precision` and `deterministic` (harness/core/runtime.py), and intra-op
-    threads: `threads` if set; else 1 for a single replica of a linear model or quadratic,
-    whose small operations gain nothing from more threads (and lose badly on a busy machine), and torch's
-    default otherwise (64 replicas of W1 run 1.5x faster on 2 idle cores than on 1)."""
-    apply_runtime(settings.precision, settings.deterministic)  # first: cuBLAS reads `deterministic` at its 1st matmul
-    threads = settings.threads
-    small = settings.model.name in ("auto", "logreg", "linreg", "quadratic") and settings.replicas == 1
-    if threads is None and small:
-        threads = 1
+    threads: `threads` if set; else, once the problem is built, threads_for(settings, problem)."""
+    if problem is None:
+        apply_runtime(settings.precision, settings.deterministic)  # cuBLAS reads `deterministic` at its 1st matmul
+    threads = settings.threads if settings.threads is not None or problem is None else threads_for(settings, problem)
     if threads is not None:
-        torch.set_num_threads(threads)
+        use_threads(threads)
 
 
-def execute(settings: RunSettings, progress=None, run_id: str | None = None, on_eval=None) -> RunResult:
+def threads_for(settings: RunSettings, problem) -> int:
+    """`threads: null`: from the work of one local step (dim x clients per round x batch x replicas), not the
+    model's name, so a user's tiny net gets 1 thread like a built-in linear model and a big one gets more."""
+    algo = settings.algorithm
+    clients = problem.num_clients if algo.sampler == "full" else min(problem.num_clients, algo.clients_per_round)
+    return auto_threads(step_work(problem.dim, clients, settings.algorithm.batch_size, settings.replicas))
+
+
+def execute(settings: RunSettings, progress=None, run_id: str | None = None, on_eval=None,
+            callbacks: Sequence[Callback] = ()) -> RunResult:
     """Run one config (its settings: fedharness.config.load_settings) end to end. Raises ConfigError before
     writing anything if the config is bad.
 
     `progress(round, rows)` and `on_eval(rows, state)` are called after every evaluation;
     an exception from `on_eval` ends the run with status failed (pruned for optuna.TrialPruned).
+    `callbacks` (harness/contracts.py Callback) see every round and evaluation; one returning True ends the run
+    with status stopped. The metrics the `metrics` key names are computed at every evaluation.
     SIGINT/SIGTERM (in the main thread) raise RunInterrupted, telling where the run stood; status interrupted.
     Either way the rounds so far are flushed and `rounds_done` is the last completed round.
     """
@@ -173,8 +183,9 @@ def execute(settings: RunSettings, progress=None, run_id: str | None = None, on_
     resumed = load_resume(settings) if settings.resume else None  # checked before any cluster or file
     executor = build_executor(settings, problem, algorithm.solver)
     run_id = resumed.run_id if resumed else (run_id or new_run_id())
-    sink = ParquetSink(settings.results_dir, run_id)
+    sink = ParquetSink(settings.results_dir, run_id, extra_columns=settings.metrics)
     started = resumed.started if resumed else _now()
+    names = [callback_name(cb) for cb in callbacks]
     wb = open_wandb(settings, run_id)  # None unless wandb.enabled; offline without an API key
     if resumed:
         restore_rows(sink, run_id)  # the checkpoint's rows, if the process died before writing them
@@ -193,17 +204,18 @@ def execute(settings: RunSettings, progress=None, run_id: str | None = None, on_
     engine = Engine(problem, algorithm, executor, rounds=settings.rounds, seed=settings.seed,
                     replicas=settings.replicas, eval_every=settings.eval_every, reference=reference,
                     on_rows=on_rows, progress=progress, layout=run.layout, series=run.series, network=network,
-                    checkpoint=ckpt.save if ckpt else None, checkpoint_every=settings.checkpoint_every)
+                    checkpoint=ckpt.save if ckpt else None, checkpoint_every=settings.checkpoint_every,
+                    metrics=[METRICS[name] for name in settings.metrics], callbacks=callbacks)
     # From the `running` row on, a signal records the run as interrupted; also while recording the end,
     # so a second signal cannot cut it short.
     with interrupts_raised():
         try:
-            sink.write_run({**_run_row(settings, "running", 0, started), **exact})
+            sink.write_run({**_run_row(settings, "running", 0, started, callbacks=names), **exact})
             if resumed is not None and resumed.state is not None:
                 executor.set_state(resumed.client_state)
             outcome: RunOutcome = engine.run(resumed.state if resumed else None)
         except BaseException as err:
-            _record_end(settings, sink, wb, exact, started, engine.rounds_done, err)
+            _record_end(settings, sink, wb, exact, started, engine.rounds_done, err, names)
             if isinstance(err, RunInterrupted):
                 err.run_id, err.rounds_done = run_id, engine.rounds_done
                 err.checkpoint_round = None if ckpt is None else ckpt.round if ckpt.round is not None else 0
@@ -211,19 +223,20 @@ def execute(settings: RunSettings, progress=None, run_id: str | None = None, on_
         finally:
             executor.close()
     sink.flush()
-    sink.write_run({**_run_row(settings, outcome.status, outcome.rounds_done, started), **exact})
+    stopped = "stopped by a callback" if outcome.status == "stopped" else None
+    sink.write_run({**_run_row(settings, outcome.status, outcome.rounds_done, started, stopped, names), **exact})
     if wb is not None:
         wb.finish(outcome.status, settings.results_dir, outcome.rows)
     return RunResult(run_id, outcome.status, outcome.rows, Path(settings.results_dir))
 
 
 def _record_end(settings: RunSettings, sink: ParquetSink, wb, exact: dict, started: str, rounds_done: int,
-                err: BaseException) -> None:
+                err: BaseException, callbacks: Sequence[str]) -> None:
     """The rows so far, and the run row of a run that an exception (or a signal) ended."""
     status = _end_status(err)
     sink.flush()
     error = f"interrupted by {err}" if status == "interrupted" else f"{type(err).__name__}: {err}"
-    sink.write_run({**_run_row(settings, status, rounds_done, started, error), **exact})
+    sink.write_run({**_run_row(settings, status, rounds_done, started, error, callbacks), **exact})
     if wb is not None:
         wb.finish(status, settings.results_dir)
 

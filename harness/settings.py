@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from fedharness.contracts import METRICS
 from fedharness.errors import ConfigError
 from fedharness.keys import Key, _is_list, anything, boolean, choice, integer, number, text
 
@@ -67,6 +68,12 @@ def _section(cls: type, values: Mapping[str, Any]):
     return cls(**{name: _frozen(values[name]) for name in keys_of(cls)})
 
 
+class _Registered(str):  # the message lists the metrics registered when the error is raised
+    def __str__(self) -> str:
+        names = ", ".join(METRICS) or "none yet"
+        return f"a list of distinct registered metrics (fedharness.register_metric; registered: {names})"
+
+
 # --- sections ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +112,8 @@ class WandbSettings:
                                     "W&B tags"))
     mode: str = key(choice("auto (online with an API key, else offline) | online | offline",
                            ("auto", "online", "offline")))
+    per_replica: bool = key(boolean("also log each replica's values as their own series (train_loss/replica_3); "
+                                    "the history holds the replicas' mean and std per round either way"))
 
 
 # --- a group's option -------------------------------------------------------------------------------------
@@ -170,8 +179,12 @@ class RunSettings:
     device: str = key(Key(lambda v: isinstance(v, str) and re.fullmatch(r"cpu|cuda(:\d+)?", v) is not None,
                           "one of: cpu, cuda, cuda:N", "cpu | cuda | cuda:N"))
     progress: bool = key(boolean("show a progress bar on stderr"))
-    threads: int | None = key(integer("torch threads; null: 1 for one replica of a small model, else torch's "
-                                      "default", lo=1, null="automatic"))
+    metrics: tuple[str, ...] = key(Key(lambda v: _is_list(v, lambda m: m in METRICS) and len(set(v)) == len(v),
+                                       _Registered(), "your own metrics (fedharness.register_metric), computed at "
+                                       "every evaluation, each a column of the rounds/ table"))
+    threads: int | None = key(integer("torch threads; null: from the work of one local step, dim x clients per "
+                                      "round x batch x replicas: one thread per 2^20 of it, at least 1, at most "
+                                      "torch's default", lo=1, null="automatic"))
     heterogeneity: bool = key(boolean("convex problems: solve every client's F_k* for Gamma = F* - sum p_k F_k*"))
     reference: str | bool = key(Key(lambda v: v in ("auto", "on", "off") or isinstance(v, bool),
                                     "one of: auto, on, off", "exact w*, F* for subopt/dist_to_opt: auto (where "

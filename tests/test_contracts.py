@@ -14,8 +14,8 @@ import torch
 
 import fedharness
 from fedharness import contracts, schema
-from fedharness.algorithms import aggregators, local_work, local_work_fixed, registry, samplers, schedules, server, \
-    solvers
+from fedharness.algorithms import aggregators, local_work, local_work_fixed, registry, robust, samplers, schedules, \
+    server, solvers
 from fedharness.cli import main
 from fedharness.compose import defaults
 from fedharness.config import load_config
@@ -29,7 +29,8 @@ from fedharness.problems.objectives import LinearRegression, SoftmaxRegression
 from fedharness.problems.quadratic import QuadraticProblem
 
 ROOT = Path(__file__).resolve().parent.parent
-KEY_MODULES = (samplers, local_work, local_work_fixed, schedules, solvers, aggregators, server, series, registry)
+KEY_MODULES = (samplers, local_work, local_work_fixed, schedules, solvers, aggregators, robust, server, series,
+               registry)
 
 
 def _quadratic() -> QuadraticProblem:

@@ -37,7 +37,7 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
                  "fedharness.core.runtime")),
     ("parts", 1, ("fedharness.algorithms", "fedharness.algorithms.*", "fedharness.partitions",
                   "fedharness.partitions.*", "fedharness.problems", "fedharness.problems.*", "fedharness.reference",
-                  "fedharness.closed_forms", "fedharness.extend", "fedharness.core.series")),
+                  "fedharness.closed_forms", "fedharness.extend", "fedharness.plugins", "fedharness.core.series")),
     ("core", 1, ("fedharness.core", "fedharness.core.*", "fedharness.backends", "fedharness.backends.ray_cluster")),
     ("config", 2, ("fedharness.compose", "fedharness.schema", "fedharness.config", "fedharness.confighelp",
                    "fedharness.memory")),

@@ -79,7 +79,7 @@ def test_2nn_accepts_flat_and_image_inputs():
     torch.testing.assert_close(model(x), model(x.reshape(5, 784)))
 
 
-@pytest.mark.parametrize("name", sorted(NETS))
+@pytest.mark.parametrize("name", sorted(set(NETS) - {"resnet18_bn"}))  # resnet18_bn: tests/test_any_model.py
 def test_no_batchnorm_no_dropout_no_buffers(name):
     in_shape = (1, 28, 28) if name in ("2nn", "cnn") else (3, 32, 32)
     model = build_net(name, in_shape, 10)

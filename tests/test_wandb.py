@@ -1,5 +1,5 @@
-"""Weights & Biases, offline: the run's .wandb file read back holds the config, a history equal to the Parquet
-rows, the summary and the Parquet artifact; the report's figures and tables go to a report run."""
+"""Weights & Biases, offline: the run's .wandb file read back holds the config, a history of one step per
+evaluated round with the replicas' mean and std of the Parquet rows, the summary and the Parquet artifact; the report's figures and tables go to a report run."""
 
 from __future__ import annotations
 
@@ -90,7 +90,39 @@ def offline(tmp_path, monkeypatch):
     return wandb_dir
 
 
-def test_offline_history_equals_parquet_rows(run_config, offline, tmp_path, caplog):
+def _expected_steps(parquet: list[dict], per_replica: bool) -> list[dict]:
+    """The history written here independently: per round one step; per series and numeric column the numpy mean
+    and population std over the replicas with a value, iterate unprefixed, other series prefixed."""
+    import numpy as np
+
+    steps = []
+    for rnd in sorted({r["round"] for r in parquet}):
+        step = {"round": rnd}
+        for row_series in sorted({r["series"] for r in parquet}):
+            rows = [r for r in parquet if r["round"] == rnd and r["series"] == row_series]
+            pre = "" if row_series == "iterate" else row_series + "/"
+            for col in rows[0]:
+                if col in ("round", "replica", "series", "run_id"):
+                    continue
+                have = [r for r in rows if r[col] is not None]
+                if have:
+                    step[pre + col] = float(np.mean([r[col] for r in have]))
+                    step[pre + col + "_std"] = float(np.std([r[col] for r in have]))
+                    if per_replica:
+                        step.update({f"{pre}{col}/replica_{r['replica']}": r[col] for r in have})
+        steps.append(step)
+    return steps
+
+
+def _assert_steps_equal(got: list[dict], expected: list[dict]) -> None:
+    assert [g["round"] for g in got] == [e["round"] for e in expected]  # one step per evaluated round, in order
+    for g, e in zip(got, expected):
+        assert set(g) == set(e), set(g) ^ set(e)
+        for k, v in e.items():
+            assert g[k] == pytest.approx(v, rel=1e-12, abs=1e-300), k
+
+
+def test_offline_history_is_one_step_per_round_with_replica_mean_and_std(run_config, offline, tmp_path, caplog):
     caplog.set_level("INFO", logger="fedharness")
     cfg = run_config("dataset=quadratic", "dataset.noise=0.3", "rounds=6", "eval_every=2", "replicas=3",
                      "wandb.enabled=true", "wandb.project=fh-test", "wandb.tags=[a,b]", "study=wb")
@@ -98,11 +130,11 @@ def test_offline_history_equals_parquet_rows(run_config, offline, tmp_path, capl
     records = read_records(wandb_file(offline))
 
     parquet = ds.dataset(tmp_path / "results" / "rounds", partitioning="hive").to_table().to_pylist()
-    expected = [{k: v for k, v in row.items() if v is not None and k != "run_id"} for row in parquet]
-    key = lambda r: (r["round"], r["series"], r["replica"])  # noqa: E731
+    assert len(parquet) == 3 * 4  # 3 replicas x rounds 0, 2, 4, 6: per-replica values stay in Parquet
     got = history(records)
-    assert len(got) == len(expected) == 3 * 4
-    assert sorted(got, key=key) == sorted(expected, key=key)
+    assert len(got) == 4  # not 12: one step per evaluated round
+    _assert_steps_equal(got, _expected_steps(parquet, per_replica=False))
+    assert got[-1]["subopt_std"] > 0 and not any("/replica_" in k for k in got[-1])
 
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     config = _items(run.config.update)
@@ -112,7 +144,7 @@ def test_offline_history_equals_parquet_rows(run_config, offline, tmp_path, capl
 
     s = summary(records)
     assert s["status"] == "ok" and s["run_id"] == result.run_id and s["rounds_done"] == 6
-    final = [r["subopt"] for r in expected if r["round"] == 6]
+    final = [r["subopt"] for r in parquet if r["round"] == 6]
     assert s["final/subopt_mean"] == pytest.approx(sum(final) / 3, rel=1e-12)
 
     artifacts = [r.artifact for r in records if r.WhichOneof("record_type") == "artifact"]
@@ -121,6 +153,37 @@ def test_offline_history_equals_parquet_rows(run_config, offline, tmp_path, capl
     assert f"runs/run_id={result.run_id}/run.parquet" in paths
     assert any(p.startswith(f"rounds/run_id={result.run_id}/part-") and p.endswith(".parquet") for p in paths)
     assert "wandb sync" in caplog.text  # says how to upload later (the CLI shows it on stderr)
+
+
+def test_per_replica_series_and_other_series_are_prefixed(run_config, offline, tmp_path):
+    """rr=gamma adds the `rr` series (Richardson-Romberg), average=true the averaged ones: each series gets
+    its own prefixed mean and std, and wandb.per_replica=true adds every replica's value as its own series."""
+    cfg = run_config("dataset=quadratic", "dataset.noise=0.3", "rounds=4", "eval_every=2", "replicas=2",
+                     "algorithm.rr=gamma", "algorithm.average=true", "wandb.enabled=true",
+                     "wandb.per_replica=true")
+    execute(cfg)
+    got = history(read_records(wandb_file(offline)))
+    parquet = ds.dataset(tmp_path / "results" / "rounds", partitioning="hive").to_table().to_pylist()
+    assert {r["series"] for r in parquet} == {"iterate", "average", "rr", "rr_average"}
+    assert len(got) == 3  # rounds 0, 2, 4
+    _assert_steps_equal(got, _expected_steps(parquet, per_replica=True))
+    assert {"train_loss", "average/train_loss_std", "rr/subopt", "train_loss/replica_1",
+            "rr/subopt/replica_0"} <= set(got[-1])
+
+
+def test_a_user_metric_reaches_the_history_and_the_summary(run_config, offline, tmp_path, monkeypatch):
+    import numpy as np
+
+    from fedharness.contracts import METRICS, Metric
+
+    monkeypatch.setitem(METRICS, "sq_norm", Metric("sq_norm", lambda w, s: (w.double() ** 2).sum(1)))
+    execute(run_config("dataset=quadratic", "rounds=4", "eval_every=2", "replicas=3", "metrics=[sq_norm]",
+                       "wandb.enabled=true"))
+    records = read_records(wandb_file(offline))
+    parquet = ds.dataset(tmp_path / "results" / "rounds", partitioning="hive").to_table().to_pylist()
+    _assert_steps_equal(history(records), _expected_steps(parquet, per_replica=False))
+    final = [r["sq_norm"] for r in parquet if r["round"] == 4]
+    assert summary(records)["final/sq_norm_mean"] == pytest.approx(np.mean(final), rel=1e-12)
 
 
 def test_auto_mode_without_a_key_is_offline(monkeypatch, tmp_path):

@@ -116,9 +116,10 @@ def test_project_and_entity_flags_name_the_report_s_home(run_config, tmp_path, m
 def test_a_tuning_study_s_lines_are_grouped_by_trial(tmp_path, monkeypatch, capsys):
     """Its runs share clients_per_round (the sweeps' scale key) and differ by trial: one line per trial."""
     monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     results = tmp_path / "results"
     assert cli.main(["tune", "tune=quadratic_lr", "tune.n_trials=3", "tune.budget.total=10", "tune.plots=false",
-                     "tune.study=tw", f"results_dir={results}"]) == 0
+                     "tune.study=tw", f"results_dir={results}", "wandb.enabled=true"]) == 0
     assert cli.main(["report", str(results), "--wandb-report"]) == 0
     spec = json.loads((results / "report" / "wandb_report.json").read_text())
     lines = [p for b in spec["blocks"] for p in b.get("panels", []) if p["type"] == "line"]
@@ -130,3 +131,27 @@ def test_a_tuning_study_s_lines_are_grouped_by_trial(tmp_path, monkeypatch, caps
     from fedharness.studies.reports.wandb_report import _panel
 
     assert _panel(lines[0]).groupby == wr.Config("trial")
+
+
+def test_a_report_of_a_study_never_logged_to_wandb_is_refused_in_one_line(run_config, tmp_path, capsys):
+    """No W&B run means an empty run-set filter, which W&B reads as every run of the project: refused before
+    any report file is written; a spec without runs is not published either."""
+    for n in (1, 2):
+        execute(run_config("dataset=quadratic", "rounds=4", "eval_every=2", "study=nw",
+                           f"algorithm.clients_per_round={n}"))
+    results = tmp_path / "results"
+    capsys.readouterr()
+    assert cli.main(["report", str(results), "--target", "subopt<=0.5", "--wandb-report"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1
+    assert out.err.startswith(f"fedharness: error: invalid value for '--wandb-report': '{results}' (none of its "
+                              "2 runs was logged to W&B")
+    assert not (results / "report").exists()
+
+    from fedharness.errors import ConfigError
+    from fedharness.studies.reports.wandb_report import to_report
+
+    spec = {"title": "Study: nw", "description": "", "project": PROJECT, "runs": {"name": "nw", "run_ids": []},
+            "blocks": []}
+    with pytest.raises(ConfigError, match="empty run set would show every run"):
+        to_report(spec, ENTITY)

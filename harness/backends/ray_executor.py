@@ -33,6 +33,7 @@ from fedharness.backends import ray_cluster
 from fedharness.errors import ConfigError, require
 from fedharness.core.executors import ClientShard, RoundPlan, ShardResult, balanced_shards
 from fedharness.parts import algorithm_for, build_parts
+from fedharness.plugins import Carried, install, snapshot
 from fedharness.core.runtime import apply_runtime
 from fedharness.settings import RunSettings
 
@@ -45,11 +46,12 @@ class ShardActor:
     """One ClientShard in its own process. Built from the settings (they travel as their plain config), never
     from the driver's arrays."""
 
-    def __init__(self, settings: RunSettings, owned: np.ndarray, threads: int):
+    def __init__(self, settings: RunSettings, owned: np.ndarray, threads: int, plugins: tuple[Carried, ...] = ()):
         self.rss_at_start = _peak_rss_bytes()  # the process with its imports, before any data
         torch.set_num_threads(threads)
         self.error = None
         try:
+            install(plugins)  # the driver's Python registrations, before anything is built
             apply_runtime(settings.precision, settings.deterministic)  # in the shard processes too
             problem, algorithm = build_parts(settings)
         except ConfigError as err:  # e.g. data_dir missing on this node: reported by ready(), with the node
@@ -69,7 +71,7 @@ class ShardActor:
         dev = self.device
         plan = dataclasses.replace(plan, server_ctx={k: v.to(dev) for k, v in plan.server_ctx.items()})
         result = self.shard.train(x.to(dev), plan)
-        out = ShardResult(result.delta.cpu(), {k: v.cpu() for k, v in result.extras.items()})
+        out = ShardResult(result.delta.cpu(), {k: v.cpu() for k, v in result.extras.items()}, result.updates)
         return out, bool(self.shard.client_state)
 
     def get_state(self) -> dict:
@@ -115,6 +117,7 @@ class RayExecutor:
         self.restarts = 0
         self._restore_state: dict = {}
         self._history: list[tuple[ray.ObjectRef, ray.ObjectRef]] = []
+        self.plugins = snapshot()  # the user's registrations, for every shard (and every restarted one)
         if ray_settings.address is None and not ray.is_initialized():
             cores = os.cpu_count() or 1
             require(cpus <= cores, "ray.cpus_per_shard", cpus,
@@ -144,7 +147,8 @@ class RayExecutor:
         options = {"num_cpus": self.bundle["CPU"], "num_gpus": self.bundle.get("GPU", 0),
                    "max_restarts": 0, "max_task_retries": 0,
                    "scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=s)}
-        return ray.remote(ShardActor).options(**options).remote(self.settings, self.owned[s], self.threads)
+        actor = ray.remote(ShardActor).options(**options)
+        return actor.remote(self.settings, self.owned[s], self.threads, self.plugins)
 
     def _check_ready(self, s: int, info: dict) -> dict:
         if info["error"] is not None:
@@ -222,7 +226,8 @@ class RayExecutor:
             self._history.append((x_ref, plan_ref))
             if len(self._history) >= SNAPSHOT_EVERY:
                 self.get_state()
-        return ShardResult(total.delta.to(x.device), {k: v.to(x.device) for k, v in total.extras.items()})
+        return ShardResult(total.delta.to(x.device), {k: v.to(x.device) for k, v in total.extras.items()},
+                           total.updates)  # an UpdateAggregator's raw updates (on the CPU), else []
 
     def get_state(self) -> dict:
         """All clients' state; also the point a restarted shard resumes from."""

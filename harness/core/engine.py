@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from fedharness.contracts import (Algorithm, Coefficients, Problem, ReplicaLayout, SeriesHook, ServerContext,
-                                  ServerState)
+from fedharness.contracts import (Algorithm, Callback, Coefficients, Metric, Problem, ReplicaLayout, RoundContext,
+                                  SeriesHook, ServerContext, ServerState, UpdateAggregator)
+from fedharness.core.buffers import average_into, buffer_dim
 from fedharness.core.executors import RoundPlan
+from fedharness.core.updates import aggregate_updates
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ class Engine:
     def __init__(self, problem: Problem, algorithm: Algorithm, executor, *, rounds: int, seed: int, replicas: int,
                  eval_every: int, reference=None, on_rows=None, progress=None, layout: ReplicaLayout | None = None,
                  series: list[SeriesHook] | None = None, network: NetworkModel | None = None, checkpoint=None,
-                 checkpoint_every: int = 0):
+                 checkpoint_every: int = 0, metrics: Sequence[Metric] = (), callbacks: Sequence[Callback] = ()):
         self.problem, self.alg, self.executor = problem, algorithm, executor
         self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every  # checkpoint(state) after such rounds
         self.network = network or NetworkModel()
@@ -69,6 +72,7 @@ class Engine:
         replicas = len(self.layout)
         self.series = series or []  # extra recorded iterates, e.g. Polyak averages, RR extrapolation
         self.reference = reference
+        self.metrics, self.callbacks = tuple(metrics), tuple(callbacks)  # a user's extra columns; hooks
         self.on_rows = on_rows or (lambda rows, state: None)
         self.progress = progress
         self.bytes_per_param = torch.finfo(problem.dtype).bits // 8
@@ -95,7 +99,8 @@ class Engine:
         coefs = alg.aggregator.coefficients(sel.weights, alg.solver.weight_stats(tau, lrs, lr_scale), tau)
         if sel.active is not None and not sel.active.all():
             coefs.idle(~sel.active)  # replicas none of whose sampled clients returned (dropout): Delta = 0
-        plan = RoundPlan(rnd, self.seed, self.stream_replicas, sel.clients, coefs.coef, tau, lr_scale, lrs)
+        plan = RoundPlan(rnd, self.seed, self.stream_replicas, sel.clients, coefs.coef, tau, lr_scale, lrs,
+                         send_updates=isinstance(alg.aggregator, UpdateAggregator))  # else shards reduce in place
         return plan, coefs
 
     def _count(self, state: RunState, plan: RoundPlan) -> None:
@@ -115,7 +120,11 @@ class Engine:
         plan, coefs = self.plan_round(state.round)
         plan.server_ctx = state.server_ctx
         result = self.executor.local_updates(state.x, plan)
+        if plan.send_updates:
+            result.delta = aggregate_updates(self.alg.aggregator, plan, result.updates, state.x)
         x = self.alg.server.step(state.x, result.delta, state.server_state, plan.step_lrs[0] * self.layout.lr_factor)
+        if buffer_dim(self.problem):  # running statistics: the aggregated average, no server optimizer step
+            x = average_into(x, state.x, result.delta, buffer_dim(self.problem))
         if result.extras:
             state.server_ctx = self.alg.solver.update_server_ctx(state.server_ctx, result.extras)
         for hook, hs in zip(self.series, state.series_state):
@@ -135,6 +144,7 @@ class Engine:
 
     def _evaluate_series(self, state: RunState, x: torch.Tensor, series: str, replica_ids: np.ndarray) -> list[dict]:
         ev = self.problem.evaluate(x)
+        ev.extra.update({m.name: m.values(self.problem, x) for m in self.metrics})
         subopt = dist = None
         if self.reference is not None:
             subopt = ev.train_loss - self.reference.f_star
@@ -148,8 +158,8 @@ class Engine:
                    "server_lr": self.alg.server.server_lr,
                    "lr": None if np.isnan(self._last_lr[src]) else self._last_lr[src]}
             row.update({k: v[src].item() for k, v in state.counters.items()})  # int64 -> int, sim_s -> float
-            for name, values in (("subopt", subopt), ("dist_to_opt", dist),
-                                 ("test_loss", ev.test_loss), ("test_acc", ev.test_acc)):
+            for name, values in (("subopt", subopt), ("dist_to_opt", dist), ("test_loss", ev.test_loss),
+                                 ("test_acc", ev.test_acc), *ev.extra.items()):
                 row[name] = None if values is None else float(values[i])
             if self._last_diag is not None:
                 diag = self._last_diag
@@ -171,7 +181,9 @@ class Engine:
             state = self.step(state)
             state.wall_s = time.perf_counter() - start
             diverged = not bool(torch.isfinite(state.x).all())
-            if diverged or state.round % self.eval_every == 0 or state.round == self.rounds:
+            context = RoundContext(state.round, self.rounds, state.x, [])
+            stop = any([bool(cb.on_round_end(context)) for cb in self.callbacks]) and not diverged
+            if diverged or stop or state.round % self.eval_every == 0 or state.round == self.rounds:
                 if diverged:
                     status = "diverged"
                     break
@@ -184,12 +196,17 @@ class Engine:
                 if any(r["train_loss"] is None for r in new if r["series"] == "iterate"):
                     status = "diverged"  # finite weights but an overflowing loss: stop here, rows kept
                     break
+                context = RoundContext(state.round, self.rounds, state.x, new)
+                stop = any([bool(cb.on_evaluation(context)) for cb in self.callbacks]) or stop  # all are called
             else:
                 self.rounds_done = state.round
+            if stop:
+                status = "stopped"  # by a callback, after this round's rows (evaluated, so the run ends recorded)
+                break
             if self.checkpoint is not None and self.checkpoint_every and state.round < self.rounds \
                     and state.round % self.checkpoint_every == 0:
                 self.checkpoint(state)  # after the round's rows, so they land in the part it closes
-        return RunOutcome(status, state.round if status == "ok" else state.round - 1, rows, state)
+        return RunOutcome(status, state.round - 1 if status == "diverged" else state.round, rows, state)
 
 
 def _finite_or_none(v):

@@ -3,7 +3,9 @@
 A ClientShard owns a fixed set of clients and their state (SCAFFOLD control
 variates). It trains all its sampled clients of all replicas as one batched
 computation and returns, per replica, float64 partial sums (sum_k c_k Delta_k and
-any control-variate sums), so traffic is O(shards x model), not O(clients x model).
+any control-variate sums), so traffic is O(shards x model), not O(clients x model). Only for an aggregator that
+sees the updates (RoundPlan.send_updates) does a shard send each client's Delta_k instead, batch by batch as it
+trains them within the memory budget (core/updates.py aggregates them).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, buffer_dim, load_client_buffers, local_buffers, \
+    take_buffers
 from fedharness.contracts import ClientKeys, ClientState, LocalSolver, Problem, ServerContext, SolverState
 from fedharness.errors import require
 
@@ -30,6 +34,7 @@ class RoundPlan:
     lr_scale: np.ndarray  # [R, K] client lr multipliers (sampler and per-replica factors)
     step_lrs: np.ndarray  # [max tau] step sizes of this round
     server_ctx: ServerContext = field(default_factory=dict)  # e.g. SCAFFOLD's server control c
+    send_updates: bool = False  # an UpdateAggregator: send each client's Delta_k, not the reduced sum
 
 
 @dataclass
@@ -48,14 +53,25 @@ class Entries:
 
 
 @dataclass
+class UpdateChunk:
+    """The raw updates Delta_k of one batch of a shard's entries (at most chunk_entries rows), on the CPU."""
+
+    replica: np.ndarray  # [m] int64
+    clients: np.ndarray  # [m] int64
+    delta: torch.Tensor  # [m, dim] in the model's dtype: w - w0 as computed, so nothing is rounded on the way
+
+
+@dataclass
 class ShardResult:
-    delta: torch.Tensor  # [R, dim] float64: sum_k c_k Delta_k
+    delta: torch.Tensor  # [R, dim] float64: sum_k c_k Delta_k (zero when the plan asks for the updates)
     extras: dict[str, torch.Tensor] = field(default_factory=dict)  # [R, dim] float64 sums (e.g. "control")
+    updates: list[UpdateChunk] = field(default_factory=list)  # plan.send_updates: every entry's Delta_k
 
     def add(self, other: "ShardResult") -> "ShardResult":
         self.delta += other.delta
         for k, v in other.extras.items():
             self.extras[k] = self.extras[k] + v if k in self.extras else v
+        self.updates.extend(other.updates)
         return self
 
 
@@ -135,6 +151,9 @@ class ClientShard:
         w0 = x[e.replica]
         w = w0.clone()
         saved = [self.client_state.get((int(r), int(k)), {}) for r, k in zip(e.replica, e.clients)]
+        b = buffer_dim(problem)  # trailing buffer entries (BatchNorm statistics): set by forward passes
+        if local_buffers(problem):
+            load_client_buffers(w, saved, b)
         state = solver.init_state(w0, {k: v[e.replica] for k, v in plan.server_ctx.items()}, saved)
         steps = int(e.tau[0])
         batches = problem.round_batches(ClientKeys(e.clients, plan.stream_replicas[e.replica], plan.round,
@@ -146,17 +165,26 @@ class ClientShard:
             if active[t] != n:  # views: updates of the prefix land in w and the state in place
                 n = int(active[t])
                 w_t, scale_t, state_t = w[:n], scale[:n], prefix_state(state, n)
-            solver.update(w_t, grad_fn(w_t, batches, t), scale_t * float(plan.step_lrs[t]), state_t)
+            g = grad_fn(w_t, batches, t)
+            new_buffers = take_buffers(g, b) if b else None
+            solver.update(w_t, g, scale_t * float(plan.step_lrs[t]), state_t)
+            if new_buffers is not None:
+                w_t[:, -b:] = new_buffers
         lr_sum = scale[:, 0].double() * torch.as_tensor(
             np.cumsum(plan.step_lrs)[e.tau - 1], dtype=torch.float64, device=dev)  # sum of each client's steps
         p = torch.as_tensor(problem.weights[e.clients], dtype=torch.float64, device=dev)
         new_state, extras = solver.finish(w0, w, lr_sum, state, p)
+        if local_buffers(problem):
+            new_state = {**new_state, BUFFERS_KEY: w[:, -b:]}
         if new_state:
             for i, (r, k) in enumerate(zip(e.replica, e.clients)):
                 self.client_state[(int(r), int(k))] = {name: v[i].clone() for name, v in new_state.items()}
         index = torch.as_tensor(e.replica, device=dev)
-        coef = torch.as_tensor(e.coef, dtype=torch.float64, device=dev)[:, None]
-        result.delta.index_add_(0, index, (w - w0).double() * coef)
+        if plan.send_updates:  # leaves the device batch by batch, so device memory stays within the budget
+            result.updates.append(UpdateChunk(e.replica.copy(), e.clients.copy(), (w - w0).cpu()))
+        else:
+            coef = torch.as_tensor(e.coef, dtype=torch.float64, device=dev)[:, None]
+            result.delta.index_add_(0, index, (w - w0).double() * coef)
         for name, per_client in extras.items():
             if name not in result.extras:
                 result.extras[name] = torch.zeros_like(result.delta)

@@ -40,7 +40,8 @@ CACHE_FORMAT = 1  # bump when the meaning of a remembered choice changes
 def candidates(objective) -> tuple[str, ...]:
     """The formulations worth timing: channels-last only for a network with 4-D (convolution) weights."""
     conv = any(len(shape) == 4 for shape in objective.shapes)
-    return KERNELS if conv else KERNELS[:2]
+    found = KERNELS if conv else KERNELS[:2]
+    return found if objective.vmappable else found[1:]  # a module vmap cannot run: loops only
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -92,7 +93,7 @@ def resolve_kernel(settings: RunSettings, problem, resumed_kernel: str | None = 
     if wanted == "auto":
         wanted = resumed_kernel if resumed_kernel in KERNELS else _auto(settings, problem)
     objective.kernel = wanted
-    return wanted
+    return objective.kernel  # `vmap` for a module vmap cannot run is `loop` (problems/objectives.py)
 
 
 def _auto(settings: RunSettings, problem) -> str:

@@ -46,6 +46,14 @@ def uniform(key: np.ndarray, count: int) -> np.ndarray:
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
+def seeds(key: np.ndarray, count: int) -> np.ndarray:
+    """`count` int64 seeds in [0, 2^63) per key (for a torch generator): shape key.shape + (count,)."""
+    with np.errstate(over="ignore"):
+        ctr = (np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN)
+        bits = _mix(key[..., None] ^ ctr)
+    return (bits >> np.uint64(1)).astype(np.int64)
+
+
 def integers(key: np.ndarray, count: int, high) -> np.ndarray:
     """`count` integers in [0, high) per key; `high` broadcasts against key."""
     u = uniform(key, count)

@@ -20,7 +20,7 @@ from fedharness.problems.lazy import build_lazy_synthetic
 from fedharness.problems.li_toy import LiToyProblem
 from fedharness.problems.loaders import LOADERS, load_pooled
 from fedharness.problems.nets import NETS, build_net
-from fedharness.problems.objectives import L2, LinearRegression, NetObjective, SoftmaxRegression
+from fedharness.problems.objectives import BUFFERS, L2, LinearRegression, NetObjective, SoftmaxRegression
 from fedharness.problems.quadratic import make_quadratic
 from fedharness.problems.user import USER_DATASETS, load_user_dataset
 from fedharness.core.runtime import autocast_dtype, memory_budget_bytes
@@ -41,7 +41,9 @@ DATASET_KEYS: dict[str, dict[str, Key]] = {
     for name, keys in {"synthetic": synthetic.KEYS, "synthetic_lazy": lazy.KEYS, "blobs": blobs.KEYS,
                        "quadratic": quadratic.KEYS, "li_toy": li_toy.KEYS, **dict.fromkeys(LOADERS, loaders.KEYS)}.items()
 }
-MODEL_KEYS: dict[str, dict[str, Key]] = {**{name: {"l2": L2} for name in MODELS if name != "quadratic"}, "quadratic": {}}
+MODEL_KEYS: dict[str, dict[str, Key]] = {**{name: {"l2": L2} for name in MODELS if name != "quadratic"},
+                                        "resnet18_bn": {"l2": L2, "buffers": BUFFERS}, "quadratic": {}}
+NET_OWN_KEYS = ("name", "l2", "buffers", "_target_")  # read by the harness; a user model's other keys are its own
 
 
 def _pooled(dcfg: dict[str, Any], seed: int):
@@ -67,9 +69,10 @@ def _objective(model: str, mcfg: dict[str, Any], in_shape: tuple[int, ...], num_
     l2 = mcfg.get("l2", 0.0)
     if model in LINEAR_MODELS:
         return LINEAR_MODELS[model](in_shape, num_classes, l2)
-    params = {k: v for k, v in mcfg.items() if k not in ("name", "l2", "_target_")}  # a user model's own keys
+    params = {k: v for k, v in mcfg.items() if k not in NET_OWN_KEYS}  # a user model's own keys
     kernel = "vmap" if kernel == "auto" else kernel  # auto: harness/core/kernels.py resolves it for the run
-    return NetObjective(build_net(model, in_shape, num_classes, **params), model, l2, in_shape, autocast, kernel)
+    return NetObjective(build_net(model, in_shape, num_classes, **params), model, l2, in_shape, autocast, kernel,
+                        mcfg.get("buffers", "average"))
 
 
 def _partition(pcfg: dict[str, Any], y: np.ndarray, owner, num_clients: int, seed: int) -> list[np.ndarray]:

@@ -9,6 +9,7 @@ import torch
 
 from fedharness.contracts import ClientKeys, Evaluation, Model, Problem
 from fedharness.core import streams
+from fedharness.errors import require
 
 EVAL_CHUNK = 16384  # samples per evaluation chunk: bounds memory for large data sets
 GATHER_ELEMENTS = 1 << 20  # floats gathered at once when prefetching a round's minibatches
@@ -22,6 +23,7 @@ class RoundBatches:
     chunk_steps: int = 1
     chunk_start: int = -1
     chunk: tuple[torch.Tensor, ...] = ()
+    seeds: np.ndarray | None = None  # [M, steps] int64 of a stochastic model (dropout), from the DROPOUT streams
 
 
 class DataProblem(Problem):
@@ -68,8 +70,12 @@ class DataProblem(Problem):
         index = local + self.offsets[keys.clients][:, None]
         per_step = len(keys.clients) * b * self.sample_numel
         chunk = max(1, min(steps, GATHER_ELEMENTS // max(per_step, 1)))
+        seeds = None
+        if self.objective.stochastic:  # one seed per copy and step, keyed like the minibatches
+            seeds = streams.seeds(streams.stream_key(keys.seed, streams.DROPOUT, keys.replicas, keys.round,
+                                                     keys.clients), steps)
         return RoundBatches(torch.from_numpy(index.reshape(len(keys.clients), steps, b)).to(self.device),
-                            chunk_steps=chunk)
+                            chunk_steps=chunk, seeds=seeds)
 
     def grad(self, w: torch.Tensor, batches: RoundBatches, step: int) -> torch.Tensor:
         """Minibatch gradients of the first len(w) clients of `batches` (the executor trains a prefix that
@@ -81,12 +87,18 @@ class DataProblem(Problem):
             x = self.x.index_select(0, flat).view(*idx.shape, *self.x.shape[1:])
             batches.chunk = self.objective.prepare_chunk(x, self.y.index_select(0, flat).view(idx.shape))
             batches.chunk_start, t = step, 0
+        if batches.seeds is not None:
+            return self.objective.batch_grad(w, tuple(part[:m, t] for part in batches.chunk),
+                                             seeds=batches.seeds[:m, step])
         if m < len(batches.chunk[0]):  # slicing costs microseconds a step: only when clients have finished
             return self.objective.batch_grad(w, tuple(part[:m, t] for part in batches.chunk))
         return self.objective.batch_grad(w, tuple(part[:, t] for part in batches.chunk))
 
     def reference_grad(self, w: torch.Tensor, batches: RoundBatches, step: int) -> torch.Tensor:
         """The same minibatch gradient by plain autograd on the loss, one client at a time (slow path)."""
+        require(not (self.objective.buffer_dim or self.objective.stochastic), "executor", "reference",
+                f"inline | ray: model {self.objective.name} has buffers or dropout, which the reference executor's "
+                "eval-mode loss does not train")
         idx = batches.index[0, step]
         w = w.detach().requires_grad_(True)
         loss, _ = self.objective.loss_terms(w, self.x[idx], self.y[idx])
@@ -137,6 +149,11 @@ class DataProblem(Problem):
         reg = self.objective.regularizer(wg)
         (g,) = torch.autograd.grad(reg.sum(), wg)
         return value / n + reg.detach().double(), (grad / n + g.double()).to(w.dtype)
+
+    def data_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if split == "train":
+            return self.x, self.y
+        return None if self.x_test is None else (self.x_test, self.y_test)
 
     def evaluate(self, w: torch.Tensor) -> Evaluation:
         train_loss, g = self.objective_and_grad(w)

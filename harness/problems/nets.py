@@ -1,14 +1,17 @@
 """Neural networks used by the paper reproductions.
 
 The engine trains many clients at once with ``torch.func.vmap`` +
-``functional_call`` over stacked parameters, so every model here must be a
-pure function of its parameters: no buffers (hence no BatchNorm), no dropout,
-no in-place ops. Parameter counts match the papers (see PAPERS.md):
+``functional_call`` over stacked parameters and buffers (problems/module_state.py):
+BatchNorm's running statistics are part of each client copy's state and dropout
+masks come from the run's random streams. Parameter counts match the papers
+(see PAPERS.md):
 
 * ``TwoNN``    784-200-200-10 MLP (Yang et al.)            199,210 params
 * ``CNN``      conv5x5x32-pool-conv5x5x64-pool-fc512-fc10   582,026 on MNIST
 * ``VGG11``    VGG-11 without batch norm (FedNova)        9,750,922 on CIFAR-10
 * ``ResNet18`` CIFAR ResNet-18, GroupNorm for BatchNorm  11,173,962 on CIFAR-10
+* ``ResNet18`` with ``norm="batch"`` (``resnet18_bn``): the same with BatchNorm, the default network of most
+  federated-learning papers; the same parameter count, plus 9,600 running statistics
 """
 
 from __future__ import annotations
@@ -114,10 +117,12 @@ class VGG11(nn.Module):
         return self.classifier(self.features(x).flatten(1))
 
 
-def _norm(channels: int, groups: int) -> nn.GroupNorm:
+def _norm(channels: int, groups: int) -> nn.Module:
     # GroupNorm has BatchNorm's 2*C affine params but no running statistics, so
-    # the model stays a pure function of its parameters (vmap-safe) and the
-    # parameter count matches the BatchNorm ResNet-18 the papers report.
+    # the model stays a pure function of its parameters and the parameter count
+    # matches the BatchNorm ResNet-18 the papers report. groups=0: BatchNorm.
+    if groups == 0:
+        return nn.BatchNorm2d(channels)
     return nn.GroupNorm(min(groups, channels), channels)
 
 
@@ -147,11 +152,14 @@ class ResNet18(nn.Module):
     """CIFAR ResNet-18 (3x3 stem, no stem pooling), kuangliu layout.
 
     ``norm_groups=2`` follows the federated-learning practice of GroupNorm with
-    two groups (Hsieh et al. 2020; Reddi et al. 2021).
+    two groups (Hsieh et al. 2020; Reddi et al. 2021); ``norm="batch"`` puts
+    BatchNorm in its place (kuangliu's original).
     """
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 10, norm_groups: int = 2):
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, norm_groups: int = 2, norm: str = "group"):
         super().__init__()
+        require(norm in ("group", "batch"), "model", norm, "a ResNet18 norm: group | batch")
+        norm_groups = 0 if norm == "batch" else norm_groups
         self.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
         self.norm1 = _norm(64, norm_groups)
         blocks: list[nn.Module] = []
@@ -197,11 +205,17 @@ def _build_resnet18(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return ResNet18(in_channels=c, num_classes=num_classes)
 
 
+def _build_resnet18_bn(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    c, _, _ = _image_shape("resnet18_bn", in_shape)
+    return ResNet18(in_channels=c, num_classes=num_classes, norm="batch")
+
+
 NETS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "2nn": _build_2nn,
     "cnn": _build_cnn,
     "vgg11": _build_vgg11,
     "resnet18": _build_resnet18,
+    "resnet18_bn": _build_resnet18_bn,
 }
 
 

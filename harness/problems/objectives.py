@@ -7,6 +7,8 @@ calls and a softmax); neural networks use torch.func.vmap over grad.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 
 import numpy as np
@@ -15,10 +17,15 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from fedharness.contracts import Model
-from fedharness.errors import ConfigError
-from fedharness.keys import number
+from fedharness.errors import require
+from fedharness.keys import choice, number
+from fedharness.problems.module_state import ModuleLayout, draw_masks, dropout_sites, masked_dropout
 
 L2 = number("l2 weight: + l2 ||w||^2", lo=0)  # `model.l2`, the key of every model but the quadratic's
+BUFFERS = choice("a net's float buffers (BatchNorm statistics): average (weighted like the clients' updates) | "
+                 "local (each client keeps its own between rounds, FedBN)", ("average", "local"))  # `model.buffers`
+
+log = logging.getLogger(__name__)
 
 
 class SoftmaxRegression(Model):
@@ -117,99 +124,164 @@ ACTIVATION_FACTOR = 3  # a layer's output, kept for backward, its gradient, and 
 
 
 class NetObjective(Model):
-    """Cross-entropy of a torch module (+ l2 ||w||^2), vectorized over client copies with vmap.
+    """Cross-entropy of a torch module (+ l2 ||w||^2 over its parameters), vectorized over client copies with vmap.
 
+    Any nn.Module: a copy's flat vector holds its parameters and then its float buffers (BatchNorm's running
+    statistics; problems/module_state.py). `batch_grad` returns, per copy, the parameters' gradient followed by
+    the buffers' values after the step's train-mode forward pass (the executor writes those in; they are no
+    gradient). `buffers` (the `model.buffers` key): average | local, how the server and the clients share them
+    (harness/core/buffers.py). Dropout modules take masks drawn from per-copy, per-step `seeds`.
     `autocast` (precision=bf16): the training forward/backward runs under torch.autocast in that dtype;
-    parameters, gradients and the loss stay in the parameters' dtype. Evaluation runs in full precision.
+    parameters, gradients and the loss stay in the parameters' dtype. Evaluation runs in full precision, in eval
+    mode (running statistics, no dropout).
     `kernel` (vmap | loop | loop_channels_last, harness/core/kernels.py): how `batch_grad` computes the copies'
-    gradients; all give the same gradients up to rounding.
+    gradients; all give the same gradients up to rounding. A module torch.func.vmap cannot run (a probe at
+    construction says so, in one log line) trains one copy at a time: `vmap` then means `loop`.
     """
 
     convex = False
 
     def __init__(self, net: nn.Module, name: str, l2: float, in_shape: tuple[int, ...],
-                 autocast: torch.dtype | None = None, kernel: str = "vmap"):
-        for buffer, _ in net.named_buffers():
-            raise ConfigError("model", name, f"the module holds a buffer '{buffer}'; the engine trains a model as a "
-                              "pure function of its parameters (vmapped over clients), so it cannot keep state such "
-                              "as BatchNorm's running statistics: use GroupNorm or LayerNorm, and keep constants as "
-                              "plain tensor attributes")
+                 autocast: torch.dtype | None = None, kernel: str = "vmap", buffers: str = "average"):
         self.net, self.name, self.l2 = net, name, l2
-        self.in_shape, self.autocast, self.kernel = in_shape, autocast, kernel
+        require(buffers in ("average", "local"), "model.buffers", buffers, "average | local")
+        self.in_shape, self.autocast, self.buffers = in_shape, autocast, buffers
+        self.layout = ModuleLayout(net, name)
+        self.names, self.shapes, self.numels = self.layout.names, self.layout.shapes, self.layout.numels
+        self.param_dim, self.buffer_dim = self.layout.param_dim, self.layout.buffer_dim
+        self.dim = self.param_dim + self.buffer_dim
+        self.sites = dropout_sites(net, in_shape, name)
         self._sample_activations: int | None = None
-        self.names = [n for n, _ in net.named_parameters()]
-        self.shapes = [p.shape for _, p in net.named_parameters()]
-        self.numels = [p.numel() for _, p in net.named_parameters()]
-        self.dim = sum(self.numels)
-        self._grad = vmap(grad(self._loss))
-        self._client_grad = {"loop": grad(self._loss), "loop_channels_last": grad(self._loss_channels_last)}
+        self._grad = vmap(grad(self._loss, has_aux=True))
+        self._client_grad = {"loop": grad(self._loss, has_aux=True),
+                             "loop_channels_last": grad(self._loss_channels_last, has_aux=True)}
+        self.vmappable = self._probe_vmap()
+        self.stochastic = bool(self.sites) or not self.vmappable  # round_batches draws per-copy seeds for it
+        self.kernel = kernel
+
+    @property
+    def kernel(self) -> str:
+        return self._kernel
+
+    @kernel.setter
+    def kernel(self, value: str) -> None:
+        self._kernel = "loop" if value == "vmap" and not self.vmappable else value
+
+    def _probe_vmap(self) -> bool:
+        """Whether vmap runs the module's training step: one batched gradient of two copies on two zero samples."""
+        params = {n: p.detach() for n, p in self.net.named_parameters()}
+        buffers = {n: b.detach() for n, b in self.net.named_buffers() if n in self.layout.buffer_names}
+        two = lambda t: t.expand(2, *t.shape).clone()  # noqa: E731
+        masks = [torch.ones(2, 2, *s.shape) for s in self.sites]
+        x, y = torch.zeros(2, 2, *self.in_shape), torch.zeros(2, 2, dtype=torch.int64)
+        try:
+            self.net.train()
+            self._grad({n: two(p) for n, p in params.items()}, {n: two(b) for n, b in buffers.items()}, masks, x, y)
+            return True
+        except Exception as err:  # any op without a batching rule, random ops outside nn.Dropout, .item(), ...
+            why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            log.warning(f"model {self.name}: torch.func.vmap cannot run its training step ({why}); its clients "
+                        "train one copy at a time (kernel=loop)")
+            return False
 
     def prepare(self, x: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.as_tensor(x, dtype=dtype).to(device)
 
     def init(self, replicas: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
-        """Each replica gets its own default (Kaiming) initialisation, seeded by (seed, replica)."""
+        """Each replica gets its own default (Kaiming) initialisation, seeded by (seed, replica); buffers start at
+        their reset values (BatchNorm: mean 0, variance 1)."""
         rows = []
+        buffers = dict(self.net.named_buffers())
         for r in range(replicas):
             torch.manual_seed(hash((seed, r)) % (2**31))
             for m in self.net.modules():
                 if hasattr(m, "reset_parameters"):
                     m.reset_parameters()
-            rows.append(torch.cat([p.detach().reshape(-1) for p in self.net.parameters()]))
+            flat = [p.detach().reshape(-1) for p in self.net.parameters()]
+            flat += [buffers[n].detach().reshape(-1) for n in self.layout.buffer_names]
+            rows.append(torch.cat(flat))
         return torch.stack(rows).to(dtype)
 
     def _params(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
-        lead = w.shape[:-1]
-        parts = torch.split(w, self.numels, dim=-1)
-        return {n: p.reshape(*lead, *s) for n, p, s in zip(self.names, parts, self.shapes)}
+        return self.layout.split(w)[0]
 
-    def _loss(self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(x.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
-            logits = functional_call(self.net, params, (x,))
+    def _loss(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], masks, x: torch.Tensor,
+              y: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The minibatch loss of one copy in train mode, and its buffers after the forward pass."""
+        state = self.layout.module_state(params, buffers)
+        with masked_dropout(self.sites, masks), torch.autocast(x.device.type, dtype=self.autocast or torch.bfloat16,
+                                                               enabled=self.autocast is not None):
+            logits = functional_call(self.net, state, (x,))
         loss = torch.nn.functional.cross_entropy(logits.to(x.dtype), y)
         if self.l2:
             loss = loss + self.l2 * sum((p * p).sum() for p in params.values())
-        return loss
+        return loss, {n: state[n] for n in self.layout.buffer_names}
 
-    def _loss_channels_last(self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _loss_channels_last(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], masks,
+                            x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         cl = torch.channels_last
         params = {n: p.contiguous(memory_format=cl) if p.dim() == 4 else p for n, p in params.items()}
-        return self._loss(params, x.contiguous(memory_format=cl) if x.dim() == 4 else x, y)
+        return self._loss(params, buffers, masks, x.contiguous(memory_format=cl) if x.dim() == 4 else x, y)
 
     def prepare_chunk(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return x, y
 
-    def batch_grad(self, w: torch.Tensor, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def batch_grad(self, w: torch.Tensor, batch: tuple[torch.Tensor, ...],
+                   seeds: np.ndarray | None = None) -> torch.Tensor:
+        """[M, dim]: each copy's parameter gradient, then its buffers after the forward pass. `seeds` [M] (one per
+        copy, for this step) drive dropout; None: dropout keeps every unit."""
         x, y = batch
+        self.net.train()
+        masks = []  # none: dropout keeps every unit (an empty list, which vmap maps over as well)
+        if self.sites and seeds is not None:
+            masks = draw_masks(self.sites, seeds, x.shape[1], w.dtype, w.device)
         if self.kernel == "vmap":
-            grads = self._grad(self._params(w), x, y)
-            return torch.cat([grads[n].reshape(w.shape[0], -1) for n in self.names], dim=1)
+            grads, new = self._grad(*self.layout.split(w), masks, x, y)
+            flat = [grads[n].reshape(w.shape[0], -1) for n in self.names]
+            return torch.cat(flat + self.layout.flat_buffers(new, w.shape[0]), dim=1)
         client_grad = self._client_grad[self.kernel]
         out = torch.empty_like(w)
         for m in range(w.shape[0]):
-            grads = client_grad(self._params(w[m]), x[m], y[m])
-            torch.cat([grads[n].reshape(-1) for n in self.names], out=out[m])
+            with self._seeded(seeds, m, w.device):
+                grads, new = client_grad(*self.layout.split(w[m]), [k[m] for k in masks], x[m], y[m])
+            torch.cat([grads[n].reshape(-1) for n in self.names] + self.layout.flat_buffers(new, None), out=out[m])
         return out
 
+    @staticmethod
+    def _seeded(seeds: np.ndarray | None, m: int, device: torch.device):
+        """Torch's global generator seeded by copy m's seed, for randomness a module draws itself (F.dropout in
+        its forward), which only the per-client path can run; restored afterwards."""
+        if seeds is None:
+            return contextlib.nullcontext()
+        return _forked_seed(int(seeds[m]) ^ 1, device)
+
     def loss_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed loss and correct predictions per replica, in eval mode (running statistics, no dropout); the
+        buffers are constants here (no gradient reaches their entries)."""
+        self.net.eval()
         losses, correct = [], []
         for r in range(w.shape[0]):
-            logits = functional_call(self.net, self._params(w[r]), (x,))
+            params, buffers = self.layout.split(w[r])
+            state = self.layout.module_state(params, {n: b.detach() for n, b in buffers.items()})
+            logits = functional_call(self.net, state, (x,))
             losses.append(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
             correct.append((logits.argmax(-1) == y).sum())
         return torch.stack(losses), torch.stack(correct)
 
     def regularizer(self, w: torch.Tensor) -> torch.Tensor:
+        if self.buffer_dim:
+            w = w[..., :self.param_dim]
         return self.l2 * (w * w).sum(-1)
 
     def activation_bytes(self, batch: int, itemsize: int) -> int:
         """Bytes of one client copy's forward/backward over `batch` samples, from the layer outputs of a
-        probe forward pass on one sample (measured once)."""
+        probe forward pass on one sample (measured once, in eval mode: no running statistic moves)."""
         if self._sample_activations is None:
             found = []
             hooks = [m.register_forward_hook(lambda m, i, out: found.append(out.numel()))
                      for m in self.net.modules() if not list(m.children())]
             try:
+                self.net.eval()
                 with torch.no_grad():
                     self.net(torch.zeros(1, *self.in_shape))
             finally:
@@ -217,3 +289,12 @@ class NetObjective(Model):
                     h.remove()
             self._sample_activations = sum(found)
         return ACTIVATION_FACTOR * batch * self._sample_activations * itemsize
+
+
+@contextlib.contextmanager
+def _forked_seed(seed: int, device: torch.device):
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed % (2**63))
+        yield

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,6 +29,7 @@ RUN_SCHEMA = pa.schema([
     ("error", pa.string()), ("trial", pa.int64()),
     ("f_star", pa.float64()), ("gamma_heterogeneity", pa.float64()),
     ("pid", pa.int64()), ("pid_start", pa.int64()),  # the writing process: a `running` row whose one is gone is lost
+    ("callbacks", pa.string()), ("metrics", pa.string()),  # JSON lists: the run's callbacks and its own metrics
 ])
 
 
@@ -43,8 +45,10 @@ def _table(rows: list[dict], schema: pa.Schema) -> pa.Table:
 class ParquetSink:
     """`<results_dir>/runs/run_id=<id>/run.parquet` and `<results_dir>/rounds/run_id=<id>/part-*.parquet`."""
 
-    def __init__(self, results_dir: str | Path, run_id: str):
+    def __init__(self, results_dir: str | Path, run_id: str, extra_columns: Sequence[str] = ()):
+        """`extra_columns`: the run's own metrics (the `metrics` key), float64 columns after the built-in ones."""
         self.root, self.run_id = Path(results_dir), run_id
+        self.round_schema = pa.schema([*ROUND_SCHEMA, *(pa.field(name, pa.float64()) for name in extra_columns)])
         self.rounds_dir = self.root / "rounds" / f"run_id={run_id}"
         self.pending: list[dict] = []
 
@@ -60,7 +64,7 @@ class ParquetSink:
             return None
         rounds = [r["round"] for r in self.pending]
         buf = pa.BufferOutputStream()
-        pq.write_table(_table(self.pending, ROUND_SCHEMA), buf)
+        pq.write_table(_table(self.pending, self.round_schema), buf)
         return f"part-{min(rounds):09d}-{max(rounds):09d}.parquet", buf.getvalue().to_pybytes()
 
     def write_part(self, part: tuple[str, bytes]) -> None:

@@ -1,14 +1,18 @@
-"""Weights & Biases sink: the run's config, one history row per Parquet row, a summary, the Parquet files as an
-artifact; and, for `fedharness report --wandb`, the report's figures and tables.
+"""Weights & Biases sink: the run's config, one history step per evaluated round (the replicas' mean and std), a
+summary, the Parquet files as an artifact; and, for `fedharness report --wandb`, the report's figures and tables.
 
 Mode `auto` runs online when an API key is configured (WANDB_API_KEY or a netrc entry) and offline otherwise;
 a WANDB_MODE set in the environment wins. Offline runs land under WANDB_DIR (default ./wandb) and the harness
 prints the `wandb sync` command that uploads them later. A run never waits on the network: an online start that
 fails within `init_timeout_s` falls back to offline.
 
-History layout: every Parquet row of rounds/ (one per replica, series and evaluated round) is one W&B history
-step with the same columns (`round`, `replica`, `series`, metrics, counters); nulls are left out. Chart a
-metric against `round` (set as its step metric) and group by `replica`.
+History layout: one W&B history step per evaluated round, holding `round` (the step metric) and, for every
+numeric column of that round's Parquet rows (metrics, counters, a user's metric columns), the mean over the
+replicas under the column's name and their standard deviation (numpy's, ddof=0) under `<name>_std`: `train_loss`,
+`train_loss_std`. The `iterate` series keeps the bare names; the other series are prefixed with theirs:
+`average/train_loss`, `rr/train_loss_std`. Nulls are left out of both (a metric null in every replica is not
+logged). The per-replica values stay in Parquet; `wandb.per_replica=true` logs them too, as their own series
+`train_loss/replica_3`, `average/train_loss/replica_3`.
 """
 
 from __future__ import annotations
@@ -84,6 +88,32 @@ def _plain(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
 
+ROW_KEYS = ("round", "replica", "series")  # what tells a round's rows apart: not averaged
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def round_step(rows: list[dict], per_replica: bool = False) -> dict[str, Any]:
+    """One round's Parquet rows (every replica and series) as one history step: per series and numeric column,
+    the mean and std over the replicas that have a value, and with `per_replica` each replica's value."""
+    step: dict[str, Any] = {"round": int(rows[0]["round"])}
+    for series in dict.fromkeys(r["series"] for r in rows):
+        prefix = "" if series == "iterate" else f"{series}/"
+        mine = [r for r in rows if r["series"] == series]
+        for name in dict.fromkeys(k for r in mine for k in r if k not in ROW_KEYS):
+            values = [(r["replica"], r[name]) for r in mine if _number(r.get(name))]
+            if not values:
+                continue  # null in every replica, or not a number
+            arr = np.array([v for _, v in values], dtype=np.float64)
+            step[f"{prefix}{name}"] = float(arr.mean())
+            step[f"{prefix}{name}_std"] = float(arr.std())
+            if per_replica:
+                step.update({f"{prefix}{name}/replica_{int(rep)}": _plain(v) for rep, v in values})
+    return step
+
+
 class WandbSink:
     """One W&B run per harness run."""
 
@@ -96,10 +126,13 @@ class WandbSink:
             name=run_id, job_type="run", config={**settings.config, "run_id": run_id})
         self.run.define_metric("round")
         self.run.define_metric("*", step_metric="round")
+        self.per_replica = w.per_replica
+        self.metrics = settings.metrics  # the user's own metric columns, summarised like the built-in ones
 
     def log_rows(self, rows: list[dict]) -> None:
-        for row in rows:
-            self.run.log({k: _plain(v) for k, v in row.items() if v is not None})
+        """One history step per evaluated round among the rows (the engine hands over one round at a time)."""
+        for rnd in sorted({r["round"] for r in rows}):
+            self.run.log(round_step([r for r in rows if r["round"] == rnd], self.per_replica))
 
     def finish(self, status: str, results_dir: str | Path, rows: list[dict] | None = None) -> None:
         import wandb
@@ -110,7 +143,7 @@ class WandbSink:
             last = max(r["round"] for r in final)
             summary["rounds_done"] = last
             for name in ("train_loss", "subopt", "dist_to_opt", "grad_norm_sq", "test_loss", "test_acc",
-                         "bytes_up", "bytes_down", "sim_s"):
+                         "bytes_up", "bytes_down", "sim_s", *self.metrics):
                 vals = [r[name] for r in final if r["round"] == last and r.get(name) is not None]
                 if vals:
                     summary[f"final/{name}_mean"] = float(np.mean(vals))

@@ -175,22 +175,16 @@ def _finite(v: float) -> float | None:
 
 
 def _figure(ncols: int, nrows: int = 1, width: float = 4.3, height: float = 3.3):
-    import matplotlib
+    from matplotlib.figure import Figure  # not pyplot: the process's matplotlib backend stays as it is
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
-    return fig, axes
+    fig = Figure(figsize=(width * ncols, height * nrows))
+    return fig, fig.subplots(nrows, ncols, squeeze=False)
 
 
 def _save(fig, out: Path, name: str) -> str:
-    import matplotlib.pyplot as plt
-
     out.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(out / name, dpi=100)
-    plt.close(fig)
     return name
 
 

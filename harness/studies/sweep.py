@@ -31,6 +31,7 @@ from fedharness.config import load_config, load_settings
 from fedharness.errors import ConfigError, require
 from fedharness.extras import require_extra
 from fedharness.files import atomic_text
+from fedharness.plugins import Carried, install, snapshot
 from fedharness.lifecycle import RunInterrupted, interrupts_raised, last_recorded_round, mark_lost_runs
 from fedharness.progress import echo
 from fedharness.runner import _now, _run_row, execute, new_run_id
@@ -390,8 +391,9 @@ def record_failure(overrides: list[str], run_id: str, error: str) -> None:
     ParquetSink(settings.results_dir, run_id).write_run(_run_row(settings, "failed", rounds, _now(), error))
 
 
-def run_job(overrides: list[str], run_id: str, num_threads: int = 1) -> JobOutcome:
-    """One grid point, end to end (this is what a Ray task runs). Never raises: failures become outcomes."""
+def run_job(overrides: list[str], run_id: str, num_threads: int = 1, plugins: tuple[Carried, ...] = ()) -> JobOutcome:
+    """One grid point, end to end (this is what a Ray task runs, with the driver's registrations in `plugins`).
+    Never raises: failures become outcomes."""
     import platform
 
     import torch
@@ -400,6 +402,7 @@ def run_job(overrides: list[str], run_id: str, num_threads: int = 1) -> JobOutco
     start = time.perf_counter()
     worker = f"{platform.node()}:{os.getpid()}"
     try:
+        install(plugins)
         result = execute(load_settings(overrides), run_id=run_id)
         return JobOutcome(run_id, result.status, time.perf_counter() - start, worker=worker)
     except Exception as err:  # recorded, and the sweep goes on
@@ -424,7 +427,8 @@ def _run_ray(jobs: list[Job], spec: SweepSpec, on_done: Callable[[Job, JobOutcom
     cpus, gpus = spec.resources["num_cpus"], spec.resources["num_gpus"]
     task = ray.remote(run_job).options(num_cpus=cpus, num_gpus=gpus, max_retries=0)
     threads = max(1, int(cpus))
-    pending = {task.remote(job.overrides, job.run_id, threads): job for job in jobs}
+    plugins = snapshot()  # the user's Python registrations, installed by each task before it composes its run
+    pending = {task.remote(job.overrides, job.run_id, threads, plugins): job for job in jobs}
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1)
         job = pending.pop(done[0])

@@ -48,6 +48,11 @@ def main(args: argparse.Namespace) -> int:
         from fedharness.studies.reports.wandb_report import publish_file
 
         return publish_file(args)
+    if args.wandb_report:  # refused before any work when no run of the study was logged to W&B
+        from fedharness.studies.reports.data import load_results
+        from fedharness.studies.reports.wandb_report import logged_runs
+
+        logged_runs(load_results(args.results_dir, args.study))
     report = make_report(args.results_dir, args.target, args.scale_key, args.out, args.study, args.bootstrap,
                          args.level, args.series)
     for t in report.targets:

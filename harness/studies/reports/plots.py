@@ -1,4 +1,8 @@
-"""PNG figures: convergence curves with std bands, collapse plots (metric against n K T), speedup, cost to target."""
+"""PNG figures: convergence curves with std bands, collapse plots (metric against n K T), speedup, cost to target.
+
+Drawn on `matplotlib.figure.Figure` objects, never through pyplot: the process's backend (a notebook's inline
+one, a user's GUI) is left as it is, and no figure is held open by pyplot.
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,18 @@ import math
 from pathlib import Path
 
 import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from fedharness.studies.reports.analysis import Target  # noqa: E402
+from fedharness.studies.reports.analysis import Target
 
 
 def _grid(count: int, width: float = 4.2, height: float = 3.3):
     cols = min(3, max(1, count))
     rows = math.ceil(count / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    fig = Figure(figsize=(width * cols, height * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[count:]:
         ax.set_visible(False)
     return fig, list(axes.flat[:count])
@@ -26,7 +29,7 @@ def _grid(count: int, width: float = 4.2, height: float = 3.3):
 
 def _colors(values) -> dict:
     values = sorted(values)
-    cmap = plt.get_cmap("viridis")
+    cmap = matplotlib.colormaps["viridis"]
     return {v: cmap(i / max(1, len(values) - 1) * 0.9) for i, v in enumerate(values)}
 
 
@@ -36,8 +39,7 @@ def _positive(values: pd.Series) -> bool:
 
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.savefig(path, dpi=110)  # png through matplotlib's Agg canvas, for this figure only
     return path
 
 
@@ -99,7 +101,8 @@ def collapse(curves: pd.DataFrame, metric: str, target: Target | None, path: Pat
 
 def speedup(cells: pd.DataFrame, fits: pd.DataFrame, target: Target, scale_key: str, path: Path) -> Path:
     """Left: T(n) on log-log axes with the fit and the ideal slope -1; right: S(n) against ideal n / n0."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    ax1, ax2 = fig.subplots(1, 2)
     markers = "osD^v<>p*h"
     for i, (group, g) in enumerate(cells.groupby("group", sort=False)):
         g = g.sort_values("n")
@@ -140,7 +143,8 @@ def speedup(cells: pd.DataFrame, fits: pd.DataFrame, target: Target, scale_key: 
 
 def cost_to_target(cells: pd.DataFrame, target: Target, scale_key: str, path: Path) -> Path:
     """Rounds, MB communicated and simulated seconds to the target, per group, against n."""
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig = Figure(figsize=(13, 3.8))
+    axes = fig.subplots(1, 3)
     for ax, col, name in zip(axes, ("rounds", "MB", "sim_s"),
                              ("rounds", "MB (up + down, all clients)", "simulated seconds")):
         drawn = False

@@ -9,7 +9,8 @@ report, so an offline report can only exist as this spec).
 
 Runs: the W&B sink logs each run under its `run_id` as the run's name and config key, so a run set filtered on
 `Config('run_id')` shows exactly the study's runs (after `wandb sync` for offline ones). Runs that were never
-logged to W&B are described by the Markdown runs table only.
+logged to W&B are described by the Markdown runs table only; a study with no W&B run at all gets no Report (one
+error line): an empty filter would show every run of the project.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from fedharness.files import atomic_text
 from fedharness.sinks.masking import mask_secrets
 from fedharness.sinks.wandb_sink import resolve_mode
 from fedharness.studies.reports import markdown
-from fedharness.studies.reports.data import load_results
+from fedharness.studies.reports.data import Results, load_results
 from fedharness.studies.reports.report import Report
 from fedharness.studies.tuning.export import shown
 
@@ -93,12 +94,21 @@ def _tuning_blocks(trials: pd.DataFrame) -> list[dict]:
     return blocks
 
 
+def logged_runs(results: Results) -> pd.DataFrame:
+    """The flat configs (index run_id) of the runs logged to W&B; ConfigError when there is none: a Report's
+    run set is a filter on their run_ids, and an empty filter would show every run of the project."""
+    cfg = pd.DataFrame(list(results.runs["cfg"]), index=results.runs["run_id"])
+    logged = cfg[cfg.get("wandb.enabled", pd.Series(False, index=cfg.index)).fillna(False).astype(bool)]
+    require(len(logged) > 0, "--wandb-report", str(results.root), f"none of its {len(cfg)} run{'s' * (len(cfg) != 1)} was logged to W&B, "
+            "so a W&B Report would show no run of the study; run them with wandb.enabled=true")
+    return logged
+
+
 def build_spec(report: Report, results_dir: str | Path, study: str | None, project: str | None,
                entity: str | None) -> dict:
     """The report as plain JSON: title, description, the W&B runs it shows and its blocks."""
     results = load_results(results_dir, study)
-    cfg = pd.DataFrame(list(results.runs["cfg"]), index=results.runs["run_id"])
-    logged = cfg[cfg.get("wandb.enabled", pd.Series(False, index=cfg.index)).fillna(False).astype(bool)]
+    logged = logged_runs(results)
     runs, d = report.tables["runs"], report.design
     studies = sorted(runs["study"].dropna().unique())
     trials = _trials(results.root, studies)
@@ -112,9 +122,7 @@ def build_spec(report: Report, results_dir: str | Path, study: str | None, proje
                    f"{design}; targets: {', '.join(t.label for t in report.targets) or 'none'}. "
                    f"From fedharness report {results.root}.")
     metrics = [t.metric for t in report.targets] or [_objective_metric(trials) or "train_loss"]
-    run_note = (f"{len(logged)} of {len(runs)} runs were logged to W&B; offline ones appear after `wandb sync`."
-                if len(logged) else
-                "No run was logged to W&B (wandb.enabled=false): the runs are the Parquet rows below.")
+    run_note = f"{len(logged)} of {len(runs)} runs were logged to W&B; offline ones appear after `wandb sync`."
     blocks: list[dict] = [
         {"markdown": f"{description}\n\n{run_note}\n\n## Groups\n\n{markdown.table(report.tables['groups'])}"},
         {"panels": [_line(m, groupby) for m in dict.fromkeys(metrics)]},
@@ -159,8 +167,10 @@ def to_report(spec: dict, entity: str):
     wr = require_extra("wandb_workspaces.reports.v2", "--wandb-report", "publish")
 
     ids = spec["runs"]["run_ids"]
+    require(len(ids) > 0, "--publish", spec["title"], "a spec with W&B runs: an empty run set would show every "
+            "run of the project")
     runset = wr.Runset(entity=entity, project=spec["project"], name=spec["runs"]["name"],
-                       filters="Config('run_id') in [" + ", ".join(f"'{i}'" for i in ids) + "]" if ids else "")
+                       filters="Config('run_id') in [" + ", ".join(f"'{i}'" for i in ids) + "]")
     blocks = [wr.MarkdownBlock(text=b["markdown"]) if "markdown" in b else
               wr.PanelGrid(runsets=[runset], panels=[_panel(p) for p in b["panels"]]) for b in spec["blocks"]]
     return wr.Report(project=spec["project"], entity=entity, title=spec["title"], description=spec["description"],

@@ -5,7 +5,7 @@
   (`params_json` and one `param_<name>` column each), rounds, budget used, run_id.
 * `<results_dir>/tune/<study>/best.overrides`: one Hydra override per line; `fedharness run
   $(cat best.overrides)` re-runs the best trial's config and gives its objective exactly.
-* `<results_dir>/tune/<study>/history.png` and `importance.png` (optuna.visualization.matplotlib).
+* `<results_dir>/tune/<study>/history.png` and `importance.png` (drawn without pyplot).
 """
 
 from __future__ import annotations
@@ -95,23 +95,50 @@ def shown(path: str | Path) -> str:
     return str(path) if rel.startswith("..") else rel
 
 
-def _save_figure(ax, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    fig = ax.figure
-    fig.set_size_inches(7, 4.5)
+def _save_figure(fig, path: Path) -> None:
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
-    plt.close(fig)
+
+
+def _history_figure(study, name: str, trials: list):
+    """Each finite trial's value by trial number, and the best so far (Optuna's optimization history)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    numbers, values = [t.number for t in trials], [t.value for t in trials]
+    better = min if study.direction.name == "MINIMIZE" else max
+    best = [better(values[:i + 1]) for i in range(len(values))]
+    ax.plot(numbers, values, "o", label=name)
+    ax.plot(numbers, best, "-", color="tab:red", label="best value")
+    if min(values) > 0 and max(values) > 100 * min(values):  # e.g. distances spanning many decades
+        ax.set_yscale("log")
+    ax.set_title("optimization history")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(name)
+    ax.legend()
+    return fig
+
+
+def _importance_figure(study, name: str):
+    """Hyperparameter importances for the objective (Optuna's default evaluator, fANOVA), as horizontal bars."""
+    import optuna
+    from matplotlib.figure import Figure
+
+    importances = optuna.importance.get_param_importances(study)  # ValueError etc. when it cannot be computed
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.subplots()
+    params = list(importances)[::-1]
+    ax.barh(params, [importances[p] for p in params], color="tab:blue")
+    ax.set_title(f"hyperparameter importances for {name}")
+    ax.set_xlabel("importance")
+    return fig
 
 
 def plot_study(spec, study, out_dir: Path) -> dict[str, str]:
-    """Optimization history and parameter importances as PNG; a plot that cannot be drawn is named with why."""
-    import matplotlib
+    """Optimization history and parameter importances as PNG; a plot that cannot be drawn is named with why.
+    Drawn on matplotlib Figure objects, not pyplot: the process's backend (a notebook's) stays as it is."""
     import optuna
-
-    matplotlib.use("Agg")
-    from optuna.visualization.matplotlib import plot_optimization_history, plot_param_importances
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # "trial N is omitted (inf)": diverged trials, known
 
@@ -120,18 +147,13 @@ def plot_study(spec, study, out_dir: Path) -> dict[str, str]:
                      if t.state.name == "COMPLETE" and t.value is not None and math.isfinite(t.value)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if finite_trials:  # diverged trials (+-inf) are left off by Optuna
-            ax = plot_optimization_history(study, target_name=spec.objective.name)
-            values = [t.value for t in finite_trials]
-            if min(values) > 0 and max(values) > 100 * min(values):  # e.g. distances spanning many decades
-                ax.set_yscale("log")
-            _save_figure(ax, out_dir / "history.png")
+        if finite_trials:  # diverged trials (+-inf) are left off
+            _save_figure(_history_figure(study, spec.objective.name, finite_trials), out_dir / "history.png")
             out["history"] = str(out_dir / "history.png")
         else:
             out["history"] = "not drawn: no trial with a finite value"
         try:
-            _save_figure(plot_param_importances(study, target_name=spec.objective.name),  # finite values only
-                         out_dir / "importance.png")
+            _save_figure(_importance_figure(study, spec.objective.name), out_dir / "importance.png")
             out["importance"] = str(out_dir / "importance.png")
         except (ValueError, RuntimeError, ZeroDivisionError) as err:
             out["importance"] = f"not drawn: {err}"

@@ -14,11 +14,17 @@ from typing import Any
 
 import numpy as np
 
+from fedharness.contracts import METRICS as USER_METRICS
 from fedharness.errors import require
 
 METRICS = ("train_loss", "subopt", "dist_to_opt", "grad_norm_sq", "test_loss", "test_acc")
 MAXIMIZED = ("test_acc",)
 DIRECTIONS = ("auto", "minimize", "maximize")
+
+
+def maximized(metric: str) -> bool:
+    """Larger is better: test accuracy, and a user's metric registered with maximize=True."""
+    return metric in MAXIMIZED or (metric in USER_METRICS and USER_METRICS[metric].maximize)
 
 
 @dataclass(frozen=True)
@@ -31,12 +37,13 @@ class Objective:
     def from_config(cls, ocfg: Any) -> "Objective":
         require(isinstance(ocfg, dict), "tune.objective", ocfg, "a mapping {metric, direction, target}")
         metric, direction, target = ocfg.get("metric"), ocfg.get("direction", "auto"), ocfg.get("target")
-        require(metric in METRICS, "tune.objective.metric", metric, "one of: " + ", ".join(METRICS))
+        require(metric in METRICS or metric in USER_METRICS, "tune.objective.metric", metric,
+                "one of: " + ", ".join([*METRICS, *USER_METRICS]) + " (your own: fedharness.register_metric)")
         require(direction in DIRECTIONS, "tune.objective.direction", direction, "one of: " + ", ".join(DIRECTIONS))
         require(target is None or (isinstance(target, (int, float)) and not isinstance(target, bool)
                                    and math.isfinite(target)), "tune.objective.target", target,
                 "a finite number, or null for the final value of the metric")
-        metric_dir = "maximize" if metric in MAXIMIZED else "minimize"
+        metric_dir = "maximize" if maximized(metric) else "minimize"
         if target is not None:
             require(direction in ("auto", "minimize"), "tune.objective.direction", direction,
                     "rounds to a target are minimized: use auto or minimize")
@@ -45,7 +52,12 @@ class Objective:
 
     @property
     def metric_maximized(self) -> bool:
-        return self.metric in MAXIMIZED if self.target is not None else self.direction == "maximize"
+        return maximized(self.metric) if self.target is not None else self.direction == "maximize"
+
+    @property
+    def run_metrics(self) -> list[str]:
+        """The user metric a trial's run must compute for this objective (none for a built-in metric)."""
+        return [self.metric] if self.metric in USER_METRICS else []
 
     @property
     def name(self) -> str:

@@ -241,6 +241,10 @@ def trial_config(spec: TuneSpec, values: dict[str, Any]) -> tuple[dict, list[str
     """The run config of one point of the space, and the overrides that rebuild it with `fedharness run`."""
     overrides = [*spec.run_overrides, *(p.override(values[p.name]) for p in spec.params)]
     cfg = load_config(overrides)
+    wanted = [m for m in spec.objective.run_metrics if m not in cfg["metrics"]]
+    if wanted:  # the objective is a user metric: the trial's run computes it
+        cfg["metrics"] = [*cfg["metrics"], *wanted]
+        overrides.append(f"metrics=[{','.join(cfg['metrics'])}]")
     cfg["rounds"] = spec.budget.rounds_for(cfg, " ".join(p.override(values[p.name]) for p in spec.params))
     overrides.append(f"rounds={cfg['rounds']}")
     if spec.reports is not None:

@@ -17,6 +17,7 @@ from typing import Callable
 from fedharness.backends import ray_cluster
 from fedharness.errors import ConfigError
 from fedharness.extras import require_extra
+from fedharness.plugins import Carried, install, snapshot
 from fedharness.runner import execute, new_run_id
 from fedharness.settings import RunSettings
 from fedharness.studies.tuning.export import trial_status
@@ -27,8 +28,11 @@ from fedharness.studies.tuning.spec import TuneSpec, trial_config
 logger = logging.getLogger(__name__)
 
 
-def work(spec: TuneSpec, worker: int = 0, echo: Callable[[str], None] = logger.info) -> int:
-    """Claim and run trials until the study holds spec.n_trials finished ones; returns how many this ran."""
+def work(spec: TuneSpec, worker: int = 0, echo: Callable[[str], None] = logger.info,
+         plugins: tuple[Carried, ...] = ()) -> int:
+    """Claim and run trials until the study holds spec.n_trials finished ones; returns how many this ran.
+    `plugins`: the driver's Python registrations, for a worker in another process."""
+    install(plugins)
     quiet_optuna()
     study = open_study(spec, worker)
     ran, poll = 0, min(1.0, spec.heartbeat_s)
@@ -44,7 +48,8 @@ def work(spec: TuneSpec, worker: int = 0, echo: Callable[[str], None] = logger.i
         ran += _run_one(spec, study, worker, len(trials), echo)
 
 
-def _run_one(spec: TuneSpec, study, worker: int, trial_number: int, echo: Callable[[str], None]) -> int:
+def _run_one(spec: TuneSpec, study, worker: int, trial_number: int,
+             echo: Callable[[str], None] = logger.info) -> int:
     import optuna
     from optuna.trial import TrialState
 
@@ -166,7 +171,8 @@ def run_workers(spec: TuneSpec, echo: Callable[[str], None] = logger.info) -> in
         if res:
             options["resources"] = res
         task = ray.remote(work).options(**options)
-        pending = [task.remote(spec, i) for i in range(spec.parallel)]
+        plugins = snapshot()  # the user's Python registrations, installed by each worker before its first trial
+        pending = [task.remote(spec, i, plugins=plugins) for i in range(spec.parallel)]
         study, shown, ran = open_study(spec), set(), 0
         while pending:
             done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)

@@ -1,0 +1,98 @@
+"""Aggregators that see the updates (contracts.UpdateAggregator): robust and clipped rules.
+
+Each receives one replica's updates [n, dim] float64, one row per sampled client that returned, ordered by
+client id, and their weights c_k (the sum of the client's draws' q_k, as FedAvg gives them). Median, trimmed
+mean and Krum treat every returned client alike, as the Byzantine-robust literature does (scheme I's draws,
+proportional to p_k, carry the data weights); the clipped mean keeps FedAvg's weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import numpy as np
+
+from fedharness.algorithms.aggregators import WeightedAverage
+from fedharness.contracts import Coefficients, UpdateAggregator, WeightStats, part
+from fedharness.keys import Key, integer, number
+
+KEYS: dict[str, Key] = {
+    "trim": number("trimmed_mean: fraction of the updates dropped at each end, per coordinate", lo=0, hi=0.5,
+                   hi_open=True),
+    "byzantine": integer("krum: f, the Byzantine clients tolerated (a score sums n - f - 2 distances)", lo=0),
+    "krum_select": integer("krum: m, the best-scored updates averaged (1: Krum, > 1: multi-Krum)", lo=1),
+    "clip_norm": number("clipped_mean: each update clipped to this l2 norm before FedAvg's weighted sum", lo=0,
+                        lo_open=True),
+}
+
+
+def _sorted(updates: torch.Tensor) -> torch.Tensor:
+    return torch.sort(updates, dim=0).values
+
+
+class FedAvgWeights(UpdateAggregator):
+    """Hands `aggregate` FedAvg's weights q_k, and records FedAvg's diagnostics of them (tau_eff, chi2, slowdown:
+    the local work's, whatever the rule then does with the updates)."""
+
+    def coefficients(self, q: np.ndarray, stats: WeightStats, tau: np.ndarray) -> Coefficients:
+        return WeightedAverage().coefficients(q, stats, tau)
+
+
+@part("aggregator", "median")
+class CoordinateMedian(FedAvgWeights):
+    """Coordinate-wise median (Yin et al. 2018); an even count takes the mean of the two middle values."""
+
+    def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        s, n = _sorted(updates), len(updates)
+        return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+@part("aggregator", "trimmed_mean")
+class TrimmedMean(FedAvgWeights):
+    """Coordinate-wise trimmed mean (Yin et al. 2018): per coordinate, the floor(trim n) largest and smallest
+    values are dropped and the rest averaged."""
+
+    def __init__(self, trim: float = 0.1):
+        self.trim = float(trim)
+
+    def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        n = len(updates)
+        cut = int(self.trim * n)  # trim < 0.5, so at least one value is left
+        return _sorted(updates)[cut:n - cut].mean(0)
+
+
+@part("aggregator", "krum")
+class Krum(FedAvgWeights):
+    """Krum / multi-Krum (Blanchard et al. 2017): each update's score is the sum of its squared distances to its
+    n - f - 2 nearest others; the mean of the m best-scored updates (ties: the lower row) is the Delta.
+
+    A round with fewer updates than that needs (dropout, duplicate draws) is not refused mid-run: as Flower's
+    Krum does, a score then sums the nearest max(1, n - f - 2) distances, and min(m, n) updates are averaged.
+    """
+
+    def __init__(self, byzantine: int = 0, krum_select: int = 1):
+        self.f, self.m = int(byzantine), int(krum_select)
+
+    def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        n = len(updates)
+        near = min(max(1, n - self.f - 2), n - 1)  # n = 1: no other update, score 0
+        gram = updates @ updates.T
+        sq = gram.diagonal()
+        dist = (sq[:, None] + sq[None, :] - 2 * gram).clamp_min(0)
+        dist.fill_diagonal_(float("inf"))  # an update is not its own neighbour
+        scores = torch.sort(dist, dim=1).values[:, :near].sum(1)
+        best = torch.argsort(scores, stable=True)[:self.m]
+        return updates[best].mean(0)
+
+
+@part("aggregator", "clipped_mean")
+class ClippedMean(FedAvgWeights):
+    """FedAvg of clipped updates: Delta = sum_k c_k min(1, clip_norm / ||Delta_k||) Delta_k."""
+
+    def __init__(self, clip_norm: float = 1.0):
+        self.clip_norm = float(clip_norm)
+
+    def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        norms = updates.norm(dim=1)
+        scale = (self.clip_norm / norms.clamp_min(torch.finfo(norms.dtype).tiny)).clamp(max=1.0)
+        return (weights * scale) @ updates

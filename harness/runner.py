@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 
 from fedharness.closed_forms import heterogeneity
 from fedharness.contracts import METRICS, Callback, callback_name
@@ -133,7 +134,16 @@ def _run_row(settings: RunSettings, status: str, rounds_done: int, started: str,
         "versions_json": _versions(), "host": platform.node(), "error": mask_secrets(error), "trial": settings.trial,
         "pid": os.getpid(), "pid_start": process_start(os.getpid()),
         "callbacks": json.dumps(list(callbacks)), "metrics": json.dumps(list(settings.metrics)),
+        "split_invariant": split_invariant(settings),
     }
+
+
+def split_invariant(settings: RunSettings) -> bool:
+    """Whether the run's rows are the same bits for any split of its clients into shards, inline or on Ray
+    (docs/cluster.md): client contributions meet in exact sums everywhere, and on the CPU each client's own
+    computation does not depend on which clients share its batch (tests/test_same_bits.py). On CUDA that is not
+    verified (cuDNN and cuBLAS may pick kernels by batch shape), so a CUDA run does not claim it."""
+    return torch.device(settings.device).type == "cpu"
 
 
 def _end_status(err: BaseException) -> str:

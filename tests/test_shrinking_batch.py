@@ -4,13 +4,15 @@ compute exactly sum_k tau_k gradient rows."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
 
 from closeness import assert_close_to_scale
 from fedharness.core.engine import Engine
-from fedharness.core.executors import ClientShard, InlineExecutor, RoundPlan, ShardResult
+from fedharness.core.executors import ClientShard, InlineExecutor, RoundPlan
 from fedharness.contracts import ClientKeys
 from fedharness.runner import prepare
 
@@ -26,7 +28,7 @@ CASES = {
 }
 
 
-def masked_train(shard: ClientShard, x: torch.Tensor, plan: RoundPlan) -> tuple[ShardResult, dict]:
+def masked_train(shard: ClientShard, x: torch.Tensor, plan: RoundPlan) -> tuple[SimpleNamespace, dict]:
     """The former path: all entries for max tau steps, lr 0 for the clients that already finished.
     Returns the reduced sums and each trained client's new state."""
     problem, solver, e = shard.problem, shard.solver, shard.entries(plan)
@@ -47,7 +49,8 @@ def masked_train(shard: ClientShard, x: torch.Tensor, plan: RoundPlan) -> tuple[
     delta = torch.zeros(x.shape, dtype=torch.float64).index_add_(
         0, index, (w - w0).double() * torch.as_tensor(e.coef)[:, None])
     clients = [(int(r), int(k)) for r, k in zip(e.replica, e.clients)]
-    return (ShardResult(delta, {k: torch.zeros_like(delta).index_add_(0, index, v) for k, v in extras.items()}),
+    return (SimpleNamespace(delta=delta, extras={k: torch.zeros_like(delta).index_add_(0, index, v)
+                                                 for k, v in extras.items()}),
             {key: {name: v[i] for name, v in new_state.items()} for i, key in enumerate(clients)})
 
 

@@ -71,8 +71,7 @@ class ShardActor:
         dev = self.device
         plan = dataclasses.replace(plan, server_ctx={k: v.to(dev) for k, v in plan.server_ctx.items()})
         result = self.shard.train(x.to(dev), plan)
-        out = ShardResult(result.delta.cpu(), {k: v.cpu() for k, v in result.extras.items()}, result.updates)
-        return out, bool(self.shard.client_state)
+        return result.to("cpu"), bool(self.shard.client_state)
 
     def get_state(self) -> dict:
         return self.shard.get_state()
@@ -217,17 +216,16 @@ class RayExecutor:
         x_ref = ray.put(x.detach().cpu())  # once per round; every shard gets the reference
         plan_ref = ray.put(dataclasses.replace(plan, server_ctx={k: v.cpu() for k, v in plan.server_ctx.items()}))
         results = self._call_all("train", x_ref, plan_ref)
-        total = ShardResult(torch.zeros(x.shape, dtype=torch.float64))
+        total = ShardResult.zeros(x.detach().cpu())
         stateful = False
-        for result, has_state in results:  # fixed shard order: the same sums every time
+        for result, has_state in results:  # exact sums: the same bits in any order, and as one shard
             total.add(result)
             stateful = stateful or has_state
         if stateful:
             self._history.append((x_ref, plan_ref))
             if len(self._history) >= SNAPSHOT_EVERY:
                 self.get_state()
-        return ShardResult(total.delta.to(x.device), {k: v.to(x.device) for k, v in total.extras.items()},
-                           total.updates)  # an UpdateAggregator's raw updates (on the CPU), else []
+        return total.to(x.device)  # with an UpdateAggregator's raw updates (on the CPU), else []
 
     def get_state(self) -> dict:
         """All clients' state; also the point a restarted shard resumes from."""

@@ -121,12 +121,15 @@ class Engine:
         plan.server_ctx = state.server_ctx
         result = self.executor.local_updates(state.x, plan)
         if plan.send_updates:
-            result.delta = aggregate_updates(self.alg.aggregator, plan, result.updates, state.x)
-        x = self.alg.server.step(state.x, result.delta, state.server_state, plan.step_lrs[0] * self.layout.lr_factor)
+            delta = aggregate_updates(self.alg.aggregator, plan, result.updates, state.x)
+        else:
+            delta = result.delta
+        x = self.alg.server.step(state.x, delta, state.server_state, plan.step_lrs[0] * self.layout.lr_factor)
         if buffer_dim(self.problem):  # running statistics: the aggregated average, no server optimizer step
-            x = average_into(x, state.x, result.delta, buffer_dim(self.problem))
-        if result.extras:
-            state.server_ctx = self.alg.solver.update_server_ctx(state.server_ctx, result.extras)
+            x = average_into(x, state.x, delta, buffer_dim(self.problem))
+        extras = result.extras
+        if extras:
+            state.server_ctx = self.alg.solver.update_server_ctx(state.server_ctx, extras)
         for hook, hs in zip(self.series, state.series_state):
             hook.observe(hs, x, state.round + 1, self.rounds)
         self._count(state, plan)

@@ -8,12 +8,14 @@ LIMB_BITS bits:
 
     x ~ sign(x) * sum_i l_i 2^(LIMB_BITS i) g,   0 <= l_i < 2^LIMB_BITS,
 
-so |x| < 2^(LIMBS LIMB_BITS - GRID_EXP) = 2^100 and every term's rounding depends on that term alone.
+so |x| < 2^(LIMBS LIMB_BITS - GRID_EXP) = 2^140 (beyond float32's range) and every term's rounding depends on
+that term alone.
 Integer addition is exact and associative, so partial sums from any split into shards, added in any order,
 are the same integers, and `to_float` turns them into the same float64 bits. Up to 2^(63 - LIMB_BITS) =
 2^23 terms per element fit in int64 without a carry. A term that is not finite or too large for the limbs
-(|x| >= 2^100: a diverged run) goes into a float64 `overflow` sum, which only ever holds inf, -inf, NaN
-or zeros, whose sum is order-independent too (NaN if any NaN or both infinities, else the infinity).
+(|x| >= 2^140 ~ 1.4e42: a diverged run) goes into a float64 `overflow` sum as an infinity of its sign (NaN
+stays NaN), so that sum only ever holds inf, -inf, NaN or zeros, whose sum is order-independent too (NaN if any
+NaN or both infinities, else the infinity): a float64 run whose client update reaches 2^140 is diverged.
 
 Rounding to g = 2^-100 changes a term only where |x| < 2^-47 (a float64 below that has bits finer than g),
 by at most g / 2 = 2^-101 absolute.
@@ -21,12 +23,13 @@ by at most g / 2 = 2^-101 absolute.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 LIMB_BITS = 40
-LIMBS = 5
+LIMBS = 6
 GRID_EXP = 100
 _LIMB = float(2 ** LIMB_BITS)
 _TOP = 2.0 ** (LIMBS * LIMB_BITS - GRID_EXP)  # terms at or above this (in magnitude) overflow the limbs
@@ -36,7 +39,7 @@ def to_limbs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A float tensor [...] as int64 limbs [LIMBS, ...] (least significant first) and its overflow terms [...]."""
     x = x.double()
     fits = torch.isfinite(x) & (x.abs() < _TOP)
-    overflow = torch.where(fits, torch.zeros_like(x), x)
+    overflow = torch.where(fits, torch.zeros_like(x), x * math.inf)  # +-inf (NaN stays NaN): order-independent
     a = torch.round(torch.where(fits, x, torch.zeros_like(x)).abs() * 2.0 ** GRID_EXP)  # exact: a power of 2
     sign = torch.sign(x).to(torch.int64)
     limbs = torch.empty((LIMBS, *x.shape), dtype=torch.int64, device=x.device)

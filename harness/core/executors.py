@@ -2,8 +2,9 @@
 
 A ClientShard owns a fixed set of clients and their state (SCAFFOLD control
 variates). It trains all its sampled clients of all replicas as one batched
-computation and returns, per replica, float64 partial sums (sum_k c_k Delta_k and
-any control-variate sums), so traffic is O(shards x model), not O(clients x model). Only for an aggregator that
+computation and returns, per replica, exact partial sums (sum_k c_k Delta_k and
+any control-variate sums; core/exact_sum.py), so traffic is O(shards x model), not O(clients x model), and the
+round's result has the same bits for any split of the clients into shards. Only for an aggregator that
 sees the updates (RoundPlan.send_updates) does a shard send each client's Delta_k instead, batch by batch as it
 trains them within the memory budget (core/updates.py aggregates them).
 """
@@ -17,6 +18,7 @@ import torch
 
 from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, buffer_dim, load_client_buffers, local_buffers, \
     take_buffers
+from fedharness.core.exact_sum import ExactSum
 from fedharness.contracts import ClientKeys, ClientState, LocalSolver, Problem, ServerContext, SolverState
 from fedharness.errors import require
 
@@ -63,16 +65,45 @@ class UpdateChunk:
 
 @dataclass
 class ShardResult:
-    delta: torch.Tensor  # [R, dim] float64: sum_k c_k Delta_k (zero when the plan asks for the updates)
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # [R, dim] float64 sums (e.g. "control")
+    """A round's client contributions, summed exactly (core/exact_sum.py): the weighted deltas sum_k c_k Delta_k
+    under "delta" and a solver's per-client sums (SCAFFOLD's "control") under their names, each [R, dim]. Adding
+    shards' results, in any grouping and order, gives the same bits, so a round does not depend on how the
+    clients are split into shards. `delta` and `extras` read the sums as float64."""
+
+    sums: dict[str, ExactSum]
     updates: list[UpdateChunk] = field(default_factory=list)  # plan.send_updates: every entry's Delta_k
 
+    @classmethod
+    def zeros(cls, x: torch.Tensor) -> "ShardResult":
+        return cls({"delta": ExactSum.zeros(tuple(x.shape), x.device)})
+
+    def add_rows(self, name: str, index: torch.Tensor, terms: torch.Tensor) -> None:
+        """terms[j] (float64) into replica index[j] of sum `name`."""
+        if name not in self.sums:
+            self.sums[name] = ExactSum.zeros(tuple(self.sums["delta"].overflow.shape), terms.device)
+        self.sums[name].add_rows(index, terms)
+
     def add(self, other: "ShardResult") -> "ShardResult":
-        self.delta += other.delta
-        for k, v in other.extras.items():
-            self.extras[k] = self.extras[k] + v if k in self.extras else v
+        for name, part in other.sums.items():
+            self.sums[name] = self.sums[name].add(part) if name in self.sums else part
         self.updates.extend(other.updates)
         return self
+
+    def to(self, device: torch.device | str) -> "ShardResult":
+        return ShardResult({name: part.to(device) for name, part in self.sums.items()}, self.updates)
+
+    @property
+    def delta(self) -> torch.Tensor:
+        return self.sums["delta"].value()
+
+    @property
+    def extras(self) -> dict[str, torch.Tensor]:
+        return {name: part.value() for name, part in self.sums.items() if name != "delta"}
+
+    @property
+    def nbytes(self) -> int:
+        """What the sums weigh on the wire (a Ray shard's reply, besides any updates)."""
+        return sum(part.nbytes for part in self.sums.values())
 
 
 PARAM_COPIES = 5  # w, w0, the gradient and two temporaries of the update, per client copy
@@ -134,7 +165,7 @@ class ClientShard:
         return self.train_entries(x, plan, self.entries(plan), self.problem.grad)
 
     def train_entries(self, x: torch.Tensor, plan: RoundPlan, e: Entries, grad_fn) -> ShardResult:
-        result = ShardResult(torch.zeros(x.shape, dtype=torch.float64, device=x.device))
+        result = ShardResult.zeros(x)
         if len(e.clients) == 0:
             return result
         # longest first: the clients still training at any step are a prefix, trained as one smaller batch
@@ -184,11 +215,9 @@ class ClientShard:
             result.updates.append(UpdateChunk(e.replica.copy(), e.clients.copy(), (w - w0).cpu()))
         else:
             coef = torch.as_tensor(e.coef, dtype=torch.float64, device=dev)[:, None]
-            result.delta.index_add_(0, index, (w - w0).double() * coef)
+            result.add_rows("delta", index, (w - w0).double() * coef)  # each product rounded on its own
         for name, per_client in extras.items():
-            if name not in result.extras:
-                result.extras[name] = torch.zeros_like(result.delta)
-            result.extras[name].index_add_(0, index, per_client.double())
+            result.add_rows(name, index, per_client.double())
 
     def get_state(self) -> dict:
         return {k: {n: v.cpu() for n, v in s.items()} for k, s in self.client_state.items()}
@@ -248,7 +277,7 @@ class ReferenceExecutor(InlineExecutor):
     def local_updates(self, x: torch.Tensor, plan: RoundPlan) -> ShardResult:
         shard = self.shards[0]
         entries = shard.entries(plan)
-        total = ShardResult(torch.zeros(x.shape, dtype=torch.float64, device=x.device))
+        total = ShardResult.zeros(x)
         for i in range(len(entries.clients)):
             total.add(shard.train_entries(x, plan, entries.take(slice(i, i + 1)), shard.problem.reference_grad))
         return total

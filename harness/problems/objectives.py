@@ -236,6 +236,9 @@ class NetObjective(Model):
         if self.sites and seeds is not None:
             masks = draw_masks(self.sites, seeds, x.shape[1], w.dtype, w.device)
         if self.kernel == "vmap":
+            if len(w) == 1:  # vmap runs one copy through unbatched kernels, whose bits differ: batch it as two
+                return self.batch_grad(w.expand(2, -1), tuple(t.expand(2, *t.shape[1:]) for t in batch),
+                                       None if seeds is None else np.repeat(seeds, 2))[:1]
             grads, new = self._grad(*self.layout.split(w), masks, x, y)
             flat = [grads[n].reshape(w.shape[0], -1) for n in self.names]
             return torch.cat(flat + self.layout.flat_buffers(new, w.shape[0]), dim=1)

@@ -30,6 +30,7 @@ RUN_SCHEMA = pa.schema([
     ("f_star", pa.float64()), ("gamma_heterogeneity", pa.float64()),
     ("pid", pa.int64()), ("pid_start", pa.int64()),  # the writing process: a `running` row whose one is gone is lost
     ("callbacks", pa.string()), ("metrics", pa.string()),  # JSON lists: the run's callbacks and its own metrics
+    ("split_invariant", pa.bool_()),  # rows independent of the shard split (docs/cluster.md, Same bits)
 ])
 
 

@@ -23,6 +23,7 @@ test-all: $(STAMP)
 
 bench: $(STAMP)  ## performance workloads (about 8 minutes); figures go to docs/performance.md
 	$(BIN)/python benchmarks/run.py $(ARGS)
+	$(BIN)/python benchmarks/exact_sums.py
 	$(BIN)/python benchmarks/bench_ray.py $(RAY_ARGS)
 
 bench-gpu: $(STAMP)  ## nets at paper scale, kernels, GPU-sharing shards, determinism (CUDA; ARGS="--device cpu --smoke" on CPU)

@@ -3,19 +3,22 @@
 Floating-point addition is not associative, so a sum over clients that shards compute in pieces, in
 whatever order their clients come, changes in its last bits with the number of shards; over thousands of
 rounds (SCAFFOLD's control variates subtract nearly equal quantities) the third digit moves. Here each
-term is first rounded to a fixed grid, g = 2^-GRID_EXP, and written exactly as LIMBS signed integers of
-LIMB_BITS bits:
+term is first rounded to a fixed grid, g = 2^-GRID_EXP, and written exactly as LIMBS integers of
+LIMB_BITS bits (held in float64, which represents such integers exactly):
 
-    x ~ sign(x) * sum_i l_i 2^(LIMB_BITS i) g,   0 <= l_i < 2^LIMB_BITS,
+    x ~ sum_i l_i 2^(LIMB_BITS i) g,   0 <= l_i < 2^LIMB_BITS for i < LIMBS - 1, the top limb signed,
 
 so |x| < 2^(LIMBS LIMB_BITS - GRID_EXP) = 2^140 (beyond float32's range) and every term's rounding depends on
-that term alone.
-Integer addition is exact and associative, so partial sums from any split into shards, added in any order,
-are the same integers, and `to_float` turns them into the same float64 bits. Up to 2^(63 - LIMB_BITS) =
-2^23 terms per element fit in int64 without a carry. A term that is not finite or too large for the limbs
-(|x| >= 2^140 ~ 1.4e42: a diverged run) goes into a float64 `overflow` sum as an infinity of its sign (NaN
-stays NaN), so that sum only ever holds inf, -inf, NaN or zeros, whose sum is order-independent too (NaN if any
-NaN or both infinities, else the infinity): a float64 run whose client update reaches 2^140 is diverged.
+that term alone. Integer addition is exact and associative, so partial sums from any split into shards, added
+in any order, are the same integers, and `from_limbs` turns them into the same float64 bits. A float64 limb
+sum stays exact for MAX_TERMS = 2^13 terms per element (carries are normalised before that, and a row takes
+at most that many terms in a round). A term that is not finite or too large for the limbs (|x| >= 2^140 ~
+1.4e42: a diverged run) goes into a float64 `overflow` sum as an infinity of its sign (NaN stays NaN), so that
+sum only ever holds inf, -inf, NaN or zeros, whose sum is order-independent too (NaN if any NaN or both
+infinities, else the infinity): a float64 run whose client update reaches 2^140 is diverged.
+
+The cost is elementwise work on every term (a dozen passes), in blocks small enough that the temporaries are
+reused rather than freshly mapped: see docs/performance.md for what it adds to a round.
 
 Rounding to g = 2^-100 changes a term only where |x| < 2^-47 (a float64 below that has bits finer than g),
 by at most g / 2 = 2^-101 absolute.
@@ -31,37 +34,46 @@ import torch
 LIMB_BITS = 40
 LIMBS = 6
 GRID_EXP = 100
+MAX_TERMS = 2 ** (53 - LIMB_BITS)  # terms per element whose limbs a float64 sums exactly (8192)
 _LIMB = float(2 ** LIMB_BITS)
 _TOP = 2.0 ** (LIMBS * LIMB_BITS - GRID_EXP)  # terms at or above this (in magnitude) overflow the limbs
+_UNITS = torch.tensor([2.0 ** (-LIMB_BITS * i) for i in range(LIMBS)], dtype=torch.float64)
+_BLOCK = 1 << 14  # elements converted at once: small temporaries are reused, large ones cost page faults
 
 
-def to_limbs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A float tensor [...] as int64 limbs [LIMBS, ...] (least significant first) and its overflow terms [...]."""
+def to_limbs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A float tensor [...] as limbs [LIMBS, ...] (float64 integers, least significant first: each in
+    [0, 2^LIMB_BITS) but the top one, which carries the sign) and its overflow terms (None: there are none)."""
     x = x.double()
-    fits = torch.isfinite(x) & (x.abs() < _TOP)
-    overflow = torch.where(fits, torch.zeros_like(x), x * math.inf)  # +-inf (NaN stays NaN): order-independent
-    a = torch.round(torch.where(fits, x, torch.zeros_like(x)).abs() * 2.0 ** GRID_EXP)  # exact: a power of 2
-    sign = torch.sign(x).to(torch.int64)
-    limbs = torch.empty((LIMBS, *x.shape), dtype=torch.int64, device=x.device)
-    for i in reversed(range(LIMBS)):  # each step is exact: a's bits lie in one 53-bit window
-        unit = _LIMB ** i
-        high = torch.floor(a / unit)
-        limbs[i] = high.to(torch.int64) * sign
-        a = a - high * unit
-    return limbs, overflow
+    overflow = None
+    if not bool(x.abs().max() < _TOP) if x.numel() else False:  # NaN compares False: the slow path
+        fits = torch.isfinite(x) & (x.abs() < _TOP)
+        overflow = torch.where(fits, torch.zeros_like(x), x * math.inf)  # +-inf (NaN stays NaN)
+        x = torch.where(fits, x, torch.zeros_like(x))
+    a = torch.round(x * 2.0 ** GRID_EXP)  # exact: a power of 2; |a| < 2^240 with at most 53 significant bits
+    # q_i = floor(a / 2^(LIMB_BITS i)) for all limbs at once, then limb_i = q_i - 2^LIMB_BITS q_(i+1). Every
+    # step is exact: each q_i and each difference is an integer a float64 holds.
+    q = torch.floor(a * _UNITS.to(a.device).view(-1, *([1] * a.dim())))
+    q[:-1] -= q[1:] * _LIMB
+    return q, overflow
+
+
+def normalize(limbs: torch.Tensor) -> torch.Tensor:
+    """The same integer with every limb but the top one in [0, 2^LIMB_BITS): its one representation."""
+    limbs = limbs.clone()
+    for i in range(LIMBS - 1):
+        carry = torch.floor(limbs[i] / _LIMB)
+        limbs[i] -= carry * _LIMB
+        limbs[i + 1] += carry
+    return limbs
 
 
 def from_limbs(limbs: torch.Tensor, overflow: torch.Tensor) -> torch.Tensor:
-    """float64 of a limb sum: carries normalised first, so equal integer sums give equal bits."""
-    limbs = limbs.clone()
-    base = 1 << LIMB_BITS
-    for i in range(LIMBS - 1):
-        carry = torch.div(limbs[i], base, rounding_mode="floor")
-        limbs[i] -= carry * base
-        limbs[i + 1] += carry
-    value = limbs[LIMBS - 1].double()
+    """float64 of a limb sum, from its one representation, so equal integer sums give equal bits."""
+    limbs = normalize(limbs)
+    value = limbs[LIMBS - 1]
     for i in reversed(range(LIMBS - 1)):
-        value = value * _LIMB + limbs[i].double()
+        value = value * _LIMB + limbs[i]
     return value * 2.0 ** -GRID_EXP + overflow
 
 
@@ -70,33 +82,50 @@ class ExactSum:
     """A sum over terms of shape [rows, *shape] (rows: replicas), exact and order-independent.
 
     `add_rows(index, terms)` adds terms[j] into row index[j]; `add(other)` merges another partial sum
-    (another shard's); `value()` is the float64 sum. Both kinds of addition commute bit for bit.
+    (another shard's); `value()` is the float64 sum. Both kinds of addition commute bit for bit. Each limb is
+    a float64 integer sum, exact for up to MAX_TERMS terms per element: carries are normalised before that.
     """
 
-    limbs: torch.Tensor  # [LIMBS, rows, *shape] int64
-    overflow: torch.Tensor  # [rows, *shape] float64: inf/nan/huge terms only
+    limbs: torch.Tensor  # [LIMBS, rows, *shape] float64 integers
+    overflow: torch.Tensor  # [rows, *shape] float64: inf/nan terms only
+    terms: int = 0  # terms added since the last normalisation (a bound on any element's count)
 
     @classmethod
     def zeros(cls, shape: tuple[int, ...], device: torch.device | str = "cpu") -> "ExactSum":
-        return cls(torch.zeros((LIMBS, *shape), dtype=torch.int64, device=device),
+        return cls(torch.zeros((LIMBS, *shape), dtype=torch.float64, device=device),
                    torch.zeros(shape, dtype=torch.float64, device=device))
 
     def add_rows(self, index: torch.Tensor, terms: torch.Tensor) -> "ExactSum":
-        limbs, overflow = to_limbs(terms)
-        self.limbs.index_add_(1, index, limbs)
-        self.overflow.index_add_(0, index, overflow)
-        return self
+        step = MAX_TERMS // 2  # more terms at once could pass the exact range of one limb sum
+        if len(index) > step:
+            for start in range(0, len(index), step):
+                self.add_rows(index[start:start + step], terms[start:start + step])
+            return self
+        flat, limbs, overflow = terms.reshape(len(index), -1), self.limbs.flatten(2), self.overflow.flatten(1)
+        for start in range(0, flat.shape[1], _BLOCK):
+            part = slice(start, start + _BLOCK)
+            add, over = to_limbs(flat[:, part])
+            limbs[:, :, part].index_add_(1, index, add)
+            if over is not None:
+                overflow[:, part].index_add_(0, index, over)
+        return self._counted(len(index))
 
     def add(self, other: "ExactSum") -> "ExactSum":
         self.limbs += other.limbs.to(self.limbs.device)
         self.overflow += other.overflow.to(self.overflow.device)
+        return self._counted(other.terms)
+
+    def _counted(self, added: int) -> "ExactSum":
+        self.terms += added
+        if self.terms > MAX_TERMS // 2:
+            self.limbs, self.terms = normalize(self.limbs), 1  # normalised limbs hold less than one term's worth
         return self
 
     def value(self) -> torch.Tensor:
         return from_limbs(self.limbs, self.overflow)
 
     def to(self, device: torch.device | str) -> "ExactSum":
-        return ExactSum(self.limbs.to(device), self.overflow.to(device))
+        return ExactSum(self.limbs.to(device), self.overflow.to(device), self.terms)
 
     @property
     def nbytes(self) -> int:

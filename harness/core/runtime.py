@@ -35,7 +35,8 @@ def apply_runtime(precision: str = "fp32", deterministic: bool = False) -> None:
     torch.backends.cudnn.allow_tf32 = tf32
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(deterministic)
+    if torch.are_deterministic_algorithms_enabled() != deterministic:  # setting it imports torch's compiler (1.3 s)
+        torch.use_deterministic_algorithms(deterministic)
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = False
 

@@ -25,6 +25,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="module")
+def local_ray(request):
+    """One embedded Ray on 127.0.0.1 for a module's tests, with the module's RAY_CPUS (default 4: three shards of
+    1 CPU fit on this 2-core machine's instance); stopped after the module."""
+    from fedharness.backends import ray_cluster
+
+    conn = ray_cluster.start_local(num_cpus=getattr(request.module, "RAY_CPUS", 4))
+    yield conn
+    conn.close()
+
+
 @pytest.fixture
 def run_config(tmp_path):
     """Load a run's settings with overrides, results going to a temporary folder."""

@@ -20,7 +20,6 @@ from hydra.core.config_store import ConfigStore
 from torch import nn
 
 import fedharness
-from fedharness.backends import ray_cluster
 from fedharness.backends.ray_executor import RayExecutor
 from fedharness.core import streams
 from fedharness.core.executors import InlineExecutor
@@ -76,11 +75,7 @@ def bn_net():
         del repo["model"][name]
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    conn = ray_cluster.start_local(num_cpus=2)
-    yield conn
-    conn.close()
+RAY_CPUS = 2  # the conftest's local_ray: CPUs of this module's embedded Ray
 
 
 # --- the plain torch loop --------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import ray
 
-from fedharness.backends import ray_cluster
 from fedharness.config import load_settings
 from fedharness.errors import ConfigError
 from fedharness.backends.ray_executor import RayExecutor
@@ -27,11 +26,6 @@ SCAFFOLD = ["algorithm=scaffold", "algorithm.client_lr=0.1", *QUADRATIC]
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # tests run beside other work
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    conn = ray_cluster.start_local(num_cpus=4)
-    yield conn
-    conn.close()
 
 
 def _uninterrupted(tmp_path: Path, overrides: list[str]) -> list[dict]:

@@ -25,7 +25,6 @@ from hydra.core.config_store import ConfigStore
 
 import fedharness
 from fedharness.algorithms.registry import PARTS
-from fedharness.backends import ray_cluster
 from fedharness.contracts import METRICS
 from fedharness.keys import number
 from fedharness.problems import DATASETS, MODELS
@@ -96,11 +95,6 @@ RUN = ["model=plug_net", "dataset=plug_blobs", "algorithm.aggregator=plug_unifor
 COMPARED = ["train_loss", "test_loss", "test_acc", "grad_norm_sq", "plug_norm"]
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    conn = ray_cluster.start_local(num_cpus=4)  # 2 shards or 2 tasks of 1 CPU, on this 2-core machine
-    yield conn
-    conn.close()
 
 
 @pytest.fixture(scope="module")

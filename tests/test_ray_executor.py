@@ -30,11 +30,6 @@ CASES = [pytest.param(name, shards, id=f"{name}-{shards}shards",
          for name in ALGORITHMS for shards in (1, 2, 3)]
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    conn = ray_cluster.start_local(num_cpus=4)  # 3 shards x 1 CPU fit on this 2-core machine's instance
-    yield conn
-    conn.close()
 
 
 def _config(run_config, name: str, shards: int, *extra: str):

@@ -238,13 +238,6 @@ def test_the_documented_user_rule_runs_and_equals_numpy(doc_package, tmp_path):
 
 # --- across Ray shards ------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def local_ray():
-    from fedharness.backends import ray_cluster
-
-    conn = ray_cluster.start_local(num_cpus=4)
-    yield conn
-    conn.close()
 
 
 def test_three_ray_shards_follow_the_inline_trajectory(local_ray, run_config):

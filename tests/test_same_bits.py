@@ -100,13 +100,6 @@ def test_a_term_beyond_the_limbs_saturates_the_same_way_in_any_order():
 
 # --- slow: Ray shards, resume, a killed shard, the 2NN and the CNN (CI runs them) ------------------------------
 
-@pytest.fixture(scope="module")
-def local_ray():
-    from fedharness.backends import ray_cluster
-
-    conn = ray_cluster.start_local(num_cpus=4)
-    yield conn
-    conn.close()
 
 
 class StopAt(Callback):

@@ -125,15 +125,7 @@ def test_a_failed_run_is_recorded_and_the_others_go_on(tmp_path):
     assert manifest["grid_keys"] == ["partition.min_size"]
 
 
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """One embedded Ray (127.0.0.1, 2 CPUs) for this module's sweeps; they use it and leave it running."""
-    from fedharness.backends import ray_cluster
-
-    conn = ray_cluster.start_local(num_cpus=2)
-    yield conn
-    conn.close()
+RAY_CPUS = 2  # the conftest's local_ray: CPUs of this module's embedded Ray
 
 
 def test_jobs_run_as_ray_tasks_and_a_failure_does_not_stop_them(tmp_path, local_ray):

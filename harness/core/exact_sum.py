@@ -46,7 +46,7 @@ def to_limbs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     [0, 2^LIMB_BITS) but the top one, which carries the sign) and its overflow terms (None: there are none)."""
     x = x.double()
     overflow = None
-    if not bool(x.abs().max() < _TOP) if x.numel() else False:  # NaN compares False: the slow path
+    if x.numel() and not bool(x.abs().max() < _TOP):  # NaN compares False: the slow path
         fits = torch.isfinite(x) & (x.abs() < _TOP)
         overflow = torch.where(fits, torch.zeros_like(x), x * math.inf)  # +-inf (NaN stays NaN)
         x = torch.where(fits, x, torch.zeros_like(x))

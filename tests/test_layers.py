@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # "core") may not import each other. A name "x.*" covers the modules under package x that no exact name
 # claims; an exact name wins over a pattern.
 LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
-    ("base", 0, ("fedharness", "fedharness.errors", "fedharness.files", "fedharness.keys", "fedharness.extras",
+    ("base", 0, ("fedharness", "fedharness.errors", "fedharness.files", "fedharness.store", "fedharness.keys", "fedharness.extras",
                  "fedharness.progress", "fedharness.contracts", "fedharness.settings", "fedharness.core.streams",
                  "fedharness.core.runtime")),
     ("parts", 1, ("fedharness.algorithms", "fedharness.algorithms.*", "fedharness.partitions",
@@ -43,7 +43,7 @@ LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
                    "fedharness.memory")),
     ("assembly", 3, ("fedharness.parts", "fedharness.reference_cache", "fedharness.reference_policy")),
     ("execution", 4, ("fedharness.backends.*", "fedharness.sinks", "fedharness.sinks.*", "fedharness.lifecycle")),
-    ("runner", 5, ("fedharness.runner",)),
+    ("runner", 5, ("fedharness.runner", "fedharness.batched")),
     ("studies", 6, ("fedharness.studies", "fedharness.studies.*")),
     ("api", 7, ("fedharness.api",)),
     ("cli", 8, ("fedharness.cli",)),

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench bench-gpu reproduce list clean
+.PHONY: run test test-all bench bench-gpu bench-population bench-tune bench-writer reproduce list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -21,14 +21,24 @@ test: $(STAMP)  ## fast test suite (slow tests too when FEDHARNESS_SLOW=1)
 test-all: $(STAMP)
 	FEDHARNESS_SLOW=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-bench: $(STAMP)  ## performance workloads (about 8 minutes); figures go to docs/performance.md
+bench: $(STAMP)  ## performance workloads (about 10 minutes); figures go to docs/performance.md
 	$(BIN)/python benchmarks/run.py $(ARGS)
 	$(BIN)/python benchmarks/exact_sums.py
 	$(BIN)/python benchmarks/bench_ray.py $(RAY_ARGS)
+	$(BIN)/python benchmarks/bench_results_writer.py $(WRITER_ARGS)
+
+bench-writer: $(STAMP)  ## a 20-run sweep over 2 Ray nodes: the driver as the writer vs direct writes (docs/performance.md)
+	$(BIN)/python benchmarks/bench_results_writer.py $(WRITER_ARGS)
+
+bench-tune: $(STAMP)  ## a 64-trial study sequential vs tune.batch=16 and 64, on W1 and the smoke CNN (docs/performance.md)
+	cd benchmarks && ../$(BIN)/python bench_tune.py $(ARGS)
 
 bench-gpu: $(STAMP)  ## nets at paper scale, kernels, GPU-sharing shards, determinism (CUDA; ARGS="--device cpu --smoke" on CPU)
 	$(BIN)/python benchmarks/gpu.py $(ARGS) $(NETS_ARGS)
 	$(BIN)/python benchmarks/gpu_shards.py $(ARGS) $(SHARDS_ARGS)
+
+bench-population: $(STAMP)  ## N = 10^3, 10^6, 10^8 lazily generated clients: set-up, ms/round, memory (docs/performance.md)
+	$(BIN)/python benchmarks/bench_population.py $(ARGS)
 
 reproduce: $(STAMP)  ## every paper claim at smoke scale: docs/reproductions/*.png, results.json (docs/reproductions.md)
 	$(BIN)/python -m fedharness.studies.reproduce $(ARGS)

@@ -25,6 +25,7 @@ import numpy as np
 from fedharness.contracts import Sampler, Selection, part, part_names
 from fedharness.core import streams
 from fedharness.keys import Key, choice, integer, number
+from fedharness.problems.population import draw_by_weight
 
 KEYS: dict[str, Key] = {
     "sampler": choice("which clients a round samples, and their weights", part_names("sampler")),
@@ -33,8 +34,27 @@ KEYS: dict[str, Key] = {
 }
 
 
+# Up to this many clients, K without replacement are the first K of a shuffle of all N (O(N) a round, the
+# historical draw, kept so small runs keep their trajectories); above it, the first K distinct of a stream of
+# uniform draws (O(K) a round: a uniformly random K-subset in random order either way).
+SHUFFLE_MAX_CLIENTS = 1 << 16
+
+
 def _uniforms(seed: int, replicas: np.ndarray, rnd: int, count: int) -> np.ndarray:
     return streams.uniform(streams.stream_key(seed, streams.SAMPLE, replicas, rnd, 0), count)
+
+
+def _distinct_uniform(seed: int, replica: int, rnd: int, K: int, N: int) -> np.ndarray:
+    """The first K distinct clients of a stream of uniform draws from 0..N-1 (counter-based, so drawing more
+    only extends the same sequence; 2K draws nearly always suffice when K << N)."""
+    key = streams.stream_key(seed, streams.SAMPLE, replica, rnd, 1)
+    count = 2 * K
+    while True:
+        draws = streams.integers(key, count, N)
+        _, first = np.unique(draws, return_index=True)
+        if len(first) >= K:
+            return draws[np.sort(first)[:K]]
+        count *= 2
 
 
 @part("sampler", "full")
@@ -57,16 +77,17 @@ class _PartialSampler(Sampler):
         self.num_clients, self.K = num_clients, clients_per_round
 
     def _without_replacement(self, seed: int, replicas: np.ndarray, rnd: int) -> np.ndarray:
+        if self.num_clients > SHUFFLE_MAX_CLIENTS:
+            return np.stack([_distinct_uniform(seed, r, rnd, self.K, self.num_clients) for r in replicas])
         u = _uniforms(seed, replicas, rnd, self.num_clients)
         return np.argsort(u, axis=1, kind="stable")[:, : self.K]
 
-    def _with_replacement(self, seed: int, replicas: np.ndarray, rnd: int, probs: np.ndarray) -> np.ndarray:
-        u = _uniforms(seed, replicas, rnd, self.K)
-        cdf = np.cumsum(probs)
-        return np.minimum(np.searchsorted(cdf / cdf[-1], u, side="right"), self.num_clients - 1)
+    def _with_replacement(self, seed: int, replicas: np.ndarray, rnd: int, probs) -> np.ndarray:
+        return draw_by_weight(probs, _uniforms(seed, replicas, rnd, self.K))
 
     def _uniform_with_replacement(self, seed: int, replicas: np.ndarray, rnd: int) -> np.ndarray:
-        return self._with_replacement(seed, replicas, rnd, np.ones(self.num_clients))
+        u = _uniforms(seed, replicas, rnd, self.K)
+        return np.minimum(np.floor(u * self.num_clients).astype(np.int64), self.num_clients - 1)
 
     def _equal(self, clients: np.ndarray) -> np.ndarray:
         return np.full(clients.shape, 1.0 / self.K)

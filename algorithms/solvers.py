@@ -25,6 +25,11 @@ KEYS: dict[str, Key] = {
 }
 
 
+# Keys a batch of slots may set per copy: sent per replica in the server context, [R, 1] float64; the batch's
+# solver is built with each key's largest value, so its branches run for every slot (a value 0 changes no bits).
+PER_COPY = ("mu", "momentum")
+
+
 @part("solver", "sgd")
 class LocalSGD(LocalSolver):
     """SGD with optional momentum (buffer reset each round), Nesterov, proximal mu, weight decay, lr decay."""
@@ -48,18 +53,23 @@ class LocalSGD(LocalSolver):
 
         Every tensor in it has the M copies on its first axis: the executor trains the clients still
         running as a prefix of the batch and hands `update` the state sliced to that prefix."""
-        return {"w0": w0, "buf": torch.zeros_like(w0) if self.momentum else None}
+        state: SolverState = {"w0": w0, "buf": torch.zeros_like(w0) if self.momentum else None}
+        for name in PER_COPY:  # a batch of slots sends each copy's own value (harness/core/slots.py)
+            if server_ctx and name in server_ctx:
+                state[name] = server_ctx[name].to(w0.dtype)
+        return state
 
     def update(self, w: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: SolverState) -> torch.Tensor:
         """One local step in place for the M copies w [M, dim] (a prefix of the round's batch), lr [M, 1]."""
         if self.weight_decay:
             g = g + self.weight_decay * w
         if self.mu:
-            g = g + self.mu * (w - state["w0"])
+            g = g + state.get("mu", self.mu) * (w - state["w0"])
         if self.momentum:
+            momentum = state.get("momentum", self.momentum)
             buf = state["buf"]
-            buf.mul_(self.momentum).add_(g)
-            g = g + self.momentum * buf if self.nesterov else buf
+            buf.mul_(momentum).add_(g)
+            g = g + momentum * buf if self.nesterov else buf
         return w.addcmul_(g, lr, value=-1.0)
 
     def weight_stats(self, tau: np.ndarray, step_lrs: np.ndarray, lr_scale: np.ndarray | None = None) -> WeightStats:

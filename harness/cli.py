@@ -16,6 +16,7 @@ def cmd_run(overrides: list[str]) -> int:
     from fedharness.api import run
     from fedharness.lifecycle import RunInterrupted
     from fedharness.runner import summary_table
+    from fedharness.studies.tuning.export import shown
 
     try:
         result = run(overrides)  # the Python API's code path
@@ -26,7 +27,7 @@ def cmd_run(overrides: list[str]) -> int:
         print("fedharness: interrupted before the run started; nothing recorded", file=sys.stderr)
         return 130
     print(summary_table(result.rows))
-    print(f"run {result.run_id}: status={result.status}; results in {result.results_dir}/ "
+    print(f"run {result.run_id}: status={result.status}; results in {shown(result.results_dir)}/ "
           f"(runs/, rounds/ as Parquet)")
     return 0 if result.status == "ok" else 3
 

@@ -6,17 +6,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedharness.compose import compose_raw
+from fedharness.compose import compose_raw, compose_values
 from fedharness.extend import register_targets
 from fedharness.plugins import load_entry_points
 from fedharness.schema import validate
 from fedharness.settings import RunSettings
 
 
-def load_config(overrides: list[str], config_name: str = "config") -> dict[str, Any]:
-    """Compose the config with overrides and validate it against harness/schema.py."""
+def load_config(overrides: list[str], config_name: str = "config", values: list[str] = ()) -> dict[str, Any]:
+    """Compose the config with overrides (then `values`) and validate it against harness/schema.py. `values` are
+    overrides that many calls vary over a fixed `overrides` (a study's trials): composed once (compose_values)."""
     load_entry_points()  # installed packages' parts, so that the config can name them
-    plain = compose_raw(overrides, config_name)
+    plain = compose_values(overrides, list(values), config_name) if values else compose_raw(overrides, config_name)
     if any("_target_" in (plain.get(s) or {}) for s in ("dataset", "partition", "model", "algorithm")):
         register_targets(plain)  # a user's own parts, before validation names them
     validate(plain)

@@ -36,7 +36,8 @@ class ClientKeys:
     clients: np.ndarray  # [M] int64 client ids
     replicas: np.ndarray  # [M] int64 stream replica ids
     round: int
-    seed: int
+    seed: int | np.ndarray  # the run's seed, or each copy's [M] (a batch of slots)
+    tau: np.ndarray | None = None  # [M] each copy's own local steps this round (None: all train `steps`)
 
 
 @dataclass
@@ -48,6 +49,11 @@ class Evaluation:
     test_loss: np.ndarray | None = None
     test_acc: np.ndarray | None = None
     extra: dict[str, np.ndarray] = field(default_factory=dict)
+    # A population too large to sum over (problems/estimate.py): train_loss is an estimate on a sample of clients
+    # and train_loss_se its standard error (None: train_loss is exact). exact_train_loss: F where it is known
+    # in closed form all the same (the lazy quadratic population), so subopt stays exact.
+    train_loss_se: np.ndarray | None = None
+    exact_train_loss: np.ndarray | None = None
 
 
 @dataclass
@@ -154,6 +160,8 @@ class SolverState(TypedDict, total=False):
     c: torch.Tensor  # SCAFFOLD: the server's control variate, per copy
     c_i: torch.Tensor  # SCAFFOLD: the client's own
     correction: torch.Tensor  # SCAFFOLD: c - c_i in the model's dtype
+    mu: torch.Tensor  # a batch of slots: each copy's own proximal mu [M, 1] (else the solver's own)
+    momentum: torch.Tensor  # a batch of slots: each copy's own client momentum [M, 1]
 
 
 ServerState = Mapping[str, torch.Tensor]  # a server optimizer's: {} (sgd), MomentumState, AdamState
@@ -423,8 +431,9 @@ def part_names(kind: str) -> Callable[[], tuple[str, ...]]:
 # --- a user's metrics and callbacks -------------------------------------------------------------------------
 
 ROUND_COLUMNS = ("run_id", "replica", "series", "round", "local_steps", "grad_evals", "bytes_up", "bytes_down",
-                 "wall_s", "sim_s", "train_loss", "subopt", "dist_to_opt", "grad_norm_sq", "test_loss", "test_acc",
-                 "lr", "server_lr", "tau_eff", "chi2", "slowdown")  # the rounds/ table's own (sinks/parquet.py)
+                 "wall_s", "sim_s", "train_loss", "train_loss_se", "subopt", "dist_to_opt", "grad_norm_sq",
+                 "test_loss", "test_acc", "lr", "server_lr", "tau_eff", "chi2",
+                 "slowdown")  # the rounds/ table's own (sinks/parquet.py)
 
 
 @dataclass(frozen=True)

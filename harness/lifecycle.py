@@ -18,11 +18,10 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
-import pyarrow.parquet as pq
-
 from fedharness.core.checkpoint import restore_rows
 from fedharness.errors import ConfigError
-from fedharness.sinks.parquet import RUN_SCHEMA, ParquetSink
+from fedharness.sinks.parquet import RUN_SCHEMA, ParquetSink, part_rounds, read_table, round_parts
+from fedharness.store import ResultsStore
 
 log = logging.getLogger(__name__)
 
@@ -91,36 +90,38 @@ def process_alive(pid: int, started: int | None) -> bool:
     return started is None or process_start(pid) == started  # no start time recorded (no /proc): trust the pid
 
 
-def last_recorded_round(results_dir: str | Path, run_id: str) -> int:
+def last_recorded_round(store: ResultsStore, run_id: str) -> int:
     """The last round in the run's rounds/ parts (their names hold the round range); 0 when none."""
-    parts = (Path(results_dir) / "rounds" / f"run_id={run_id}").glob("part-*.parquet")
-    return max((int(p.stem.split("-")[2]) for p in parts), default=0)
+    return max((part_rounds(name)[1] for name in round_parts(store, run_id)), default=0)
 
 
-def mark_lost_runs(results_dir: str | Path) -> list[str]:
+def mark_lost_runs(store: ResultsStore) -> list[str]:
     """Mark `running` rows of this host whose process is gone as `lost`, with the rounds they recorded."""
-    root, host, marked = Path(results_dir), platform.node(), []
-    for path in sorted((root / "runs").glob("run_id=*/run.parquet")):
+    host, marked = platform.node(), []
+    for key in store.list("runs"):
+        folder, _, name = key.rpartition("/")
+        if name != "run.parquet" or not folder.startswith("runs/run_id=") or folder.count("/") != 1:
+            continue
         try:
-            table = pq.read_table(path)
+            table = read_table(store, key)
         except (OSError, ValueError):
             continue  # unreadable rows are the report's business, not this sweep's
-        row = table.to_pylist()[0] if table.num_rows == 1 else {}
+        row = table.to_pylist()[0] if table is not None and table.num_rows == 1 else {}
         if row.get("status") != "running" or row.get("host") != host or row.get("pid") is None:
             continue
         if process_alive(row["pid"], row.get("pid_start")):
             continue
-        run_id = path.parent.name.split("=", 1)[1]
+        run_id = folder.removeprefix("runs/run_id=")
         try:
-            restore_rows(ParquetSink(root, run_id), run_id)  # killed between its checkpoint and that checkpoint's rows
+            restore_rows(ParquetSink(store, run_id), run_id)  # killed between its checkpoint and that checkpoint's rows
         except (ConfigError, OSError) as err:
             log.warning(f"run {run_id}: its checkpoint is unreadable ({err}); rows after its last part are lost")
-        rounds = last_recorded_round(root, run_id)
+        rounds = last_recorded_round(store, run_id)
         row = {k: v for k, v in row.items() if k in RUN_SCHEMA.names}
         row.update(status="lost", rounds_done=rounds, error=f"process {row['pid']} on {host} ended without "
                    f"recording how (killed?); found by a later command; rounds_done = the last recorded round")
         try:
-            ParquetSink(root, run_id).write_run(row)
+            ParquetSink(store, run_id).write_run(row)
         except OSError as err:
             log.warning(f"could not mark run {run_id} lost: {err}")
             continue

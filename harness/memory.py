@@ -38,6 +38,8 @@ def data_bytes(dataset: PartSettings) -> float:
         return 2 * n * dataset.samples_per_client * 1.1 * (dataset.dim + 1) * 8
     if name == "quadratic":
         return 2 * n * (dataset.dim ** 2 + dataset.dim) * 8
+    if name == "quadratic_lazy":
+        return 0.0  # clients drawn when sampled: nothing stored per client
     if name == "li_toy":
         dim = n * dataset.block + 1
         return 2 * n * (dim ** 2 + dim) * 8
@@ -47,7 +49,7 @@ def data_bytes(dataset: PartSettings) -> float:
 def model_params(run: RunSettings) -> int:
     """Parameters of the model (0 where it cannot be told without the data)."""
     dataset, model = run.dataset, run.model.name
-    if dataset.name == "quadratic":
+    if dataset.name in ("quadratic", "quadratic_lazy"):
         return dataset.dim
     if dataset.name == "li_toy":
         return dataset.num_clients * dataset.block + 1

@@ -27,8 +27,7 @@ class SolveFailed(RuntimeError):
 def optimum_doubt(problem) -> str | None:
     """Why the minimiser of F may not exist or not be unique; None when F is strongly convex for sure."""
     if hasattr(problem, "optimum"):  # quadratics: strongly convex iff sum p_i A_i is positive definite
-        hessian = np.einsum("n,nde->de", problem.weights, problem.A_np)
-        lowest = float(np.linalg.eigvalsh(hessian)[0])
+        lowest = float(np.linalg.eigvalsh(problem.hessian_sum())[0])
         return None if lowest > 0 else f"the Hessian sum p_i A_i is singular (lowest eigenvalue {lowest:.3g})"
     l2 = getattr(getattr(problem, "objective", None), "l2", 0.0)
     return None if l2 > 0 else f"model.l2={l2:g} (the optimum may not exist)"

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import uuid
 from dataclasses import dataclass
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,6 +35,7 @@ from fedharness.settings import RunSettings
 from fedharness.sinks.masking import mask_secrets
 from fedharness.sinks.parquet import ParquetSink
 from fedharness.sinks.wandb_sink import open_sink as open_wandb
+from fedharness.store import ResultsStore, open_store
 
 VERSIONED = ("fedharness", "torch", "numpy", "pyarrow", "ray", "optuna", "wandb", "hydra-core")
 
@@ -43,13 +45,15 @@ class RunResult:
     run_id: str
     status: str
     rows: list[dict]
-    results_dir: Path
+    results_dir: str  # the results store's url: an absolute path or an object-store URL
+    error: str | None = None  # what ended a failed run (harness/batched.py sets it; execute raises instead)
 
 
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+@cache  # once a process: its code is the checkout it imported, and `git` is a subprocess for each row otherwise
 def _git_sha() -> str | None:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
@@ -59,6 +63,7 @@ def _git_sha() -> str | None:
         return None
 
 
+@cache  # the packages a process imported do not change under it; metadata lookups scan every installed one
 def _versions() -> str:
     found = {}
     for name in VERSIONED:
@@ -97,11 +102,12 @@ class Prepared:
     series: list
 
 
-def prepare_run(settings: RunSettings) -> Prepared:
-    """Build problem, algorithm and exact reference: every check that can fail happens here, before any file."""
+def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Prepared:
+    """Build problem, algorithm and exact reference: every check that can fail happens here, before any file.
+    `store`: where a resumed run's checkpoint is (default: settings.results_dir's store)."""
     problem, algorithm = build_parts(settings)
     set_threads(settings, problem)  # threads=null follows the problem's size: before kernel timing and reference
-    resumed_kernel = checkpointed(settings, "kernel") if settings.resume else None
+    resumed_kernel = checkpointed(settings, "kernel", store) if settings.resume else None
     settings = settings.replace(kernel=resolve_kernel(settings, problem, resumed_kernel))
     layout, series = build_series(settings.replicas, **settings.algorithm.params)  # rr=H needs a fixed H
     reference = run_reference(settings, problem)  # per `reference: auto | on | off`
@@ -174,7 +180,7 @@ def threads_for(settings: RunSettings, problem) -> int:
 
 
 def execute(settings: RunSettings, progress=None, run_id: str | None = None, on_eval=None,
-            callbacks: Sequence[Callback] = ()) -> RunResult:
+            callbacks: Sequence[Callback] = (), store: ResultsStore | None = None) -> RunResult:
     """Run one config (its settings: fedharness.config.load_settings) end to end. Raises ConfigError before
     writing anything if the config is bad.
 
@@ -184,16 +190,19 @@ def execute(settings: RunSettings, progress=None, run_id: str | None = None, on_
     with status stopped. The metrics the `metrics` key names are computed at every evaluation.
     SIGINT/SIGTERM (in the main thread) raise RunInterrupted, telling where the run stood; status interrupted.
     Either way the rounds so far are flushed and `rounds_done` is the last completed round.
+    `store` (harness/store.py) receives every object the run writes (rows, run row, checkpoints) and holds the
+    checkpoint a resumed run continues from; default: the store `settings.results_dir` names.
     """
     set_threads(settings)
-    run = prepare_run(settings)
+    store = open_store(settings.results_dir) if store is None else store
+    run = prepare_run(settings, store)
     settings, problem, algorithm, reference = run.settings, run.problem, run.algorithm, run.reference
     exact = _exact_references(settings, problem, reference)
     network = NetworkModel.of(settings.network)  # sim_s per round
-    resumed = load_resume(settings) if settings.resume else None  # checked before any cluster or file
+    resumed = load_resume(settings, store) if settings.resume else None  # checked before any cluster or file
     executor = build_executor(settings, problem, algorithm.solver)
     run_id = resumed.run_id if resumed else (run_id or new_run_id())
-    sink = ParquetSink(settings.results_dir, run_id, extra_columns=settings.metrics)
+    sink = ParquetSink(store, run_id, extra_columns=settings.metrics)
     started = resumed.started if resumed else _now()
     names = [callback_name(cb) for cb in callbacks]
     wb = open_wandb(settings, run_id)  # None unless wandb.enabled; offline without an API key
@@ -236,8 +245,8 @@ def execute(settings: RunSettings, progress=None, run_id: str | None = None, on_
     stopped = "stopped by a callback" if outcome.status == "stopped" else None
     sink.write_run({**_run_row(settings, outcome.status, outcome.rounds_done, started, stopped, names), **exact})
     if wb is not None:
-        wb.finish(outcome.status, settings.results_dir, outcome.rows)
-    return RunResult(run_id, outcome.status, outcome.rows, Path(settings.results_dir))
+        wb.finish(outcome.status, store, outcome.rows)
+    return RunResult(run_id, outcome.status, outcome.rows, store.url)
 
 
 def _record_end(settings: RunSettings, sink: ParquetSink, wb, exact: dict, started: str, rounds_done: int,
@@ -248,7 +257,7 @@ def _record_end(settings: RunSettings, sink: ParquetSink, wb, exact: dict, start
     error = f"interrupted by {err}" if status == "interrupted" else f"{type(err).__name__}: {err}"
     sink.write_run({**_run_row(settings, status, rounds_done, started, error, callbacks), **exact})
     if wb is not None:
-        wb.finish(status, settings.results_dir)
+        wb.finish(status, sink.store)
 
 
 def summary_table(rows: list[dict]) -> str:
@@ -256,7 +265,8 @@ def summary_table(rows: list[dict]) -> str:
     last = max(r["round"] for r in rows)
     final = [r for r in rows if r["round"] == last and r["series"] == "iterate"]
     lines = [f"{'metric':<14}{'mean':>14}{'std':>12}   (round {last}, {len(final)} replica(s))"]
-    for name in ("train_loss", "subopt", "dist_to_opt", "grad_norm_sq", "test_loss", "test_acc", "wall_s"):
+    for name in ("train_loss", "train_loss_se", "subopt", "dist_to_opt", "grad_norm_sq", "test_loss", "test_acc",
+                 "wall_s"):  # train_loss_se: only where train_loss is an estimate
         vals = np.array([r[name] for r in final if r.get(name) is not None], dtype=float)
         if len(vals):
             lines.append(f"{name:<14}{vals.mean():>14.6g}{vals.std():>12.3g}")

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 
 from fedharness.algorithms.registry import algorithm_keys
 from fedharness.backends.ray_cluster import parse_address
-from fedharness.compose import defaults
+from fedharness.compose import defaults, own_section_defaults
 from fedharness.errors import ConfigError, require
 
 
@@ -27,6 +27,7 @@ from fedharness.memory import check_memory
 from fedharness.partitions import PARTITION_KEYS, PARTITIONERS
 from fedharness.problems import DATASET_KEYS, DATASETS, MODEL_KEYS, MODELS
 from fedharness.settings import RunSettings, keys_of, sections_of
+from fedharness.store import open_store
 
 
 # --- registries, read when a config is checked (parts can be registered at run time) -----------------------
@@ -119,7 +120,7 @@ def check_keys(cfg: dict[str, Any]) -> None:
 # --- rules that tie keys together, in the order they are checked -----------------------------------------
 
 LABELLED_PARTITIONS = ("iid", "classes_per_client", "shards", "dirichlet", "powerlaw")
-ANALYTIC = ("quadratic", "li_toy")
+ANALYTIC = ("quadratic", "quadratic_lazy", "li_toy")
 WITHOUT_REPLACEMENT = ("scheme_ii", "scheme_ii_transformed", "original", "yang_s2")
 
 
@@ -129,7 +130,8 @@ def model_fits_dataset(cfg: dict[str, Any]) -> None:
         require(model in ("auto", "quadratic"), "model", model,
                 f"the {dataset} dataset is its own model: use model=auto or model=quadratic")
     else:
-        require(model != "quadratic", "model", model, "only the quadratic and li_toy datasets use model=quadratic")
+        require(model != "quadratic", "model", model,
+                f"only the analytic datasets ({', '.join(ANALYTIC)}) use model=quadratic")
 
 
 def partition_fits_dataset(cfg: dict[str, Any]) -> None:
@@ -151,7 +153,7 @@ def ray_keys_need_ray(cfg: dict[str, Any]) -> None:
         require(cfg["num_shards"] == 1, "num_shards", cfg["num_shards"],
                 "1 with executor=ray (its shards are ray.num_shards)")
         return
-    default = defaults()["ray"]
+    default = own_section_defaults("ray")
     for key, value in cfg.get("ray", {}).items():
         require(value == default.get(key), f"ray.{key}", value,
                 f"only used with executor=ray (executor is {cfg['executor']}); leave it at {default.get(key)!r}")
@@ -176,7 +178,7 @@ def ranges_ordered(cfg: dict[str, Any]) -> None:
     for low, high in (("steps_low", "steps_high"), ("epochs_low", "epochs_high"), ("steps_min", "steps_max")):
         require(acfg[high] >= acfg[low], f"algorithm.{high}", acfg[high], f"must be >= algorithm.{low} ({acfg[low]})")
     dcfg = cfg["dataset"]
-    if dcfg["name"] == "quadratic":
+    if dcfg["name"] in ("quadratic", "quadratic_lazy"):
         require(dcfg["mu"] <= dcfg["L"], "dataset.mu", dcfg["mu"], f"must satisfy 0 < mu <= L = {dcfg['L']}")
 
 
@@ -208,8 +210,12 @@ def device_available(cfg: dict[str, Any]) -> None:
 
 
 def results_dir_writable(cfg: dict[str, Any]) -> None:
-    """results_dir is, or can become, a writable directory; nothing is created but a removed probe file."""
+    """results_dir is, or can become, a writable directory; nothing is created but a removed probe file. An
+    object-store URL is checked for its form here, and reached by the command (fedharness.store.check_writable)."""
     raw = cfg["results_dir"]
+    if "://" in str(raw):
+        open_store(str(raw))  # ConfigError for another scheme, or credentials in the URL
+        return
     path = Path(raw).expanduser().absolute()
     parent = path
     while not parent.exists():

@@ -166,7 +166,8 @@ class RunSettings:
     seed: int = key(integer("seed of every random stream (clients, minibatches, data)", lo=0))
     replicas: int = key(integer("independent seeds batched on one tensor axis", lo=1))
     eval_every: int = key(integer("rounds between evaluations (and Parquet rows)", lo=1))
-    results_dir: str = key(text("where runs/ and rounds/ are written as Parquet"))
+    results_dir: str = key(text("where runs/ and rounds/ are written as Parquet: a folder, or an object store "
+                                "as s3://bucket/prefix or gs://bucket/prefix (docs/cluster.md)"))
     executor: str = key(choice("inline | reference (per-client loop, for checking) | ray",
                                ("inline", "reference", "ray")))
     num_shards: int = key(integer("inline shards (the ray executor uses ray.num_shards)", lo=1))

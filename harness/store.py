@@ -5,8 +5,10 @@ through one `ResultsStore`, addressed by keys: POSIX paths relative to the resul
 `runs/run_id=X/run.parquet`. A write is whole or nothing: a reader (or a crash) never sees half an object.
 
 * `FileStore`: a local folder (temporary name, fsync, rename).
-* object stores (`s3://bucket/prefix`, `gs://...`) through pyarrow's file systems (one PUT per object,
-  which object stores make atomic);
+* `ArrowStore`: an object store (`s3://bucket/prefix`, `gs://bucket/prefix`) through pyarrow's file systems (one
+  PUT per object, which object stores make atomic). Credentials come only from the standard places (AWS_* or
+  GOOGLE_APPLICATION_CREDENTIALS variables, ~/.aws, instance roles), never from the URL; an S3-compatible
+  store's endpoint from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (pyarrow alone reads neither);
 * a store that forwards every call to the driver's store through Ray (fedharness.backends.results_writer), so
   a task on a node without the driver's folder still records there.
 """
@@ -17,6 +19,12 @@ import os
 import uuid
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+from fedharness.errors import ConfigError, require
+from fedharness.files import atomic_write
+
+OBJECT_STORES = ("s3", "gs")  # URL schemes results_dir takes besides a folder
 
 
 @runtime_checkable
@@ -51,18 +59,7 @@ class FileStore:
         return self.root / key
 
     def write(self, key: str, data: bytes) -> None:
-        path = self.path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        atomic_write(self.path(key), lambda f: f.write(data))  # a temporary name, fsync, rename
 
     def read(self, key: str) -> bytes | None:
         try:
@@ -87,6 +84,116 @@ class FileStore:
         return f"FileStore({self.url!r})"
 
 
+class ArrowStore:
+    """An object store through a pyarrow file system: keys are objects under `<bucket>/<prefix>/`."""
+
+    def __init__(self, url: str, filesystem, root: str):
+        """`url`: as the user names it (s3://bucket/prefix); `root`: the same as the file system's path."""
+        self.url, self.fs, self.root = url, filesystem, root
+
+    def path(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    def write(self, key: str, data: bytes) -> None:
+        with self.fs.open_output_stream(self.path(key)) as f:  # the object appears at close, whole
+            f.write(data)
+
+    def read(self, key: str) -> bytes | None:
+        try:
+            with self.fs.open_input_stream(self.path(key)) as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def exists(self, key: str) -> bool:
+        from pyarrow.fs import FileType
+
+        return self.fs.get_file_info(self.path(key)).type == FileType.File
+
+    def list(self, prefix: str) -> list[str]:
+        from pyarrow.fs import FileSelector, FileType
+
+        infos = self.fs.get_file_info(FileSelector(self.path(prefix), recursive=True, allow_not_found=True))
+        return sorted(i.path[len(self.root) + 1:] for i in infos
+                      if i.type == FileType.File and not i.base_name.startswith("."))
+
+    def delete(self, key: str) -> None:
+        try:
+            self.fs.delete_file(self.path(key))
+        except FileNotFoundError:
+            pass
+
+    def __repr__(self) -> str:
+        return f"ArrowStore({self.url!r})"
+
+
+def _scheme(results_dir: str) -> str | None:
+    """The URL scheme of `results_dir` (None for a folder)."""
+    scheme, sep, _ = results_dir.partition("://")
+    return scheme.lower() if sep and scheme.isalnum() else None
+
+
+def _object_store(url: str) -> ArrowStore:
+    """s3://bucket/prefix or gs://bucket/prefix; the URL holds no credentials, query or fragment."""
+    parts = urlsplit(url)
+    allowed = f"a folder, or an object store as {' or '.join(f'{s}://bucket/prefix' for s in OBJECT_STORES)}"
+    require(parts.scheme in OBJECT_STORES, "results_dir", url, allowed)
+    require("@" not in parts.netloc, "results_dir", f"{parts.scheme}://...@{parts.netloc.rpartition('@')[2]}"
+            f"{parts.path}", "a URL without credentials: they come from the standard environment variables or "
+            "files (docs/cluster.md)")
+    require(bool(parts.netloc) and not parts.query and not parts.fragment, "results_dir", url, allowed)
+    root = parts.netloc + ("/" + parts.path.strip("/") if parts.path.strip("/") else "")
+    filesystem = _s3_filesystem() if parts.scheme == "s3" else _gcs_filesystem()
+    return ArrowStore(f"{parts.scheme}://{root}", filesystem, root)
+
+
+def _s3_filesystem():
+    """S3, or an S3-compatible store at AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL; region from AWS_REGION or
+    AWS_DEFAULT_REGION, credentials by the AWS SDK's own chain."""
+    from pyarrow.fs import S3FileSystem
+
+    # delayed open: an object up to one part is a single PutObject at close
+    options: dict = {"allow_delayed_open": True, "connect_timeout": 10, "request_timeout": 60}
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        endpoint = os.environ.get(name)
+        if endpoint:
+            parts = urlsplit(endpoint)
+            require(parts.scheme in ("http", "https") and bool(parts.hostname) and "@" not in parts.netloc, name,
+                    endpoint if "@" not in parts.netloc else "(hidden: it holds credentials)",
+                    "an endpoint such as http://127.0.0.1:9000 or https://s3.example.org")
+            options.update(endpoint_override=parts.netloc + parts.path.rstrip("/"), scheme=parts.scheme)
+            break
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        options["region"] = region
+    return S3FileSystem(**options)
+
+
+def _gcs_filesystem():
+    """Google Cloud Storage with Google's default credentials."""
+    from pyarrow.fs import GcsFileSystem
+
+    return GcsFileSystem()
+
+
 def open_store(results_dir: str | Path) -> ResultsStore:
-    """The store a `results_dir` names: a local folder (relative to the working directory) for now."""
-    return FileStore(results_dir)
+    """The store a `results_dir` names: an object store for an s3:// or gs:// URL, else a local folder
+    (relative to the working directory). A URL of another scheme, or holding credentials, is a ConfigError."""
+    text = str(results_dir)
+    return FileStore(results_dir) if _scheme(text) is None else _object_store(text)
+
+
+def check_writable(store: ResultsStore) -> None:
+    """For an object store, write and delete a small probe object, so that a bucket that does not exist or
+    credentials it refuses stop a command before any run starts, as a ConfigError naming results_dir. (A
+    folder is checked by the config's rules, harness/schema.py, without creating anything.)"""
+    if not isinstance(store, ArrowStore):
+        return
+    key = f".fedharness-probe-{uuid.uuid4().hex}"
+    try:
+        store.write(key, b"")
+        store.delete(key)
+    except OSError as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError("results_dir", store.url, f"an object store fedharness can write to; writing a probe "
+                          f"object failed: {first}") from None

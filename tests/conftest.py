@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
@@ -34,6 +35,28 @@ def local_ray(request):
     conn = ray_cluster.start_local(num_cpus=getattr(request.module, "RAY_CPUS", 4))
     yield conn
     conn.close()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """An S3-compatible server on 127.0.0.1 (tests/s3_support.py): CI's (FEDHARNESS_TEST_S3_URL), else moto's,
+    started once per session."""
+    import s3_support
+
+    endpoint = os.environ.get("FEDHARNESS_TEST_S3_URL")
+    server = contextlib.nullcontext(endpoint) if endpoint else s3_support.moto_server()
+    with server as endpoint:
+        yield s3_support.S3Server(endpoint)
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The session's S3 server, with the standard AWS_* variables pointing at it during the test."""
+    import s3_support
+
+    for name, value in s3_support.s3_env(s3_server.endpoint).items():
+        monkeypatch.setenv(name, value)
+    return s3_server
 
 
 @pytest.fixture

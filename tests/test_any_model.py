@@ -139,6 +139,7 @@ def test_resnet18_bn_is_resnet18_with_batchnorm():
     assert sum(b.numel() for b in net.buffers() if b.is_floating_point()) == 2 * sum(m.num_features for m in norms)
 
 
+@pytest.mark.slow  # 10-15 s each: ResNet-18 on the CPU
 @pytest.mark.parametrize("kernel", ["vmap", "loop"])
 def test_resnet18_bn_matches_a_plain_torch_loop(run_config, kernel):
     cfg = run_config(*DIGITS, "model=resnet18_bn", f"kernel={kernel}", "dtype=float64")
@@ -150,6 +151,7 @@ def test_resnet18_bn_matches_a_plain_torch_loop(run_config, kernel):
     _check_against_torch(xs[-1, 0], want, xs[0, 0], problem.objective.param_dim, 1e-9)
 
 
+@pytest.mark.slow
 def test_resnet18_bn_on_two_ray_shards_matches_the_torch_loop(local_ray, run_config):
     cfg = run_config(*DIGITS, "model=resnet18_bn", "kernel=vmap", "dtype=float64", "executor=ray", "ray.num_shards=2")
     problem, algorithm = build_parts(cfg)

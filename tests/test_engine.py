@@ -19,7 +19,7 @@ def _trajectory(cfg, executor_cls, rounds: int, num_shards: int = 1) -> torch.Te
     return trajectory(cfg, executor_cls(problem, algorithm.solver, num_shards), rounds, problem, algorithm)[0]
 
 
-@pytest.mark.parametrize("model,lr", [("logreg", 0.3), ("linreg", 0.02)])
+@pytest.mark.parametrize("model,lr", [("logreg", 0.1), ("linreg", 0.02)])  # logreg 0.3 diverges on this data
 def test_vectorized_linear_models_equal_per_client_loop(run_config, model, lr):
     cfg = run_config("dataset.num_clients=12", f"model={model}", "model.l2=0.01", f"algorithm.client_lr={lr}", "algorithm.clients_per_round=5", "algorithm.local_steps=7",
                      "algorithm.batch_size=8", "replicas=3", "rounds=4")
@@ -74,7 +74,7 @@ def test_newton_cg_matches_least_squares_closed_form(run_config):
     cfg = run_config("model=linreg", "model.l2=0.01", "dataset.num_clients=5", "dtype=float64")
     problem, _, reference = prepare(cfg)
     X = problem.x.numpy()
-    Y = np.eye(10)[problem.y.numpy()]
+    Y = np.eye(problem.objective.num_classes)[problem.y.numpy()]  # the classes the 5 clients hold
     n, lam = len(X), 0.01
     # F = 1/(2n) ||X W^T - Y||^2 + lam ||W||^2  =>  W^T = (X^T X / n + 2 lam I)^-1 X^T Y / n
     Wt = np.linalg.solve(X.T @ X / n + 2 * lam * np.eye(X.shape[1]), X.T @ Y / n)

@@ -22,6 +22,7 @@ from fedharness.config import load_settings
 from fedharness.lifecycle import mark_lost_runs, process_alive, process_start
 from fedharness.runner import execute
 from fedharness.sinks.parquet import ParquetSink
+from fedharness.store import FileStore
 
 REPO = Path(__file__).resolve().parent.parent
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
@@ -126,8 +127,8 @@ def test_sigkilled_run_is_marked_lost_by_the_next_command(tmp_path, capsys):
 
 
 def _running_row(results: Path, run_id: str, host: str, pid: int, pid_start: int | None) -> None:
-    ParquetSink(results, run_id).write_run({"status": "running", "rounds_done": 0, "host": host, "pid": pid,
-                                            "pid_start": pid_start})
+    ParquetSink(FileStore(results), run_id).write_run({"status": "running", "rounds_done": 0, "host": host,
+                                                       "pid": pid, "pid_start": pid_start})
 
 
 def test_only_rows_of_gone_processes_on_this_host_are_marked_lost(tmp_path):
@@ -140,7 +141,7 @@ def test_only_rows_of_gone_processes_on_this_host_are_marked_lost(tmp_path):
     _running_row(tmp_path, "reused-pid", host, me, started + 1)  # this pid now belongs to another process
     _running_row(tmp_path, "dead", host, dead, None)
     _running_row(tmp_path, "elsewhere", host + "-other", dead, None)
-    assert sorted(mark_lost_runs(tmp_path)) == ["dead", "reused-pid"]
+    assert sorted(mark_lost_runs(FileStore(tmp_path))) == ["dead", "reused-pid"]
     assert [_run_row(tmp_path, r)["status"] for r in ("alive", "reused-pid", "dead", "elsewhere")] \
         == ["running", "lost", "lost", "running"]
 
@@ -232,7 +233,7 @@ def test_killed_between_a_checkpoint_and_its_rows_loses_no_round(run_config, tmp
     assert _last_round_in_parquet(results, "cut") == 5  # the part of rounds 6-10 never landed
     _running_row(results, "cut", platform.node(), 2 ** 22 + 1, None)  # what a SIGKILL leaves (no such pid)
 
-    assert mark_lost_runs(results) == ["cut"]
+    assert mark_lost_runs(FileStore(results)) == ["cut"]
     assert _run_row(results, "cut")["rounds_done"] == 10 == _last_round_in_parquet(results, "cut")
     assert load_resume(run_config(*run, "resume=cut")).round == 10
     execute(run_config(*run, "resume=cut"))

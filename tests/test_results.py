@@ -56,12 +56,13 @@ def test_killed_writer_leaves_no_partial_file(tmp_path):
     """SIGKILL a process in the middle of writing large parts: every visible file is complete."""
     script = textwrap.dedent(f"""
         import pyarrow as pa
-        from pathlib import Path
-        from fedharness.sinks.parquet import atomic_write_table
+        from fedharness.sinks.parquet import write_table
+        from fedharness.store import FileStore
         table = pa.table({{"x": list(range(3_000_000))}})
+        store = FileStore({str(tmp_path)!r})
         i = 0
         while True:
-            atomic_write_table(table, Path({str(tmp_path)!r}) / f"part-{{i}}.parquet")
+            write_table(store, f"part-{{i}}.parquet", table)
             print(i, flush=True)
             i += 1
     """)

@@ -127,7 +127,7 @@ def test_with_replacement_duplicates_are_counted(name, run_config):
     engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver), rounds=1, seed=0,
                     replicas=30, eval_every=1)
     plan, _ = engine.plan_round(0)
-    entries = ClientShard(problem, algorithm.solver, np.arange(4)).entries(plan)
+    entries = ClientShard(problem, algorithm.solver, (0, 4)).entries(plan)
     counts = np.stack([np.bincount(row, minlength=4) for row in plan.clients])
     assert counts.max() >= 2  # some replica drew a client more than once
     for r, k, coef in zip(entries.replica, entries.clients, entries.coef):

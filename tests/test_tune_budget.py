@@ -79,3 +79,34 @@ def test_other_budgets_match_the_engine_counters(tmp_path, kind, column):
 def test_rounds_budget_is_the_rounds():
     cfg = load_config(QUAD)
     assert Budget("rounds", 37).rounds_for(cfg) == 37
+
+
+# A study composes its base config once and applies each trial's values to a copy (harness/compose.py
+# compose_values), as Hydra applies value overrides; interpolations such as li_toy's rounds = steps // E and
+# mangold_noisy's ${div:...} still follow each trial's E.
+TRIAL_BASES = [["experiment=li_toy"], ["experiment=mangold_noisy"], QUAD]
+TRIAL_VALUES = [["algorithm.local_steps=7", "algorithm.client_lr=0.0123"], ["algorithm.local_steps=3", "seed=5"],
+                ["algorithm.client_lr=1e-05", "algorithm.local_steps=20"]]
+
+
+@pytest.mark.parametrize("base", TRIAL_BASES)
+def test_trial_values_on_the_composed_base_equal_a_full_composition(base):
+    for values in TRIAL_VALUES:
+        assert load_config(base, values=values) == load_config([*base, *values])
+    assert load_config(["experiment=li_toy"], values=["algorithm.local_steps=7"])["rounds"] == 3000 // 7
+
+
+def test_a_study_composes_its_base_once_and_overrides_naming_a_group_compose_in_full(monkeypatch):
+    import fedharness.compose as compose_module
+    from fedharness.compose import compose_values
+
+    calls = []
+    real = compose_module.compose
+    monkeypatch.setattr(compose_module, "compose", lambda **kw: calls.append(kw["overrides"]) or real(**kw))
+    compose_module._composed_unresolved.cache_clear()
+    base = ["experiment=li_toy", "seed=11"]
+    for e in (1, 2, 3, 5):
+        assert compose_values(base, [f"algorithm.local_steps={e}"])["rounds"] == 3000 // e
+    assert calls == [base]
+    assert compose_values(base, ["dataset=quadratic"]) == compose_values([*base, "dataset=quadratic"], [])
+    assert calls[1] == [*base, "dataset=quadratic"]  # a group: Hydra composes it whole

@@ -31,9 +31,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fedharness.backends import ray_cluster
 from fedharness.errors import ConfigError, require
-from fedharness.core.executors import ClientShard, RoundPlan, ShardResult, balanced_shards
+from fedharness.core.executors import ClientShard, RoundPlan, ShardResult, balanced_ranges, shard_of
 from fedharness.parts import algorithm_for, build_parts
 from fedharness.plugins import Carried, install, snapshot
+from fedharness.problems.population import total_size
 from fedharness.core.runtime import apply_runtime
 from fedharness.settings import RunSettings
 
@@ -46,7 +47,7 @@ class ShardActor:
     """One ClientShard in its own process. Built from the settings (they travel as their plain config), never
     from the driver's arrays."""
 
-    def __init__(self, settings: RunSettings, owned: np.ndarray, threads: int, plugins: tuple[Carried, ...] = ()):
+    def __init__(self, settings: RunSettings, owned: tuple[int, int], threads: int, plugins: tuple[Carried, ...] = ()):
         self.rss_at_start = _peak_rss_bytes()  # the process with its imports, before any data
         torch.set_num_threads(threads)
         self.error = None
@@ -88,19 +89,28 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+FINGERPRINT_PROBES = 4096  # clients whose sizes the fingerprint reads (evenly spread; all of them when fewer)
+
+
 def problem_fingerprint(problem) -> tuple:
-    """What a shard's data must agree on with the driver's: shapes and client sizes."""
-    sizes = np.asarray(problem.sizes, dtype=np.int64)
-    return (int(problem.num_clients), int(problem.dim), str(problem.dtype), int(sizes.sum()),
-            int((sizes * np.arange(1, len(sizes) + 1)).sum() % (1 << 61)))
+    """What a shard's data must agree on with the driver's: shapes, the total size and the sizes of up to
+    FINGERPRINT_PROBES clients (O(1) in N)."""
+    n = int(problem.num_clients)
+    probes = np.unique(np.linspace(0, n - 1, min(n, FINGERPRINT_PROBES)).astype(np.int64))
+    sizes = np.asarray(problem.sizes[probes], dtype=np.int64)
+    return (n, int(problem.dim), str(problem.dtype), total_size(problem.sizes),
+            int((sizes * (probes + 1)).sum() % (1 << 61)))
 
 
-def shard_costs(seed: int, problem, local_work, batch_size: int) -> np.ndarray:
-    """n_k times client k's expected local steps (averaged over a few rounds of its own local-work stream)."""
-    clients = np.arange(problem.num_clients)[None, :]
-    taus = [local_work.steps(seed, np.zeros(1, dtype=np.int64), r, clients, problem.sizes, batch_size)
-            for r in range(COST_ROUNDS)]
-    return np.asarray(problem.sizes, dtype=np.float64) * np.mean(taus, axis=0)[0]
+def shard_costs(seed: int, problem, local_work, batch_size: int):
+    """Client k's expected cost: its local steps averaged over a few rounds of its own local-work stream (a
+    round generates or gathers steps x b rows of a client, whatever its n_k). A function of the clients asked
+    about, so balanced_ranges reads it at a bounded number of clients."""
+    def cost_of(clients: np.ndarray) -> np.ndarray:
+        taus = [local_work.steps(seed, np.zeros(1, dtype=np.int64), r, clients[None, :], problem.sizes, batch_size)
+                for r in range(COST_ROUNDS)]
+        return np.mean(taus, axis=0)[0].astype(np.float64)
+    return cost_of
 
 
 class RayExecutor:
@@ -128,10 +138,7 @@ class RayExecutor:
         try:
             algorithm = algorithm_for(settings, problem)
             cost = shard_costs(settings.seed, problem, algorithm.local_work, algorithm.batch_size)
-            self.owned = balanced_shards(cost, n)
-            self.owner = np.empty(problem.num_clients, dtype=np.int64)
-            for s, clients in enumerate(self.owned):
-                self.owner[clients] = s
+            self.owned = balanced_ranges(cost, problem.num_clients, n)  # [lo, hi) per shard
             self.pg = ray_cluster.reserve(n, self.bundle, ray_settings.placement,
                                           float(ray_settings.reserve_timeout_s))
             self.actors = [self._spawn(s) for s in range(n)]
@@ -185,7 +192,7 @@ class RayExecutor:
         for _ in range(int(self.ray_settings.max_restarts)):
             try:
                 actor = self._respawn(s)
-                mine = {k: v for k, v in self._restore_state.items() if self.owner[k[1]] == s}
+                mine = {k: v for k, v in self._restore_state.items() if shard_of(self.owned, k[1]) == s}
                 ray.get(actor.set_state.remote(mine))
                 for x_ref, plan_ref in self._history:
                     ray.get(actor.train.remote(x_ref, plan_ref))
@@ -238,7 +245,7 @@ class RayExecutor:
     def set_state(self, client_state: dict) -> None:
         parts = [{} for _ in self.actors]
         for key, value in client_state.items():
-            parts[self.owner[key[1]]][key] = value
+            parts[shard_of(self.owned, key[1])][key] = value
         ray.get([a.set_state.remote(p) for a, p in zip(self.actors, parts)])
         self._restore_state, self._history = dict(client_state), []
 

@@ -2,11 +2,11 @@
 
 Layout: `<results_dir>/checkpoints/run_id=<id>/meta.json` (the run's config, written when
 the run starts) and `state.pt` (the latest RunState and every client's state, replaced
-atomically). A checkpoint carries the rows evaluated since the last one as a Parquet part, and writes that
-part to `rounds/` only after state.pt: a process killed between the two leaves the part in the checkpoint,
-and `restore_rows` (resume, and the command that finds the run lost) puts it in place. So a `rounds/` part
-never straddles a checkpoint, and the rows on disk always reach the checkpoint's round; resuming drops the
-parts past it and replays from it.
+whole), both through the run's results store (harness/store.py). A checkpoint carries the rows evaluated
+since the last one as a Parquet part, and writes that part to `rounds/` only after state.pt: a process killed
+between the two leaves the part in the checkpoint, and `restore_rows` (resume, and the command that finds the run
+lost) puts it in place. So a `rounds/` part never straddles a checkpoint, and the rows on disk always reach the
+checkpoint's round; resuming drops the parts past it and replays from it.
 Random streams are keyed by round, so the RunState (round, model, server state and
 context, counters, series state) and the clients' state are all a run needs to continue
 on exactly the same trajectory. state.pt holds plain data only, so that it loads with
@@ -15,20 +15,21 @@ torch.load(weights_only=True): a planted file cannot run code when a run is resu
 
 from __future__ import annotations
 
+import io
 import json
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
 from fedharness.core.engine import RunState
 from fedharness.errors import ConfigError, require
-from fedharness.files import atomic_text, atomic_write
 from fedharness.settings import RunSettings
+from fedharness.store import ResultsStore, open_store
 
 FORMAT = 2  # 2: numpy arrays as plain (dtype, shape, bytes), loadable with weights_only=True
 _NDARRAY = "__ndarray__"  # marks an encoded numpy array in a checkpoint
@@ -37,8 +38,12 @@ RESUME_FREE = ("resume", "progress", "executor", "num_shards", "ray", "checkpoin
                "reference_timeout_s")
 
 
-def checkpoint_dir(results_dir: str | Path, run_id: str) -> Path:
-    return Path(results_dir) / "checkpoints" / f"run_id={run_id}"
+def checkpoint_prefix(run_id: str) -> str:
+    return f"checkpoints/run_id={run_id}"
+
+
+def _store(settings: RunSettings, store: ResultsStore | None) -> ResultsStore:
+    return open_store(settings.results_dir) if store is None else store
 
 
 def _plain(config: dict[str, Any]) -> dict[str, Any]:
@@ -49,24 +54,27 @@ class Checkpointer:
     """Saves a run's state every `checkpoint_every` rounds (the engine calls `save`)."""
 
     def __init__(self, settings: RunSettings, run_id: str, started: str, sink, executor):
-        self.dir = checkpoint_dir(settings.results_dir, run_id)
-        self.sink, self.executor = sink, executor
+        """`sink`: the run's ParquetSink; the checkpoint goes to the same results store."""
+        self.prefix = checkpoint_prefix(run_id)
+        self.sink, self.store, self.executor = sink, sink.store, executor
         self.round: int | None = None  # the last round saved (a resumed run sets its checkpoint's)
-        meta = self.dir / "meta.json"
-        if not meta.exists():  # a resumed run keeps its original meta
+        meta = f"{self.prefix}/meta.json"
+        if not self.store.exists(meta):  # a resumed run keeps its original meta
             text = json.dumps({"format": FORMAT, "run_id": run_id, "started_at": started,
                                "config": _plain(settings.config)},
                               sort_keys=True, indent=1)
-            atomic_text(meta, text)
+            self.store.write(meta, text.encode())
 
     def save(self, state: RunState) -> None:
         part = self.sink.pending_part()  # the rows up to this round: in the state first, then in rounds/
         run_state = dict(vars(state))  # its fields by name; the parts' states are named tensors (harness/contracts.py)
         payload = {"format": FORMAT, "round": state.round, "run_state": _map(_to(run_state, "cpu"), _encode_array),
                    "client_state": _map(self.executor.get_state(), _encode_array), "rows_part": part}
-        atomic_write(self.dir / "state.pt", lambda f: torch.save(payload, f))
+        buf = io.BytesIO()
+        torch.save(payload, buf)
+        self.store.write(f"{self.prefix}/state.pt", buf.getvalue())
+        self.round = state.round  # before the rows: a signal in flush must not name the previous checkpoint
         self.sink.flush(part)
-        self.round = state.round
 
 
 def _map(obj, leaf: Callable[[Any], Any]):
@@ -135,43 +143,43 @@ def _differences(old: dict, new: dict) -> list[str]:
             if not free(k) and a.get(k) != b.get(k)]
 
 
-def _run_status(results_dir: str | Path, run_id: str) -> str | None:
-    path = Path(results_dir) / "runs" / f"run_id={run_id}" / "run.parquet"
-    if not path.exists():
-        return None
-    return pq.read_table(path, columns=["status"]).column("status")[0].as_py()
+def _run_status(store: ResultsStore, run_id: str) -> str | None:
+    data = store.read(f"runs/run_id={run_id}/run.parquet")  # fedharness.sinks.parquet.run_key (a layer above)
+    return None if data is None else pq.read_table(pa.BufferReader(data), columns=["status"])["status"][0].as_py()
 
 
-def checkpointed(settings: RunSettings, key: str) -> Any:
+def _meta(store: ResultsStore, run_id: str) -> dict | None:
+    data = store.read(f"{checkpoint_prefix(run_id)}/meta.json")
+    return None if data is None else json.loads(data)
+
+
+def checkpointed(settings: RunSettings, key: str, store: ResultsStore | None = None) -> Any:
     """The value of `key` in the config the checkpoint of the run that `resume` names recorded; None without a
-    readable one (load_resume says why, later)."""
+    readable one (load_resume says why, later). `store`: the results store (default: settings.results_dir's)."""
     try:
-        meta = json.loads((checkpoint_dir(settings.results_dir, settings.resume) / "meta.json").read_text())
-        return meta["config"].get(key)
+        return _meta(_store(settings, store), settings.resume)["config"].get(key)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
-def load_resume(settings: RunSettings) -> Resume:
+def load_resume(settings: RunSettings, store: ResultsStore | None = None) -> Resume:
     """Check that `resume` names a checkpointed, unfinished run with the same config; load its state.
+    `store`: the results store (default: settings.results_dir's).
 
     Raises ConfigError (before anything is written) when it does not.
     """
-    run_id = settings.resume
-    d = checkpoint_dir(settings.results_dir, run_id)
-    meta_path = d / "meta.json"
-    if not meta_path.exists():
-        raise ConfigError("resume", run_id, f"no checkpoint of this run under {d.parent}/ (runs write "
-                          "checkpoints when checkpoint_every > 0, under the same results_dir)")
-    meta = json.loads(meta_path.read_text())
+    run_id, store = settings.resume, _store(settings, store)
+    meta = _meta(store, run_id)
+    if meta is None:
+        raise ConfigError("resume", run_id, f"no checkpoint of this run under {store.url}/checkpoints/ (runs "
+                          "write checkpoints when checkpoint_every > 0, under the same results_dir)")
     diffs = _differences(meta["config"], _plain(settings.config))
     require(not diffs, "resume", run_id, "the config differs from the checkpointed run's in: " + "; ".join(diffs))
-    status = _run_status(settings.results_dir, run_id)
+    status = _run_status(store, run_id)
     require(status not in ("ok", "diverged"), "resume", run_id, f"this run already finished (status {status})")
-    state_path = d / "state.pt"
-    if not state_path.exists():
+    payload = _load_state(store, run_id)
+    if payload is None:
         return Resume(run_id, meta["started_at"], None, {})
-    payload = _load_state(state_path, run_id)
     run_state = RunState(**_to(_map(payload["run_state"], _decode_array), torch.device(settings.device)))
     return Resume(run_id, meta["started_at"], run_state, _map(payload["client_state"], _decode_array))
 
@@ -179,23 +187,27 @@ def load_resume(settings: RunSettings) -> Resume:
 def restore_rows(sink, run_id: str) -> int | None:
     """Put the latest checkpoint's rows part in `sink`'s rounds/ if its process died before writing it; returns
     the checkpoint's round (None: no readable checkpoint)."""
-    path = checkpoint_dir(sink.root, run_id) / "state.pt"
-    if not path.exists():
+    payload = _load_state(sink.store, run_id)
+    if payload is None:
         return None
-    payload = _load_state(path, run_id)
     part = payload.get("rows_part")
-    if part is not None and not (sink.rounds_dir / part[0]).exists():
+    if part is not None and not sink.store.exists(sink.part_key(part[0])):
         sink.write_part(part)
     return payload["round"]
 
 
-def _load_state(path: Path, run_id: str) -> dict:
+def _load_state(store: ResultsStore, run_id: str) -> dict | None:
     """state.pt read as plain data only (tensors, numbers, strings, bytes, containers): a planted file
-    naming any other class or function is refused, never run."""
+    naming any other class or function is refused, never run. None when the run has none."""
+    key = f"{checkpoint_prefix(run_id)}/state.pt"
+    data = store.read(key)
+    if data is None:
+        return None
+    path = f"{store.url}/{key}"  # as the user can find it
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns about pickle protocols before refusing a foreign file
-            payload = torch.load(path, map_location="cpu", weights_only=True)
+            payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as err:  # UnpicklingError for a foreign pickle, RuntimeError or EOFError for a broken file
         raise ConfigError("resume", run_id, f"{path} is not a checkpoint fedharness wrote; refused to load it "
                           f"({_why_refused(err)})") from None

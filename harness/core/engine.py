@@ -124,7 +124,8 @@ class Engine:
             delta = aggregate_updates(self.alg.aggregator, plan, result.updates, state.x)
         else:
             delta = result.delta
-        x = self.alg.server.step(state.x, delta, state.server_state, plan.step_lrs[0] * self.layout.lr_factor)
+        first = plan.step_lrs[..., 0]  # the round's first step size: [] or, in a batch of slots, [R]
+        x = self.alg.server.step(state.x, delta, state.server_state, first * self.layout.lr_factor)
         if buffer_dim(self.problem):  # running statistics: the aggregated average, no server optimizer step
             x = average_into(x, state.x, delta, buffer_dim(self.problem))
         extras = result.extras
@@ -133,7 +134,7 @@ class Engine:
         for hook, hs in zip(self.series, state.series_state):
             hook.observe(hs, x, state.round + 1, self.rounds)
         self._count(state, plan)
-        self._last_lr = plan.step_lrs[0] * self.layout.lr_factor
+        self._last_lr = first * self.layout.lr_factor
         self._last_diag = coefs
         state.x, state.round = x, state.round + 1
         return state
@@ -149,8 +150,8 @@ class Engine:
         ev = self.problem.evaluate(x)
         ev.extra.update({m.name: m.values(self.problem, x) for m in self.metrics})
         subopt = dist = None
-        if self.reference is not None:
-            subopt = ev.train_loss - self.reference.f_star
+        if self.reference is not None:  # exact F where train_loss is an estimate yet F has a closed form
+            subopt = (ev.train_loss if ev.exact_train_loss is None else ev.exact_train_loss) - self.reference.f_star
             w_star = torch.as_tensor(self.reference.w_star, dtype=torch.float64, device=x.device)
             dist = (x.double() - w_star).norm(dim=-1).cpu().numpy()
         rows = []
@@ -161,7 +162,8 @@ class Engine:
                    "server_lr": self.alg.server.server_lr,
                    "lr": None if np.isnan(self._last_lr[src]) else self._last_lr[src]}
             row.update({k: v[src].item() for k, v in state.counters.items()})  # int64 -> int, sim_s -> float
-            for name, values in (("subopt", subopt), ("dist_to_opt", dist), ("test_loss", ev.test_loss),
+            for name, values in (("train_loss_se", ev.train_loss_se), ("subopt", subopt), ("dist_to_opt", dist),
+                                 ("test_loss", ev.test_loss),
                                  ("test_acc", ev.test_acc), *ev.extra.items()):
                 row[name] = None if values is None else float(values[i])
             if self._last_diag is not None:

@@ -102,12 +102,16 @@ class ExactSum:
                 self.add_rows(index[start:start + step], terms[start:start + step])
             return self
         flat, limbs, overflow = terms.reshape(len(index), -1), self.limbs.flatten(2), self.overflow.flatten(1)
-        for start in range(0, flat.shape[1], _BLOCK):
-            part = slice(start, start + _BLOCK)
-            add, over = to_limbs(flat[:, part])
-            limbs[:, :, part].index_add_(1, index, add)
-            if over is not None:
-                overflow[:, part].index_add_(0, index, over)
+        cols = max(1, min(flat.shape[1], _BLOCK))
+        rows = max(1, _BLOCK // cols)  # blocks of about _BLOCK elements over rows too: 640 clients of W1's
+        for first in range(0, len(index), rows):  # 64 replicas converted at once took 2.8x as long
+            block = slice(first, first + rows)
+            for start in range(0, flat.shape[1], cols):
+                part = slice(start, start + cols)
+                add, over = to_limbs(flat[block, part])
+                limbs[:, :, part].index_add_(1, index[block], add)
+                if over is not None:
+                    overflow[:, part].index_add_(0, index[block], over)
         return self._counted(len(index))
 
     def add(self, other: "ExactSum") -> "ExactSum":

@@ -28,13 +28,13 @@ class RoundPlan:
     """Everything a shard needs to train its part of round `round`."""
 
     round: int
-    seed: int
+    seed: int | np.ndarray  # the run's seed, or each replica's [R] (a batch of slots: harness/core/slots.py)
     stream_replicas: np.ndarray  # [R] stream id of each replica
     clients: np.ndarray  # [R, K]
     coef: np.ndarray  # [R, K] aggregation coefficients c_k
     tau: np.ndarray  # [R, K] local steps
     lr_scale: np.ndarray  # [R, K] client lr multipliers (sampler and per-replica factors)
-    step_lrs: np.ndarray  # [max tau] step sizes of this round
+    step_lrs: np.ndarray  # [max tau] step sizes of this round, or each replica's [R, max tau] (a batch of slots)
     server_ctx: ServerContext = field(default_factory=dict)  # e.g. SCAFFOLD's server control c
     send_updates: bool = False  # an UpdateAggregator: send each client's Delta_k, not the reduced sum
 
@@ -136,10 +136,9 @@ class ClientShard:
     sorted entries and their sums are added in entry order, so chunking does not change the result.
     """
 
-    def __init__(self, problem: Problem, solver: LocalSolver, owned: np.ndarray):
+    def __init__(self, problem: Problem, solver: LocalSolver, owned: tuple[int, int]):
         self.problem, self.solver = problem, solver
-        self.owned = np.zeros(problem.num_clients, dtype=bool)
-        self.owned[owned] = True
+        self.lo, self.hi = owned  # clients lo..hi-1 are this shard's: O(1) whatever N is
         self.client_state: dict[tuple[int, int], ClientState] = {}  # (replica, client) -> e.g. SCAFFOLD's c_i
         self.budget = problem.memory_budget
 
@@ -153,7 +152,7 @@ class ClientShard:
         R, K = plan.clients.shape
         rep = np.repeat(np.arange(R), K)
         flat = plan.clients.reshape(-1)
-        mine = self.owned[flat] & (plan.coef.reshape(-1) != 0)  # coefficient 0: dropped out, nothing to train
+        mine = (flat >= self.lo) & (flat < self.hi) & (plan.coef.reshape(-1) != 0)  # coef 0: dropped out
         pairs = rep[mine] * self.problem.num_clients + flat[mine]
         uniq, first, inverse = np.unique(pairs, return_index=True, return_inverse=True)
         coef = np.bincount(inverse, weights=plan.coef.reshape(-1)[mine], minlength=len(uniq))
@@ -187,22 +186,27 @@ class ClientShard:
             load_client_buffers(w, saved, b)
         state = solver.init_state(w0, {k: v[e.replica] for k, v in plan.server_ctx.items()}, saved)
         steps = int(e.tau[0])
-        batches = problem.round_batches(ClientKeys(e.clients, plan.stream_replicas[e.replica], plan.round,
-                                                   plan.seed), steps)
+        seed = plan.seed if np.ndim(plan.seed) == 0 else plan.seed[e.replica]  # streams broadcast over seeds
+        batches = problem.round_batches(ClientKeys(e.clients, plan.stream_replicas[e.replica], plan.round, seed,
+                                                   e.tau), steps)
         scale = torch.as_tensor(e.lr_scale, dtype=x.dtype, device=dev)[:, None]
+        per_replica = plan.step_lrs.ndim == 2  # a batch of slots: each copy's own step sizes [M, max tau]
+        lr_rows = torch.as_tensor(plan.step_lrs[e.replica], dtype=x.dtype, device=dev) if per_replica else None
         active = np.searchsorted(-e.tau, -np.arange(steps), side="left")  # n_t: entries with tau > t
         n = -1
         for t in range(steps):
             if active[t] != n:  # views: updates of the prefix land in w and the state in place
                 n = int(active[t])
                 w_t, scale_t, state_t = w[:n], scale[:n], prefix_state(state, n)
+                lr_t = lr_rows[:n] if per_replica else None
             g = grad_fn(w_t, batches, t)
             new_buffers = take_buffers(g, b) if b else None
-            solver.update(w_t, g, scale_t * float(plan.step_lrs[t]), state_t)
+            solver.update(w_t, g, scale_t * (lr_t[:, t:t + 1] if per_replica else float(plan.step_lrs[t])), state_t)
             if new_buffers is not None:
                 w_t[:, -b:] = new_buffers
-        lr_sum = scale[:, 0].double() * torch.as_tensor(
-            np.cumsum(plan.step_lrs)[e.tau - 1], dtype=torch.float64, device=dev)  # sum of each client's steps
+        sums = np.cumsum(plan.step_lrs, axis=-1)
+        sums = sums[e.replica, e.tau - 1] if per_replica else sums[e.tau - 1]
+        lr_sum = scale[:, 0].double() * torch.as_tensor(sums, dtype=torch.float64, device=dev)  # each client's steps
         p = torch.as_tensor(problem.weights[e.clients], dtype=torch.float64, device=dev)
         new_state, extras = solver.finish(w0, w, lr_sum, state, p)
         if local_buffers(problem):
@@ -223,7 +227,7 @@ class ClientShard:
         return {k: {n: v.cpu() for n, v in s.items()} for k, s in self.client_state.items()}
 
     def set_state(self, client_state: dict) -> None:
-        self.client_state = {k: dict(s) for k, s in client_state.items() if self.owned[k[1]]}
+        self.client_state = {k: dict(s) for k, s in client_state.items() if self.lo <= k[1] < self.hi}
 
 
 def prefix_state(state: SolverState, n: int) -> SolverState:
@@ -231,22 +235,38 @@ def prefix_state(state: SolverState, n: int) -> SolverState:
     return {k: v[:n] if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
-def balanced_shards(cost: np.ndarray, num_shards: int) -> list[np.ndarray]:
-    """Split clients into shards of about equal cost, greedily from the most expensive client."""
-    loads = np.zeros(num_shards)
-    owner = np.empty(len(cost), dtype=np.int64)
-    for k in np.argsort(-cost, kind="stable"):
-        s = int(np.argmin(loads))
-        owner[k], loads[s] = s, loads[s] + cost[k]
-    return [np.flatnonzero(owner == s) for s in range(num_shards)]
+COST_GRID = 1 << 16  # clients at which a split reads the cost: every client up to this N, evenly spread above
+
+
+def balanced_ranges(cost_of, num_clients: int, num_shards: int) -> list[tuple[int, int]]:
+    """Contiguous client ranges [lo, hi) of about equal cost, one per shard.
+
+    `cost_of(clients)` gives each client's expected cost; it is read at up to COST_GRID evenly spread clients,
+    each standing for the clients up to the next, so the split costs O(1) in N (exact per client up to
+    COST_GRID clients).
+    """
+    starts = np.unique(np.linspace(0, num_clients, min(num_clients, COST_GRID), endpoint=False).astype(np.int64))
+    ends = np.append(starts[1:], num_clients)
+    cum = np.cumsum(np.asarray(cost_of(starts), dtype=np.float64) * (ends - starts))
+    if cum[-1] <= 0:  # no cost anywhere: split by count
+        cum = np.cumsum((ends - starts).astype(np.float64))
+    cells = np.searchsorted(cum, cum[-1] * np.arange(1, num_shards) / num_shards, side="left") + 1
+    bounds = np.concatenate([[0], np.append(starts, num_clients)[np.minimum(cells, len(starts))], [num_clients]])
+    return [(int(bounds[s]), int(bounds[s + 1])) for s in range(num_shards)]
+
+
+def shard_of(ranges: list[tuple[int, int]], client: int) -> int:
+    """Which of `ranges` (balanced_ranges') owns `client`."""
+    return int(np.searchsorted([hi for _, hi in ranges], client, side="right"))
 
 
 class InlineExecutor:
     """Shards in the driver process: the embedded default."""
 
     def __init__(self, problem, solver, num_shards: int = 1):
-        self.shards = [ClientShard(problem, solver, owned)
-                       for owned in balanced_shards(problem.sizes.astype(float), num_shards)]
+        # one process: the split only decides whose state is whose, so equal counts do
+        self.shards = [ClientShard(problem, solver, owned) for owned in
+                       balanced_ranges(lambda k: np.ones(len(k)), problem.num_clients, num_shards)]
 
     def local_updates(self, x: torch.Tensor, plan: RoundPlan) -> ShardResult:
         total = self.shards[0].train(x, plan)

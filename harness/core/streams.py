@@ -17,6 +17,11 @@ _C2 = np.uint64(0x94D049BB133111EB)
 
 # Stream tags: one per kind of randomness, so no two uses ever share numbers.
 SAMPLE, BATCH, LOCAL_WORK, NOISE, INIT, DROPOUT = 1, 2, 3, 4, 5, 6
+# Generated data sets (problems/synthetic.py): a client's size, its parameters, one sample (row).
+DATA_SIZE, DATA_CLIENT, DATA_ROW = 7, 8, 9
+# Population metrics: the clients a train loss is estimated on (problems/estimate.py); the lazy quadratic
+# population's clients (problems/quadratic_lazy.py).
+EVAL_SAMPLE, POPULATION = 10, 11
 
 
 def _u64(x) -> np.ndarray:
@@ -66,3 +71,42 @@ def normal(key: np.ndarray, count: int) -> np.ndarray:
     u = uniform(key, 2 * count)
     u1 = 1.0 - u[..., :count]  # in (0, 1], so log is finite
     return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u[..., count:])
+
+
+def step_normals(key: np.ndarray, tau, steps: int, size: int) -> np.ndarray:
+    """[M, steps, size] standard normals: copy m's first tau[m] steps from normal(key[m], tau[m] * size) (its own
+    local steps, so they depend on neither the copies it trains beside nor the longest of them: the same in any
+    shard or batch), zeros after. tau None: every copy draws `steps`."""
+    if tau is None:
+        return normal(key, steps * size).reshape(len(key), steps, size)
+    out = np.zeros((len(key), steps, size))
+    for t in np.unique(tau):
+        rows = np.flatnonzero(tau == t)
+        out[rows, :t] = normal(key[rows], int(t) * size).reshape(len(rows), int(t), size)
+    return out
+
+
+def uniform_pair(seed: int, tag: int, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two uniforms per index (float64 with 32 random bits: the first in (0, 1), the second in [0, 1)) from
+    one hash of (seed, tag, index), computed in place: the cheapest stream, for one draw per client over a
+    whole population (10^8 clients in a few seconds)."""
+    base = stream_key(seed, tag, 0, 0, 0)
+    shape = np.shape(index)
+    z = _u64(index).reshape(-1)  # 1-d: in-place ufuncs on a 0-d array would return scalars
+    t = np.empty_like(z)
+    with np.errstate(over="ignore"):
+        z += np.uint64(1)
+        z *= _GOLDEN
+        z ^= base
+        for shift, mult in ((30, _C1), (27, _C2), (31, None)):  # _mix, without temporaries
+            np.right_shift(z, np.uint64(shift), out=t)
+            z ^= t
+            if mult is not None:
+                z *= mult
+    first = (z >> np.uint64(32)).view(np.int64).astype(np.float64)
+    first += 0.5
+    first *= 2.0 ** -32
+    np.bitwise_and(z, np.uint64(0xFFFFFFFF), out=t)
+    second = t.view(np.int64).astype(np.float64)
+    second *= 2.0 ** -32
+    return first.reshape(shape), second.reshape(shape)

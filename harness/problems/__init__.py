@@ -1,8 +1,9 @@
 """Problems: a dataset split across clients plus a model and loss, or an analytic objective.
 
 `build_problem` is the one place a config becomes a Problem. The keys of each option are declared beside its
-builder (the `KEYS` of synthetic.py, lazy.py, blobs.py, quadratic.py, li_toy.py, loaders.py; `objectives.L2`),
-collected below for harness/schema.py, which checks a config against them before anything is built.
+builder (the `KEYS` of synthetic.py, lazy.py, blobs.py, quadratic.py, quadratic_lazy.py, li_toy.py,
+loaders.py; `objectives.L2`), collected below for harness/schema.py, which checks a config against them before
+anything is built.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 
 from fedharness.contracts import Problem
 from fedharness.keys import Key, integer
-from fedharness.problems import blobs, lazy, li_toy, loaders, quadratic, synthetic
+from fedharness.problems import blobs, lazy, li_toy, loaders, quadratic, quadratic_lazy, synthetic
 from fedharness.problems.data import DataProblem
 from fedharness.problems.lazy import build_lazy_synthetic
 from fedharness.problems.li_toy import LiToyProblem
@@ -22,12 +23,13 @@ from fedharness.problems.loaders import LOADERS, load_pooled
 from fedharness.problems.nets import NETS, build_net
 from fedharness.problems.objectives import BUFFERS, L2, LinearRegression, NetObjective, SoftmaxRegression
 from fedharness.problems.quadratic import make_quadratic
+from fedharness.problems.quadratic_lazy import QuadraticPopulation
 from fedharness.problems.user import USER_DATASETS, load_user_dataset
 from fedharness.core.runtime import autocast_dtype, memory_budget_bytes
 from fedharness.partitions import partition
 
 GENERATED = ("synthetic", "synthetic_lazy", "blobs")
-ANALYTIC = ("quadratic", "li_toy")
+ANALYTIC = ("quadratic", "quadratic_lazy", "li_toy")
 DATASETS = [*GENERATED, *ANALYTIC, *LOADERS.keys()]  # lists: fedharness.extend registers more
 LINEAR_MODELS = {"logreg": SoftmaxRegression, "linreg": LinearRegression}
 MODELS = ["auto", *LINEAR_MODELS, *NETS, "quadratic"]
@@ -39,7 +41,8 @@ DATA_SEED = integer("seed of the data", lo=0, null="use the run's seed")
 DATASET_KEYS: dict[str, dict[str, Key]] = {
     name: {"num_clients": NUM_CLIENTS, "data_seed": DATA_SEED, **keys}
     for name, keys in {"synthetic": synthetic.KEYS, "synthetic_lazy": lazy.KEYS, "blobs": blobs.KEYS,
-                       "quadratic": quadratic.KEYS, "li_toy": li_toy.KEYS, **dict.fromkeys(LOADERS, loaders.KEYS)}.items()
+                       "quadratic": quadratic.KEYS, "quadratic_lazy": quadratic_lazy.KEYS, "li_toy": li_toy.KEYS,
+                       **dict.fromkeys(LOADERS, loaders.KEYS)}.items()
 }
 MODEL_KEYS: dict[str, dict[str, Key]] = {**{name: {"l2": L2} for name in MODELS if name != "quadratic"},
                                         "resnet18_bn": {"l2": L2, "buffers": BUFFERS}, "quadratic": {}}
@@ -97,6 +100,10 @@ def build_problem(cfg: dict[str, Any], batch_size: int) -> Problem:
     if dcfg["name"] == "quadratic":
         return make_quadratic(num_clients, dcfg["dim"], dcfg["spread"], dcfg["curvature"], dcfg["mu"],
                               dcfg["L"], dcfg["noise"], data_seed, dtype, cfg["device"], budget)
+    if dcfg["name"] == "quadratic_lazy":  # clients generated when sampled (harness/problems/quadratic_lazy.py)
+        return QuadraticPopulation(num_clients, dcfg["dim"], dcfg["spread"], dcfg["mu"], dcfg["L"],
+                                   dcfg["curvature_spread"], dcfg["noise"], data_seed, cfg["seed"],
+                                   dcfg["eval_clients"], dtype, cfg["device"], budget)
     if dcfg["name"] == "li_toy":
         return LiToyProblem(num_clients, dcfg["block"], dcfg["mu"], dcfg["noise"], dtype, cfg["device"], budget)
     model = "logreg" if mcfg["name"] == "auto" else mcfg["name"]

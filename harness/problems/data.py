@@ -26,6 +26,27 @@ class RoundBatches:
     seeds: np.ndarray | None = None  # [M, steps] int64 of a stochastic model (dropout), from the DROPOUT streams
 
 
+def minibatch_samples(keys: ClientKeys, steps: int, batch_size: int, sizes: np.ndarray) -> np.ndarray:
+    """[M, steps * b] int64: which of its own samples (0..n_k-1) each client copy reads at each local step,
+    from the BATCH streams keyed by (seed, replica, round, client); `sizes` are the copies' n_k."""
+    key = streams.stream_key(keys.seed, streams.BATCH, keys.replicas, keys.round, keys.clients)
+    return streams.integers(key, steps * batch_size, sizes)
+
+
+def batches_from_index(objective: Model, keys: ClientKeys, index: np.ndarray, steps: int, batch_size: int,
+                       sample_numel: int, device: torch.device) -> RoundBatches:
+    """RoundBatches over rows `index` [M, steps * b] of a training array (and the dropout seeds of a
+    stochastic model, keyed like the minibatches)."""
+    per_step = len(keys.clients) * batch_size * sample_numel
+    chunk = max(1, min(steps, GATHER_ELEMENTS // max(per_step, 1)))
+    seeds = None
+    if objective.stochastic:  # one seed per copy and step, keyed like the minibatches
+        seeds = streams.seeds(streams.stream_key(keys.seed, streams.DROPOUT, keys.replicas, keys.round,
+                                                 keys.clients), steps)
+    return RoundBatches(torch.from_numpy(index.reshape(len(keys.clients), steps, batch_size)).to(device),
+                        chunk_steps=chunk, seeds=seeds)
+
+
 class DataProblem(Problem):
     """Clients own contiguous slices of one training array; the test set is pooled.
 
@@ -64,18 +85,9 @@ class DataProblem(Problem):
         return self.objective.init(replicas, seed, self.dtype).to(self.device)
 
     def round_batches(self, keys: ClientKeys, steps: int) -> RoundBatches:
-        b = self.batch_size
-        key = streams.stream_key(keys.seed, streams.BATCH, keys.replicas, keys.round, keys.clients)
-        local = streams.integers(key, steps * b, self.sizes[keys.clients])
-        index = local + self.offsets[keys.clients][:, None]
-        per_step = len(keys.clients) * b * self.sample_numel
-        chunk = max(1, min(steps, GATHER_ELEMENTS // max(per_step, 1)))
-        seeds = None
-        if self.objective.stochastic:  # one seed per copy and step, keyed like the minibatches
-            seeds = streams.seeds(streams.stream_key(keys.seed, streams.DROPOUT, keys.replicas, keys.round,
-                                                     keys.clients), steps)
-        return RoundBatches(torch.from_numpy(index.reshape(len(keys.clients), steps, b)).to(self.device),
-                            chunk_steps=chunk, seeds=seeds)
+        local = minibatch_samples(keys, steps, self.batch_size, self.sizes[keys.clients])
+        return batches_from_index(self.objective, keys, local + self.offsets[keys.clients][:, None], steps,
+                                  self.batch_size, self.sample_numel, self.device)
 
     def grad(self, w: torch.Tensor, batches: RoundBatches, step: int) -> torch.Tensor:
         """Minibatch gradients of the first len(w) clients of `batches` (the executor trains a prefix that

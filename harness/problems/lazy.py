@@ -1,12 +1,12 @@
-"""Synthetic(alpha, beta) with clients generated on demand: `dataset=synthetic_lazy`, N up to 10^5 and more.
+"""Synthetic(alpha, beta) with clients generated on demand: `dataset=synthetic_lazy`, N up to 10^8.
 
-Every client of Synthetic(alpha, beta) has its own generator (synthetic.client_data), so
-a shard can build a client's samples the first time the client is sampled and forget
-them later: memory follows the sampled clients (a least-recently-used cache of
-`dataset.cache_mb`), not N. Only the client sizes n_k (8 bytes per client) exist for
-all N. Minibatches are drawn exactly as DataProblem draws them (same streams, same
-per-client sample order), so with the same seed the lazy problem trains on the same
-trajectory as `dataset=synthetic` with the natural partition.
+Nothing exists per client: sizes n_k and weights p_k are pure functions of k (problems/population.py; the
+block sums that scheme I's draws by n_k need are 3 MB at N = 10^8), and a round generates only the rows its
+minibatches read (K x steps x b), each sample from its own stream (synthetic.client_rows), so a client with
+10^6 samples costs no more to train than one with 100. Client parameters (W_k, b_k, v_k: about 5 kB a client)
+are kept in a least-recently-used cache of `dataset.cache_mb`. Minibatch indices are drawn exactly as
+DataProblem draws them (same streams), and the rows are the same numbers `dataset=synthetic` stores, so with the
+same seed the lazy problem trains on the same trajectory as `dataset=synthetic` with the natural partition.
 
 The global objective over all N clients is never materialised: train_loss, test_loss
 and test_acc are measured on clients 0..eval_clients-1 (weights n_k renormalised over
@@ -26,30 +26,28 @@ import torch
 from fedharness.contracts import ClientKeys, Evaluation, Model, Problem
 from fedharness.keys import Key, integer, number
 from fedharness.problems import synthetic
-from fedharness.problems.data import DataProblem, RoundBatches
+from fedharness.problems.data import DataProblem, RoundBatches, batches_from_index, minibatch_samples
+from fedharness.problems.population import ClientSizes, ClientWeights
 
+PARAMS_BYTES = 8 * (synthetic.FEATURES * (synthetic.CLASSES + 1) + synthetic.CLASSES)  # one ClientParams
 KEYS: dict[str, Key] = {  # dataset=synthetic_lazy's, besides synthetic's
     **synthetic.KEYS,
-    "cache_mb": number("generated clients kept per process (MB); least recently used dropped", lo=0),
+    "cache_mb": number("generated client parameters kept per process (MB); least recently used dropped", lo=0),
     "eval_clients": integer("metrics over clients 0..eval_clients-1", lo=1),
 }
 
 
 @dataclass
 class RoundData:
-    """The round's sampled clients' samples back to back, in the shape DataProblem's batching code reads.
+    """The rows a round's minibatches read, entry after entry, in the shape DataProblem's batching code reads.
 
-    DataProblem.round_batches / grad / reference_grad run on it unchanged (they read only these
-    fields), so lazy clients are batched exactly as stored ones are.
+    DataProblem.grad / reference_grad run on it unchanged (they read only these fields), so lazy clients are
+    batched exactly as stored ones are.
     """
 
     objective: Model
     x: torch.Tensor
     y: torch.Tensor
-    sizes: np.ndarray  # [N] n_k of every client
-    offsets: np.ndarray  # [N] where each sampled client starts in x (0 for the others)
-    batch_size: int
-    device: torch.device
 
     @property
     def sample_numel(self) -> int:
@@ -66,7 +64,6 @@ class LazySyntheticProblem(Problem):
     convex = True
     exact_reference = False  # F over N lazily generated clients is never built
     sample_numel = synthetic.FEATURES + 1  # features plus the linear models' bias column
-    entry_bytes = DataProblem.entry_bytes
 
     def __init__(self, objective: Model, num_clients: int, alpha: float, beta: float, seed: int, size: int | None,
                  batch_size: int, dtype: torch.dtype, device: str | torch.device, cache_mb: float,
@@ -75,44 +72,50 @@ class LazySyntheticProblem(Problem):
         self.objective, self.alpha, self.beta, self.seed, self.size = objective, alpha, beta, seed, size
         self.num_clients, self.dim, self.batch_size = num_clients, objective.dim, batch_size
         self.dtype, self.device = dtype, torch.device(device)
-        totals = (np.full(num_clients, size, dtype=np.int64) if size is not None else
-                  np.array([synthetic.client_size(seed, k) for k in range(num_clients)], dtype=np.int64))
-        self.sizes = np.array([synthetic.split_train_test(int(n)) for n in totals], dtype=np.int64)
-        self.weights = self.sizes / self.sizes.sum()
+        self.sizes = (ClientSizes(num_clients, constant=synthetic.split_train_test(size)) if size is not None else
+                      ClientSizes(num_clients, lambda k: synthetic.train_sizes(seed, k)))
+        self.weights = ClientWeights(self.sizes)
         self.cache_limit_bytes = int(cache_mb * 2**20)
         self.eval_clients = min(eval_clients, num_clients)
-        self._cache: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self._cache: OrderedDict[int, synthetic.ClientParams] = OrderedDict()
         self.cached_bytes = 0
         self._eval: DataProblem | None = None
-        self.generated = 0  # clients built so far (cache misses), for benchmarks
+        self.generated = 0  # client parameters built so far (cache misses), for benchmarks
 
     # ------------------------------------------------------------ clients on demand
 
-    def _client(self, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _params(self, k: int) -> synthetic.ClientParams:
         hit = self._cache.get(k)
         if hit is not None:
             self._cache.move_to_end(k)
             return hit
-        x, y = synthetic.client_data(self.seed, k, self.alpha, self.beta, self.size)
-        n = synthetic.split_train_test(len(x))
-        entry = (self.objective.prepare(x[:n], self.dtype, self.device),
-                 torch.as_tensor(y[:n], dtype=torch.int64, device=self.device))
+        params = synthetic.client_params(self.seed, k, self.alpha, self.beta)
         self.generated += 1
-        self._cache[k] = entry
-        self.cached_bytes += _nbytes(entry)
+        self._cache[k] = params
+        self.cached_bytes += PARAMS_BYTES
         while self.cached_bytes > self.cache_limit_bytes and self._cache:
-            _, old = self._cache.popitem(last=False)
-            self.cached_bytes -= _nbytes(old)
-        return entry
+            self._cache.popitem(last=False)
+            self.cached_bytes -= PARAMS_BYTES
+        return params
+
+    def rows(self, k: int, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Training samples `index` of client k (features as generated, labels)."""
+        return synthetic.client_rows(self.seed, k, index, self._params(k))
 
     def round_batches(self, keys: ClientKeys, steps: int) -> LazyBatches:
-        uniq = np.unique(keys.clients)
-        parts = [self._client(int(k)) for k in uniq]
-        offsets = np.zeros(self.num_clients, dtype=np.int64)
-        offsets[uniq] = np.concatenate([[0], np.cumsum(self.sizes[uniq])[:-1]])
-        data = RoundData(self.objective, torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
-                         self.sizes, offsets, self.batch_size, self.device)
-        return LazyBatches(data, DataProblem.round_batches(data, keys, steps))
+        local = minibatch_samples(keys, steps, self.batch_size, self.sizes[keys.clients])
+        parts = [self.rows(int(k), idx) for k, idx in zip(keys.clients, local)]
+        data = RoundData(self.objective, self.objective.prepare(np.concatenate([p[0] for p in parts]), self.dtype,
+                                                                self.device),
+                         torch.as_tensor(np.concatenate([p[1] for p in parts]), device=self.device))
+        index = np.arange(local.size, dtype=np.int64).reshape(local.shape)
+        return LazyBatches(data, batches_from_index(self.objective, keys, index, steps, self.batch_size,
+                                                    data.sample_numel, self.device))
+
+    def entry_bytes(self, steps: int) -> int:
+        """DataProblem's, plus the round's generated rows of the copy (steps x b samples)."""
+        item = torch.empty((), dtype=self.dtype).element_size()
+        return DataProblem.entry_bytes(self, steps) + steps * self.batch_size * self.sample_numel * item
 
     def grad(self, w: torch.Tensor, batches: LazyBatches, step: int) -> torch.Tensor:
         return DataProblem.grad(batches.data, w, batches.batches, step)
@@ -147,10 +150,6 @@ class LazySyntheticProblem(Problem):
 
     def evaluate(self, w: torch.Tensor) -> Evaluation:
         return self.eval_problem().evaluate(w)
-
-
-def _nbytes(entry: tuple[torch.Tensor, ...]) -> int:
-    return sum(t.numel() * t.element_size() for t in entry)
 
 
 def build_lazy_synthetic(cfg: dict[str, Any], batch_size: int, make_objective, data_seed: int,

@@ -47,7 +47,7 @@ class QuadraticProblem(Problem):
         if not self.noise:
             return keys.clients
         key = streams.stream_key(keys.seed, streams.NOISE, keys.replicas, keys.round, keys.clients)
-        z = streams.normal(key, steps * self.dim).reshape(len(keys.clients), steps, self.dim)
+        z = streams.step_normals(key, keys.tau, steps, self.dim)
         return keys.clients, torch.as_tensor(self.noise * z, dtype=self.dtype, device=self.device)
 
     def grad(self, w: torch.Tensor, batches, step: int) -> torch.Tensor:
@@ -85,10 +85,13 @@ class QuadraticProblem(Problem):
         """1/2 (x - e)^T A (x - e) with A positive semi-definite: 0, at e."""
         return np.zeros(self.num_clients)
 
+    def hessian_sum(self) -> np.ndarray:
+        """sum_i p_i A_i, the Hessian of F."""
+        return np.einsum("n,nde->de", self.weights, self.A_np)
+
     def optimum(self) -> np.ndarray:
         """w* = (sum p_i A_i)^-1 sum p_i A_i e_i."""
-        H = np.einsum("n,nde->de", self.weights, self.A_np)
-        return np.linalg.solve(H, np.einsum("n,nde,ne->d", self.weights, self.A_np, self.e_np))
+        return np.linalg.solve(self.hessian_sum(), np.einsum("n,nde,ne->d", self.weights, self.A_np, self.e_np))
 
 
 def make_quadratic(num_clients: int, dim: int, spread: float, curvature: str, mu: float, L: float,

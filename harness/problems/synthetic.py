@@ -1,12 +1,21 @@
-"""Synthetic(alpha, beta) of Li et al. / Sahu et al.: one generator per client, so any client can be built alone."""
+"""Synthetic(alpha, beta) of Li et al. / Sahu et al., from counter-based streams: any client, any sample alone.
+
+Client k's size and parameters come from streams keyed by (data seed, k), and its sample i from one keyed by
+(data seed, k, i) (harness/core/streams.py), so `dataset=synthetic` (all clients stored) and
+`dataset=synthetic_lazy` (only the rows a round reads generated) are one data set.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from fedharness.core import streams
 from fedharness.keys import Key, integer, number
 
 FEATURES, CLASSES = 60, 10
+TRAIN_FRACTION = 0.9
 KEYS: dict[str, Key] = {  # dataset=synthetic's, besides num_clients and data_seed
     "alpha": number("how much the clients' models differ (Li et al.'s alpha)", lo=0),
     "beta": number("how much the clients' inputs differ (Li et al.'s beta)", lo=0),
@@ -14,33 +23,89 @@ KEYS: dict[str, Key] = {  # dataset=synthetic's, besides num_clients and data_se
 }
 
 
+def client_sizes(seed: int, clients) -> np.ndarray:
+    """n_k ~ lognormal(4, 2) + 50 of each client (all its samples, train and test), from its own stream.
+
+    One hash per client and Box-Muller with a float32 cosine (numpy's float64 cosine is 20 times slower, and
+    n_k needs no more precision), so the sizes of 10^8 clients take seconds (problems/population.py)."""
+    radius, angle = streams.uniform_pair(seed, streams.DATA_SIZE, clients)
+    np.log(radius, out=radius)
+    radius *= -2.0
+    np.sqrt(radius, out=radius)
+    angle *= 2.0 * np.pi
+    radius *= np.cos(angle.astype(np.float32))  # now z ~ N(0, 1)
+    radius *= 2.0
+    radius += 4.0
+    np.exp(radius, out=radius)
+    np.floor(radius, out=radius)
+    return radius.astype(np.int64) + 50
+
+
 def client_size(seed: int, client: int) -> int:
-    """n_k ~ lognormal(4, 2) + 50, drawn from the client's own generator."""
-    rng = np.random.default_rng([seed, client, 0])
-    return int(rng.lognormal(4, 2)) + 50
+    return int(client_sizes(seed, client))
+
+
+def train_sizes(seed: int, clients, size: int | None = None) -> np.ndarray:
+    """Training samples of each client (the first 90% of its samples), vectorized."""
+    total = client_sizes(seed, clients) if size is None else np.full(np.shape(clients), size, dtype=np.int64)
+    return (TRAIN_FRACTION * total).astype(np.int64)  # truncation, as split_train_test's int()
+
+
+@dataclass(frozen=True)
+class ClientParams:
+    """What makes client k's distribution its own: its model (W_k, b_k) and its feature mean v_k."""
+
+    W: np.ndarray  # [features, classes]
+    b: np.ndarray  # [classes]
+    v: np.ndarray  # [features]
+
+
+def client_params(seed: int, client: int, alpha: float, beta: float, features: int = FEATURES,
+                  classes: int = CLASSES) -> ClientParams:
+    """u_k ~ N(0, alpha) shifts the client's model (W_k, b_k ~ N(u_k, 1)); B_k ~ N(0, beta) shifts its feature
+    mean (v_k ~ N(B_k, 1)). alpha and beta are standard deviations."""
+    z = streams.normal(streams.stream_key(seed, streams.DATA_CLIENT, 0, 0, client), 2 + classes * (features + 1)
+                       + features)
+    u_k, B_k = alpha * z[0], beta * z[1]
+    W = u_k + z[2:2 + features * classes].reshape(features, classes)
+    b = u_k + z[2 + features * classes:2 + (features + 1) * classes]
+    v = B_k + z[2 + (features + 1) * classes:]
+    return ClientParams(W, b, v)
+
+
+def client_rows(seed: int, client: int, index: np.ndarray, params: ClientParams) -> tuple[np.ndarray, np.ndarray]:
+    """Samples `index` of one client: x ~ N(v_k, diag(j^-1.2)), y = argmax(W_k x + b_k).
+
+    Sample i of client k comes from its own stream, keyed by (seed, k, i): a client's data are the same read
+    in slices or whole, and reading E x b rows of a client with 10^6 samples costs what it costs for 100.
+    """
+    features = len(params.v)
+    index = np.asarray(index, dtype=np.int64)
+    u = streams.uniform(streams.stream_key(seed, streams.DATA_ROW, 0, client, index), features + features % 2)
+    # Box-Muller: each pair of uniforms gives two normals (cos and sin). In float32, which numpy vectorizes
+    # (its float64 cos and sin are 20 times slower) and which the features are stored in anyway.
+    half = u.shape[-1] // 2
+    radius = (1.0 - u[..., :half]).astype(np.float32)  # in (0, 1]: the log is finite
+    np.log(radius, out=radius)
+    radius *= -2.0
+    np.sqrt(radius, out=radius)
+    angle = u[..., half:].astype(np.float32)
+    angle *= np.float32(2.0 * np.pi)
+    z = np.concatenate([radius * np.cos(angle), radius * np.sin(angle)], axis=-1)[..., :features]
+    std = np.arange(1, features + 1, dtype=np.float64) ** (-1.2 / 2)
+    x = params.v + z * std
+    y = np.argmax(x @ params.W + params.b, axis=-1)
+    return x.astype(np.float32), y.astype(np.int64)
 
 
 def client_data(seed: int, client: int, alpha: float, beta: float, size: int | None = None,
                 features: int = FEATURES, classes: int = CLASSES) -> tuple[np.ndarray, np.ndarray]:
-    """All samples (train and test) of one client: x ~ N(v_k, diag(j^-1.2)), y = argmax(W_k x + b_k).
-
-    alpha and beta are standard deviations: u_k ~ N(0, alpha) shifts the client's model,
-    B_k ~ N(0, beta) shifts its feature mean.
-    """
+    """All samples (train and test) of one client: its rows 0..n_k-1."""
     n = client_size(seed, client) if size is None else size
-    rng = np.random.default_rng([seed, client, 1])
-    u_k = rng.normal(0, alpha)
-    W = rng.normal(u_k, 1, (features, classes))
-    b = rng.normal(u_k, 1, classes)
-    B_k = rng.normal(0, beta)
-    v = rng.normal(B_k, 1, features)
-    std = np.arange(1, features + 1, dtype=np.float64) ** (-1.2 / 2)
-    x = v + rng.standard_normal((n, features)) * std
-    y = np.argmax(x @ W + b, axis=1)
-    return x.astype(np.float32), y.astype(np.int64)
+    return client_rows(seed, client, np.arange(n), client_params(seed, client, alpha, beta, features, classes))
 
 
-def split_train_test(n: int, train_fraction: float = 0.9) -> int:
+def split_train_test(n: int, train_fraction: float = TRAIN_FRACTION) -> int:
     """Number of training samples of a client with n samples (the first 90%, as in the FedProx code)."""
     return int(train_fraction * n)
 

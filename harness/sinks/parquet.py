@@ -1,20 +1,22 @@
-"""Result sinks. Parquet, hive-partitioned by run_id, every file written to a temporary name and renamed."""
+"""Result sinks. Parquet, hive-partitioned by run_id, every object written whole through the results store
+(harness/store.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fedharness.files import atomic_write
+from fedharness.store import ResultsStore
 
 ROUND_SCHEMA = pa.schema([
     ("replica", pa.int64()), ("series", pa.string()), ("round", pa.int64()),
     ("local_steps", pa.int64()), ("grad_evals", pa.int64()),
     ("bytes_up", pa.int64()), ("bytes_down", pa.int64()), ("wall_s", pa.float64()), ("sim_s", pa.float64()),
-    ("train_loss", pa.float64()), ("subopt", pa.float64()), ("dist_to_opt", pa.float64()),
+    ("train_loss", pa.float64()), ("train_loss_se", pa.float64()),  # se: null where train_loss is exact
+    ("subopt", pa.float64()), ("dist_to_opt", pa.float64()),
     ("grad_norm_sq", pa.float64()), ("test_loss", pa.float64()), ("test_acc", pa.float64()),
     ("lr", pa.float64()), ("server_lr", pa.float64()),
     ("tau_eff", pa.float64()), ("chi2", pa.float64()), ("slowdown", pa.float64()),
@@ -31,30 +33,92 @@ RUN_SCHEMA = pa.schema([
     ("pid", pa.int64()), ("pid_start", pa.int64()),  # the writing process: a `running` row whose one is gone is lost
     ("callbacks", pa.string()), ("metrics", pa.string()),  # JSON lists: the run's callbacks and its own metrics
     ("split_invariant", pa.bool_()),  # rows independent of the shard split (docs/cluster.md, Same bits)
+    ("batch_id", pa.string()),  # the batched run it trained in as one slot (harness/batched.py); null: alone
 ])
 
 
-def atomic_write_table(table: pa.Table, path: Path) -> None:
-    """The table as one Parquet file at `path`, whole or not at all."""
-    atomic_write(path, lambda f: pq.write_table(table, f))
+def table_bytes(table: pa.Table) -> bytes:
+    """The table as the bytes of one Parquet file."""
+    buf = pa.BufferOutputStream()
+    pq.write_table(table, buf)
+    return buf.getvalue().to_pybytes()
+
+
+def write_table(store: ResultsStore, key: str, table: pa.Table) -> None:
+    store.write(key, table_bytes(table))
+
+
+def read_table(store: ResultsStore, key: str, columns: Sequence[str] | None = None) -> pa.Table | None:
+    """The Parquet object under `key`; None when there is none. A broken file or a missing column raises
+    (ArrowInvalid, OSError). Read as one ParquetFile: pq.read_table builds a dataset, and importing pyarrow.dataset
+    is a noticeable part of a short run's start-up (docs/performance.md, Start-up)."""
+    data = store.read(key)
+    if data is None:
+        return None
+    file = pq.ParquetFile(pa.BufferReader(data))
+    missing = [c for c in columns or () if c not in file.schema_arrow.names]
+    if missing:
+        raise pa.ArrowInvalid(f"{key} has no column {missing[0]!r}")
+    return file.read(columns=columns)
 
 
 def _table(rows: list[dict], schema: pa.Schema) -> pa.Table:
-    return pa.Table.from_pylist([{f.name: row.get(f.name) for f in schema} for row in rows], schema=schema)
+    """pa.Table.from_pylist(rows, schema), each column built by `column`."""
+    return pa.Table.from_arrays([column([row.get(f.name) for row in rows], f.type) for f in schema], schema=schema)
+
+
+_NUMPY_TYPES = {pa.int64(): np.int64, pa.float64(): np.float64}
+
+
+def column(values: list, type_: pa.DataType) -> pa.Array:
+    """pa.array(values, type_) for the column types of these tables (int64, float64, string, bool; None is null),
+    built from Arrow buffers: pa.array imports pandas to test its input against pandas' types, and that import is
+    a tenth of a one-round run's whole process (docs/performance.md, Start-up)."""
+    valid = np.array([v is not None for v in values], dtype=bool)
+    nulls = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    if type_ == pa.string():
+        data = [b"" if v is None else str.encode(v) for v in values]
+        offsets = np.cumsum([0, *map(len, data)], dtype=np.int32)
+        buffers = [nulls, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))]
+    elif type_ == pa.bool_():
+        bits = np.array([v is not None and bool(v) for v in values], dtype=bool)
+        buffers = [nulls, pa.py_buffer(np.packbits(bits, bitorder="little"))]
+    else:
+        buffers = [nulls, pa.py_buffer(np.array([0 if v is None else v for v in values], dtype=_NUMPY_TYPES[type_]))]
+    return pa.Array.from_buffers(type_, len(values), buffers)
+
+
+def run_key(run_id: str) -> str:
+    return f"runs/run_id={run_id}/run.parquet"
+
+
+def rounds_prefix(run_id: str) -> str:
+    return f"rounds/run_id={run_id}"
+
+
+def part_rounds(name: str) -> tuple[int, int]:
+    """The first and last round a rounds/ part holds, from its name `part-<first>-<last>.parquet`."""
+    _, first, last = name.removesuffix(".parquet").split("-")
+    return int(first), int(last)
+
+
+def round_parts(store: ResultsStore, run_id: str) -> list[str]:
+    """The names of the run's rounds/ parts, sorted."""
+    names = (key.rpartition("/")[2] for key in store.list(rounds_prefix(run_id)))
+    return [name for name in names if name.startswith("part-") and name.endswith(".parquet")]
 
 
 class ParquetSink:
-    """`<results_dir>/runs/run_id=<id>/run.parquet` and `<results_dir>/rounds/run_id=<id>/part-*.parquet`."""
+    """`runs/run_id=<id>/run.parquet` and `rounds/run_id=<id>/part-*.parquet` in a results store."""
 
-    def __init__(self, results_dir: str | Path, run_id: str, extra_columns: Sequence[str] = ()):
+    def __init__(self, store: ResultsStore, run_id: str, extra_columns: Sequence[str] = ()):
         """`extra_columns`: the run's own metrics (the `metrics` key), float64 columns after the built-in ones."""
-        self.root, self.run_id = Path(results_dir), run_id
+        self.store, self.run_id = store, run_id
         self.round_schema = pa.schema([*ROUND_SCHEMA, *(pa.field(name, pa.float64()) for name in extra_columns)])
-        self.rounds_dir = self.root / "rounds" / f"run_id={run_id}"
         self.pending: list[dict] = []
 
     def write_run(self, row: dict) -> None:
-        atomic_write_table(_table([row], RUN_SCHEMA), self.root / "runs" / f"run_id={self.run_id}" / "run.parquet")
+        write_table(self.store, run_key(self.run_id), _table([row], RUN_SCHEMA))
 
     def add_rounds(self, rows: list[dict]) -> None:
         self.pending.extend(rows)
@@ -64,13 +128,15 @@ class ParquetSink:
         if not self.pending:
             return None
         rounds = [r["round"] for r in self.pending]
-        buf = pa.BufferOutputStream()
-        pq.write_table(_table(self.pending, self.round_schema), buf)
-        return f"part-{min(rounds):09d}-{max(rounds):09d}.parquet", buf.getvalue().to_pybytes()
+        return (f"part-{min(rounds):09d}-{max(rounds):09d}.parquet",
+                table_bytes(_table(self.pending, self.round_schema)))
+
+    def part_key(self, name: str) -> str:
+        return f"{rounds_prefix(self.run_id)}/{name}"
 
     def write_part(self, part: tuple[str, bytes]) -> None:
         name, data = part
-        atomic_write(self.rounds_dir / name, lambda f: f.write(data))
+        self.store.write(self.part_key(name), data)
 
     def flush(self, part: tuple[str, bytes] | None = None) -> None:
         """Write the buffered rows as one part named by its round range (resume drops parts past a checkpoint);
@@ -83,6 +149,6 @@ class ParquetSink:
 
     def drop_after(self, last_round: int) -> None:
         """Remove parts holding rounds after `last_round`, so a resumed run writes each round once."""
-        for part in self.rounds_dir.glob("part-*.parquet"):
-            if int(part.stem.split("-")[1]) > last_round:
-                part.unlink()
+        for name in round_parts(self.store, self.run_id):
+            if part_rounds(name)[0] > last_round:
+                self.store.delete(self.part_key(name))

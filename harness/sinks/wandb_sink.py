@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,8 @@ import numpy as np
 from fedharness.extras import require_extra
 from fedharness.settings import RunSettings, WandbSettings
 from fedharness.sinks.masking import mask_secrets
+from fedharness.sinks.parquet import rounds_prefix, run_key
+from fedharness.store import ResultsStore
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +137,8 @@ class WandbSink:
         for rnd in sorted({r["round"] for r in rows}):
             self.run.log(round_step([r for r in rows if r["round"] == rnd], self.per_replica))
 
-    def finish(self, status: str, results_dir: str | Path, rows: list[dict] | None = None) -> None:
+    def finish(self, status: str, store: ResultsStore, rows: list[dict] | None = None) -> None:
+        """The summary, and the run's Parquet objects in `store` (its results store) as an artifact."""
         import wandb
 
         summary: dict[str, Any] = {"status": status, "run_id": self.run_id}
@@ -149,16 +153,17 @@ class WandbSink:
                     summary[f"final/{name}_mean"] = float(np.mean(vals))
                     summary[f"final/{name}_std"] = float(np.std(vals))
         self.run.summary.update(summary)
-        root = Path(results_dir)
         artifact = wandb.Artifact(f"results-{self.run_id}", type="parquet",
                                   description="this run's rows of the results contract (runs/ and rounds/)")
-        rounds = root / "rounds" / f"run_id={self.run_id}"
-        if rounds.is_dir():
-            artifact.add_dir(str(rounds), name=f"rounds/run_id={self.run_id}")
-        run_file = root / "runs" / f"run_id={self.run_id}" / "run.parquet"
-        if run_file.exists():
-            artifact.add_file(str(run_file), name=f"runs/run_id={self.run_id}/run.parquet")
-        self.run.log_artifact(artifact)
+        with tempfile.TemporaryDirectory() as staging:  # the store may be remote; add_file copies (policy mutable)
+            for key in [*store.list(rounds_prefix(self.run_id)), run_key(self.run_id)]:
+                data = store.read(key)
+                if data is not None:
+                    path = Path(staging, key)
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(data)
+                    artifact.add_file(str(path), name=key)
+            self.run.log_artifact(artifact)
         self.run.finish(exit_code=0 if status in ("ok", "diverged") else 1)
         _say_sync(self.run, self.mode)
 

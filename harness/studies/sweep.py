@@ -25,21 +25,23 @@ from typing import Any, Callable
 import yaml
 
 from fedharness.algorithms.step_sizes import yang_two_sided
-from fedharness.backends import ray_cluster
+from fedharness.backends import ray_cluster, results_writer
 from fedharness.compose import CONF_DIR, group_options
 from fedharness.config import load_config, load_settings
 from fedharness.errors import ConfigError, require
 from fedharness.extras import require_extra
-from fedharness.files import atomic_text
 from fedharness.plugins import Carried, install, snapshot
 from fedharness.lifecycle import RunInterrupted, interrupts_raised, last_recorded_round, mark_lost_runs
 from fedharness.progress import echo
-from fedharness.runner import _now, _run_row, execute, new_run_id
-from fedharness.sinks.parquet import ParquetSink
+from fedharness.batched import Slot, execute_batch
+from fedharness.runner import RunResult, _now, _run_row, execute, new_run_id
+from fedharness.sinks.parquet import ParquetSink, read_table, run_key
+from fedharness.store import ResultsStore, check_writable, open_store
+from fedharness.studies.batches import group_batches
 
 PROTOCOLS = ("fixed", "theory", "tuned")
 RUNNERS = ("ray", "local")
-SPEC_KEYS = ("name", "description", "results_dir", "base", "grid", "zip", "protocol", "resources", "runner",
+SPEC_KEYS = ("name", "description", "results_dir", "base", "grid", "zip", "protocol", "resources", "runner", "batch",
              "address", "report")
 PROTOCOL_KEYS = {"fixed": ("name",), "theory": ("name", "c1", "c2", "T"), "tuned": ("name", "file", "keys")}
 
@@ -59,6 +61,7 @@ class SweepSpec:
     address: str | None = None
     report: dict[str, Any] = field(default_factory=dict)
     description: str = ""
+    batch: bool | int = True  # fold points that differ only in batchable keys into batched runs (at most N each)
 
 
 @dataclass
@@ -159,9 +162,7 @@ def spec_from_dict(data: dict[str, Any], name: str) -> SweepSpec:
         require(keys is None or (isinstance(keys, list) and all(isinstance(k, str) for k in keys)),
                 "sweep.protocol.keys", keys, "null (every override in the file) or a list of keys to take from it")
     resources = {"num_cpus": 1, "num_gpus": 0, **(data.get("resources") or {})}
-    bad = sorted(set(resources) - {"num_cpus", "num_gpus"})
-    require(not bad, "sweep.resources", bad, "keys: num_cpus, num_gpus")
-    for k in ("num_cpus", "num_gpus"):
+    for k in resources:  # num_cpus, num_gpus, and custom Ray resources (a node's `--resources`) by name
         v = resources[k]
         require(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, f"sweep.resources.{k}", v,
                 "must be a number >= 0 (fractions allowed)")
@@ -169,6 +170,10 @@ def spec_from_dict(data: dict[str, Any], name: str) -> SweepSpec:
             resources["num_cpus"], "a job needs some CPU or GPU")
     runner = data.get("runner", "ray")
     require(runner in RUNNERS, "sweep.runner", runner, RUNNERS)
+    batch = data.get("batch", True)
+    require(isinstance(batch, bool) or (isinstance(batch, int) and batch >= 1), "sweep.batch", batch,
+            "true (points that differ only in batchable keys train as one batched run), false (one run each), "
+            "or an integer >= 1 (at most that many runs per batched run)")
     grid = _grid("sweep.grid", data.get("grid"))
     zips = data.get("zip") or []
     require(isinstance(zips, list) and all(isinstance(z, list) for z in zips), "sweep.zip", zips,
@@ -178,7 +183,7 @@ def spec_from_dict(data: dict[str, Any], name: str) -> SweepSpec:
         base=_mapping_overrides("sweep.base", data.get("base") or {}), grid=grid,
         zip=[[str(k) for k in z] for z in zips], protocol=protocol, resources=resources, runner=runner,
         address=data.get("address"), report=dict(data.get("report") or {}),
-        description=str(data.get("description") or ""),
+        description=str(data.get("description") or ""), batch=batch,
     )
     _check_zip(spec)
     return spec
@@ -373,27 +378,27 @@ def expand(spec: SweepSpec, new_id: Callable[[], str] | None = None) -> list[Job
 
 # ---------------------------------------------------------------- running
 
-def _existing_status(results_dir: str, run_id: str) -> str | None:
-    import pyarrow.parquet as pq
-
-    path = Path(results_dir) / "runs" / f"run_id={run_id}" / "run.parquet"
-    if not path.exists():
-        return None
-    return pq.read_table(path, columns=["status"]).column("status")[0].as_py()
+def _existing_status(store: ResultsStore, run_id: str) -> str | None:
+    table = read_table(store, run_key(run_id), columns=["status"])
+    return None if table is None else table.column("status")[0].as_py()
 
 
-def record_failure(overrides: list[str], run_id: str, error: str) -> None:
-    """A runs/ row with status=failed and the rounds it recorded, unless the run itself wrote its final row."""
+def record_failure(overrides: list[str], run_id: str, error: str, store: ResultsStore | None = None) -> None:
+    """A runs/ row with status=failed and the rounds it recorded, unless the run itself wrote its final row.
+    `store`: where the run records (default: its results_dir's store)."""
     settings = load_settings(overrides)
-    if _existing_status(settings.results_dir, run_id) not in (None, "running"):
+    store = open_store(settings.results_dir) if store is None else store
+    if _existing_status(store, run_id) not in (None, "running"):
         return
-    rounds = last_recorded_round(settings.results_dir, run_id)
-    ParquetSink(settings.results_dir, run_id).write_run(_run_row(settings, "failed", rounds, _now(), error))
+    rounds = last_recorded_round(store, run_id)
+    ParquetSink(store, run_id).write_run(_run_row(settings, "failed", rounds, _now(), error))
 
 
-def run_job(overrides: list[str], run_id: str, num_threads: int = 1, plugins: tuple[Carried, ...] = ()) -> JobOutcome:
+def run_job(overrides: list[str], run_id: str, num_threads: int = 1, plugins: tuple[Carried, ...] = (),
+            store: ResultsStore | None = None) -> JobOutcome:
     """One grid point, end to end (this is what a Ray task runs, with the driver's registrations in `plugins`).
-    Never raises: failures become outcomes."""
+    Never raises: failures become outcomes. `store`: where the run records (a Ray task gets the driver's, a
+    results_writer.DriverStore; default: the store its results_dir names)."""
     import platform
 
     import torch
@@ -403,48 +408,106 @@ def run_job(overrides: list[str], run_id: str, num_threads: int = 1, plugins: tu
     worker = f"{platform.node()}:{os.getpid()}"
     try:
         install(plugins)
-        result = execute(load_settings(overrides), run_id=run_id)
+        result = execute(load_settings(overrides), run_id=run_id, store=store)
         return JobOutcome(run_id, result.status, time.perf_counter() - start, worker=worker)
     except Exception as err:  # recorded, and the sweep goes on
         error = f"{type(err).__name__}: {err}"
         try:
-            record_failure(overrides, run_id, error)
+            record_failure(overrides, run_id, error, store)
         except Exception:
             error += "\n(could not record the failure: " + traceback.format_exc(limit=1).strip() + ")"
         return JobOutcome(run_id, "failed", time.perf_counter() - start, error, worker)
 
 
-def _run_local(jobs: list[Job], spec: SweepSpec, on_done: Callable[[Job, JobOutcome], None]) -> None:
+def run_batch_job(overrides: list[list[str]], run_ids: list[str], num_threads: int = 1,
+                  plugins: tuple[Carried, ...] = (), store: ResultsStore | None = None) -> list[JobOutcome]:
+    """Grid points that differ only in batchable keys, as one batched run (fedharness.batched), each recorded as
+    its own run under its own run id; `seconds` is the batched run's. Never raises: failures become outcomes."""
+    import platform
+
+    import torch
+
+    torch.set_num_threads(max(1, num_threads))
+    start = time.perf_counter()
+    worker = f"{platform.node()}:{os.getpid()}"
+    try:
+        install(plugins)
+        slots = [Slot(load_settings(ovs), run_id) for ovs, run_id in zip(overrides, run_ids)]
+        results = execute_batch(slots, batch_id=new_run_id(), store=store)
+    except Exception as err:  # the batch as a whole failed (a bad config is refused before any run starts)
+        results = [RunResult(run_id, "failed", [], "") for run_id in run_ids]
+        error = f"{type(err).__name__}: {err}"
+    else:
+        error = None
+    outcomes = []
+    for ovs, result in zip(overrides, results):
+        why = None if result.status != "failed" else getattr(result, "error", None) or error or "failed in its batch"
+        if why is not None:
+            record_failure(ovs, result.run_id, why, store)
+        outcomes.append(JobOutcome(result.run_id, result.status, time.perf_counter() - start, why, worker))
+    return outcomes
+
+
+def run_unit(overrides: list[list[str]], run_ids: list[str], num_threads: int = 1,
+             plugins: tuple[Carried, ...] = (), store: ResultsStore | None = None) -> list[JobOutcome]:
+    """One run (run_job), or several as one batched run (run_batch_job): what a Ray task runs."""
+    if len(run_ids) == 1:
+        return [run_job(overrides[0], run_ids[0], num_threads, plugins, store)]
+    return run_batch_job(overrides, run_ids, num_threads, plugins, store)
+
+
+def batch_units(jobs: list[Job], spec: SweepSpec) -> list[list[Job]]:
+    """The jobs as the runs that execute them: points that differ only in batchable keys (fedharness.batched)
+    fold into one batched run of at most `sweep.batch` points; one job each with `sweep.batch: false`."""
+    size = len(jobs) if spec.batch is True else int(spec.batch)
+    if size <= 1:
+        return [[job] for job in jobs]
+    groups = group_batches([load_settings(job.overrides) for job in jobs], size)
+    return [[jobs[i] for i in group] for group in groups]
+
+
+def _run_local(units: list[list[Job]], spec: SweepSpec, on_done: Callable[[Job, JobOutcome], None]) -> None:
     threads = max(1, int(spec.resources["num_cpus"]))
-    for job in jobs:
-        on_done(job, run_job(job.overrides, job.run_id, threads))
+    for unit in units:
+        for job, outcome in zip(unit, run_unit([j.overrides for j in unit], [j.run_id for j in unit], threads)):
+            on_done(job, outcome)
 
 
-def _run_ray(jobs: list[Job], spec: SweepSpec, on_done: Callable[[Job, JobOutcome], None]) -> None:
-    """One task per job with the sweep's resource request; results are handled as they finish."""
+def _run_ray(units: list[list[Job]], spec: SweepSpec, on_done: Callable[[Job, JobOutcome], None]) -> None:
+    """One task per run (a job, or a batched run of several) with the sweep's resource request; results are handled
+    as they finish. The tasks record through the driver (backends/results_writer.py): nodes need not share the
+    results folder."""
     import ray
 
     cpus, gpus = spec.resources["num_cpus"], spec.resources["num_gpus"]
-    task = ray.remote(run_job).options(num_cpus=cpus, num_gpus=gpus, max_retries=0)
+    custom = {k: v for k, v in spec.resources.items() if k not in ("num_cpus", "num_gpus")}
+    task = ray.remote(run_unit).options(num_cpus=cpus, num_gpus=gpus, resources=custom, max_retries=0)
     threads = max(1, int(cpus))
     plugins = snapshot()  # the user's Python registrations, installed by each task before it composes its run
-    pending = {task.remote(job.overrides, job.run_id, threads, plugins): job for job in jobs}
-    while pending:
-        done, _ = ray.wait(list(pending), num_returns=1)
-        job = pending.pop(done[0])
-        try:
-            outcome = ray.get(done[0])
-        except Exception as err:  # the worker died (killed, out of memory): the run is failed
-            error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-            record_failure(job.overrides, job.run_id, error)
-            outcome = JobOutcome(job.run_id, "failed", float("nan"), error)
-        on_done(job, outcome)
+    store = open_store(spec.results_dir)  # here, on the driver: a relative results_dir is the driver's
+    with results_writer.driver_store(store) as remote:
+        pending = {task.remote([j.overrides for j in unit], [j.run_id for j in unit], threads, plugins, remote): unit
+                   for unit in units}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            unit = pending.pop(done[0])
+            try:
+                outcomes = ray.get(done[0])
+            except Exception as err:  # the worker died (killed, out of memory): its runs are failed
+                error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                for job in unit:
+                    record_failure(job.overrides, job.run_id, error, store)
+                outcomes = [JobOutcome(job.run_id, "failed", float("nan"), error) for job in unit]
+            for job, outcome in zip(unit, outcomes):
+                on_done(job, outcome)
 
 
-def _check_job_fits(cpus: float, gpus: float) -> None:
+def _check_job_fits(resources: dict[str, float]) -> None:
     """A request no node can meet would wait forever: say which resource instead."""
     nodes = ray_cluster.alive_nodes()
-    for resource, amount, key in (("CPU", cpus, "sweep.resources.num_cpus"), ("GPU", gpus, "sweep.resources.num_gpus")):
+    for key, amount in resources.items():
+        resource = {"num_cpus": "CPU", "num_gpus": "GPU"}.get(key, key)
+        key = f"sweep.resources.{key}"
         largest = max((n["Resources"].get(resource, 0.0) for n in nodes), default=0.0)
         require(amount <= largest, key, amount, f"no node of the Ray cluster has {amount:g} {resource} "
                 f"(the largest has {largest:g})")
@@ -455,7 +518,7 @@ class SweepResult:
     spec: SweepSpec
     jobs: list[Job]
     outcomes: dict[str, JobOutcome]
-    manifest: Path
+    manifest: str  # its key in the results store: sweeps/<name>-<time>.json
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -464,8 +527,8 @@ class SweepResult:
         return out
 
 
-def _write_manifest(path: Path, spec: SweepSpec, jobs: list[Job], outcomes: dict[str, JobOutcome],
-                    started: str) -> None:
+def _write_manifest(store: ResultsStore, key: str, spec: SweepSpec, jobs: list[Job],
+                    outcomes: dict[str, JobOutcome], started: str) -> None:
     """sweeps/<name>-<time>.json beside runs/ and rounds/: the grid of each run, read by `fedharness report`."""
     scale_key = spec.report.get("scale_key", "algorithm.clients_per_round")
     data = {
@@ -478,7 +541,7 @@ def _write_manifest(path: Path, spec: SweepSpec, jobs: list[Job], outcomes: dict
                                                           "worker": outcomes[j.run_id].worker})}
                  for j in jobs],
     }
-    atomic_text(path, json.dumps(data, indent=1, default=str))
+    store.write(key, json.dumps(data, indent=1, default=str).encode())
 
 
 def _label(point: dict[str, str]) -> str:
@@ -494,16 +557,18 @@ def run_sweep(spec: SweepSpec, jobs: list[Job] | None = None, echo: Callable[[st
 
         conn = ray_cluster.connect(spec.address)
         try:
-            _check_job_fits(spec.resources["num_cpus"], spec.resources["num_gpus"])
+            _check_job_fits(spec.resources)
         except BaseException:
             conn.close()
             raise
-    mark_lost_runs(spec.results_dir)  # rows a killed sweep left `running` (CLI and Python API alike)
+    store = open_store(spec.results_dir)
+    check_writable(store)  # an object store that is missing or refuses us: one line, before any task
+    mark_lost_runs(store)  # rows a killed sweep left `running` (CLI and Python API alike)
     started = _dt.datetime.now(_dt.timezone.utc)
     stamp = started.strftime("%Y%m%d-%H%M%S")
-    manifest = Path(spec.results_dir) / "sweeps" / f"{spec.name}-{stamp}.json"
+    manifest = f"sweeps/{spec.name}-{stamp}.json"
     outcomes: dict[str, JobOutcome] = {}
-    _write_manifest(manifest, spec, jobs, outcomes, started.isoformat(timespec="seconds"))
+    _write_manifest(store, manifest, spec, jobs, outcomes, started.isoformat(timespec="seconds"))
     cpus, gpus = spec.resources["num_cpus"], spec.resources["num_gpus"]
     request = f"{cpus:g} CPU" + (f", {gpus:g} GPU" if gpus else "")
     echo(f"sweep {spec.name}: {len(jobs)} runs, protocol {spec.protocol['name']}, runner {spec.runner} "
@@ -520,9 +585,9 @@ def run_sweep(spec: SweepSpec, jobs: list[Job] | None = None, echo: Callable[[st
         echo(line)
 
     try:
-        (_run_local if spec.runner == "local" else _run_ray)(jobs, spec, on_done)
+        (_run_local if spec.runner == "local" else _run_ray)(batch_units(jobs, spec), spec, on_done)
     finally:
-        _write_manifest(manifest, spec, jobs, outcomes, started.isoformat(timespec="seconds"))
+        _write_manifest(store, manifest, spec, jobs, outcomes, started.isoformat(timespec="seconds"))
         if conn is not None:
             conn.close()
     result = SweepResult(spec, jobs, outcomes, manifest)

@@ -6,14 +6,16 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("results_dir", help="a results directory (runs/, rounds/, sweeps/) from fedharness run or sweep")
+    p.add_argument("results_dir", help="a results directory (runs/, rounds/, sweeps/) from fedharness run or sweep: "
+                   "a folder or an object-store URL (s3://bucket/prefix)")
     p.add_argument("--target", action="append", default=None, metavar="METRIC<=V",
                    help="a target, repeatable: train_loss<=0.5, subopt<=1e-3, test_acc>=0.8 (default: the sweep's "
                         "report.targets)")
     p.add_argument("--scale-key", default=None, help="the config key that is n (default: the sweep's "
                    "report.scale_key, else algorithm.clients_per_round; sampler=full counts every client)")
     p.add_argument("--study", default=None, help="only this study's runs")
-    p.add_argument("--out", default=None, help="output folder (default RESULTS_DIR/report)")
+    p.add_argument("--out", default=None, help="output folder (default RESULTS_DIR/report; for an object store, "
+                   "./report)")
     p.add_argument("--bootstrap", type=int, default=None, help="bootstrap resamples for b's interval (default 1000)")
     p.add_argument("--level", type=float, default=0.95, help="confidence level of the interval (default 0.95)")
     p.add_argument("--series", default="iterate", help="which recorded iterate (default iterate)")
@@ -34,12 +36,18 @@ def make_report(results_dir: str, targets: list[str] | None = None, scale_key: s
                 out: str | None = None, study: str | None = None, bootstrap: int | None = None,
                 level: float = 0.95, series: str = "iterate"):
     """The Report of a results directory (CLI and Python API); targets as text, e.g. 'subopt<=1e-3'."""
+    from fedharness.errors import ConfigError
     from fedharness.lifecycle import mark_lost_runs
+    from fedharness.store import open_store
     from fedharness.studies.reports.analysis import parse_target
     from fedharness.studies.reports.report import build_report
 
     parsed = None if targets is None else [parse_target(t) for t in targets]
-    mark_lost_runs(results_dir)  # so the report counts a killed run as lost, not running
+    try:
+        mark_lost_runs(open_store(results_dir))  # so the report counts a killed run as lost, not running
+    except OSError as err:  # an object store that cannot be reached or refuses the credentials
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError("RESULTS_DIR", results_dir, f"a results directory fedharness can read; {first}") from None
     return build_report(results_dir, parsed, scale_key, out, study, bootstrap, level, series)
 
 

@@ -1,7 +1,9 @@
-"""Read a results directory (runs/, rounds/, sweeps/) into pandas, and find what varies between runs."""
+"""Read a results directory (runs/, rounds/, sweeps/; a folder or an object store) into pandas, and find what
+varies between runs."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 from dataclasses import dataclass, field
@@ -13,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fedharness.errors import ConfigError, require
+from fedharness.store import FileStore, ResultsStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -26,20 +29,21 @@ DERIVED_FIRST = ("algorithm.client_lr", "algorithm.server_lr", "rounds")
 
 @dataclass
 class Results:
-    root: Path
+    root: str  # the results directory: an absolute path or an object-store URL
     runs: pd.DataFrame  # one row per run; `cfg` holds the flattened config dict
     rounds: pd.DataFrame  # one row per (run, replica, series, evaluated round)
     manifests: list[dict] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # unreadable Parquet files, with why
 
 
-def _read_parts(files: list[Path], run_ids: list[str], skipped: list[str]) -> pd.DataFrame:
-    """The files as one table with their run_id; an unreadable file (truncated, not Parquet) is named on
+def _read_parts(store: ResultsStore, keys: list[str], skipped: list[str]) -> pd.DataFrame:
+    """The objects as one table with their run_id; an unreadable file (truncated, not Parquet) is named on
     its logger, listed in `skipped`, and left out, so one bad file does not hide all the others."""
     tables = []
-    for path, run_id in zip(files, run_ids):
+    for key in keys:
+        path, run_id = f"{store.url}/{key}", _run_id(key)
         try:
-            t = pq.read_table(path)
+            t = pq.read_table(pa.BufferReader(store.read(key) or b""))
         except (pa.ArrowException, OSError) as err:
             message = (str(err).splitlines() or [""])[0].replace(str(path), "file").replace("`", "'")
             why = f"{path}: {type(err).__name__}: {message[:160]}"
@@ -54,8 +58,22 @@ def _read_parts(files: list[Path], run_ids: list[str], skipped: list[str]) -> pd
     return pa.concat_tables(tables, promote_options="permissive").to_pandas()
 
 
-def _run_id(path: Path) -> str:
-    return path.parent.name.split("=", 1)[1]
+def _run_id(key: str) -> str:
+    """The run of `<table>/run_id=<id>/<file>`."""
+    return key.split("/")[1].split("=", 1)[1]
+
+
+def _keys(store: ResultsStore, table: str, pattern: str) -> list[str]:
+    """The keys `<table>/run_id=<id>/<name>` whose name matches `pattern`, sorted."""
+    return [k for k in store.list(table) if k.count("/") == 2 and k.split("/")[1].startswith("run_id=")
+            and fnmatch.fnmatchcase(k.rpartition("/")[2], pattern)]
+
+
+def report_dir(results_dir: str | Path) -> Path:
+    """Where `fedharness report` writes without --out: RESULTS_DIR/report for a folder; for an object store,
+    `report` in the working directory (the figures and Markdown are read here)."""
+    store = open_store(results_dir)
+    return store.root / "report" if isinstance(store, FileStore) else Path("report")
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -70,13 +88,13 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def load_results(results_dir: str | Path, study: str | None = None) -> Results:
     """All runs (any status) and their evaluated rounds; `study` keeps one study's runs."""
-    root = Path(results_dir)
-    require(root.is_dir() and (root / "runs").is_dir(), "RESULTS_DIR", str(root),
+    store = open_store(results_dir)
+    run_keys = _keys(store, "runs", "run.parquet")
+    require(len(run_keys) > 0, "RESULTS_DIR", str(results_dir),
             "a results directory with runs/ (and rounds/) written by fedharness run/sweep")
-    run_files = sorted((root / "runs").glob("run_id=*/run.parquet"))
     skipped: list[str] = []
-    runs = _read_parts(run_files, [_run_id(p) for p in run_files], skipped)
-    require(len(runs) > 0, "RESULTS_DIR", str(root), "holds no runs")
+    runs = _read_parts(store, run_keys, skipped)
+    require(len(runs) > 0, "RESULTS_DIR", str(results_dir), "holds no runs")
     if study is not None:
         studies = sorted(runs["study"].dropna().unique())
         require(study in studies, "--study", study, studies)
@@ -84,16 +102,18 @@ def load_results(results_dir: str | Path, study: str | None = None) -> Results:
     runs = runs.reset_index(drop=True)
     runs["cfg"] = [flatten(json.loads(c)) if isinstance(c, str) else {} for c in runs["config_json"]]
     keep = set(runs["run_id"])
-    round_files = [p for p in sorted((root / "rounds").glob("run_id=*/part-*.parquet")) if _run_id(p) in keep]
-    rounds = _read_parts(round_files, [_run_id(p) for p in round_files], skipped)
+    round_keys = [k for k in _keys(store, "rounds", "part-*.parquet") if _run_id(k) in keep]
+    rounds = _read_parts(store, round_keys, skipped)
     if len(rounds):
         rounds = rounds.sort_values(["run_id", "series", "replica", "round"], kind="stable").reset_index(drop=True)
     manifests = []
-    for path in sorted((root / "sweeps").glob("*.json")):
-        data = json.loads(path.read_text())
+    for key in store.list("sweeps"):
+        if key.count("/") != 1 or not key.endswith(".json"):
+            continue
+        data = json.loads(store.read(key) or b"{}")
         if study is None or data.get("name") == study:
             manifests.append(data)
-    return Results(root, runs, rounds, manifests, skipped)
+    return Results(store.url, runs, rounds, manifests, skipped)
 
 
 def _hashable(v: Any) -> Any:

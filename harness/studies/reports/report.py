@@ -13,7 +13,7 @@ import pandas as pd
 from fedharness.errors import require
 from fedharness.studies.reports import analysis, markdown, plots
 from fedharness.studies.reports.analysis import Design, Target, parse_target
-from fedharness.studies.reports.data import Results, check_scale_key, load_results, varying_keys
+from fedharness.studies.reports.data import Results, check_scale_key, load_results, report_dir, varying_keys
 
 DEFAULT_SCALE_KEY = "algorithm.clients_per_round"
 
@@ -79,7 +79,7 @@ def build_report(results_dir: str | Path, targets: list[Target] | None = None, s
     require(0 < level < 1, "--level", level, "must be in (0, 1)")
     require(bootstrap >= 1, "--bootstrap", bootstrap, "must be an integer >= 1")
     check_scale_key(results.runs, scale_key)
-    final = Path(out_dir) if out_dir is not None else results.root / "report"
+    final = Path(out_dir) if out_dir is not None else report_dir(results_dir)
     stage = Path(tempfile.mkdtemp(prefix=f".{final.name}-", suffix=".tmp",
                                   dir=final.parent if final.parent.is_dir() else None))
     try:

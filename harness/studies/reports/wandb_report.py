@@ -29,9 +29,11 @@ from fedharness.errors import require
 from fedharness.extras import require_extra
 from fedharness.files import atomic_text
 from fedharness.sinks.masking import mask_secrets
+from fedharness.sinks.parquet import read_table
 from fedharness.sinks.wandb_sink import resolve_mode
+from fedharness.store import open_store
 from fedharness.studies.reports import markdown
-from fedharness.studies.reports.data import Results, load_results
+from fedharness.studies.reports.data import Results, load_results, report_dir
 from fedharness.studies.reports.report import Report
 from fedharness.studies.tuning.export import shown
 
@@ -48,9 +50,10 @@ def _one(values: pd.Series, default: str | None) -> str | None:
     return str(found[0]) if len(found) == 1 else default
 
 
-def _trials(root: Path, studies: list[str]) -> pd.DataFrame:
-    parts = [root / "trials" / f"study={s}" / "trials.parquet" for s in studies]
-    frames = [pd.read_parquet(p).assign(study=s) for p, s in zip(parts, studies) if p.exists()]
+def _trials(results_dir: str, studies: list[str]) -> pd.DataFrame:
+    store = open_store(results_dir)
+    tables = [(read_table(store, f"trials/study={s}/trials.parquet"), s) for s in studies]
+    frames = [t.to_pandas().assign(study=s) for t, s in tables if t is not None]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -186,7 +189,7 @@ def publish(spec: dict) -> str:
 
 
 def spec_path(args: argparse.Namespace) -> Path:
-    return Path(args.out) if args.out else Path(args.results_dir) / "report"
+    return Path(args.out) if args.out else report_dir(args.results_dir)
 
 
 def write(report: Report, args: argparse.Namespace) -> None:

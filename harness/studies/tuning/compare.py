@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -21,10 +20,10 @@ import pyarrow as pa
 from fedharness.compose import group_options
 from fedharness.config import load_settings
 from fedharness.errors import ConfigError, require
-from fedharness.files import atomic_text
 from fedharness.progress import echo
 from fedharness.runner import execute
-from fedharness.sinks.parquet import atomic_write_table
+from fedharness.sinks.parquet import write_table
+from fedharness.store import open_store
 from fedharness.studies.tuning.export import best_trial, shown
 from fedharness.studies.tuning.optuna_parts import open_study
 from fedharness.studies.tuning.spec import TuneSpec, build_spec, compose_tune, split_overrides, trial_config
@@ -118,12 +117,12 @@ def run_compare(overrides: list[str], algorithms_text: str) -> int:
     for spec in specs:
         echo(tune(spec, echo=echo)["text"])
     rows = [_rerun(spec, base, a) for spec, a in zip(specs, algs)]
-    out = Path(specs[0].results_dir) / "compare" / f"study={base}"
+    store = open_store(specs[0].results_dir)
     table = pa.Table.from_pylist([{f.name: r.get(f.name) for f in COMPARE_SCHEMA} for r in rows],
                                  schema=COMPARE_SCHEMA)
-    atomic_write_table(table, out / "compare.parquet")
+    table_key, md_key = f"compare/study={base}/compare.parquet", f"tune/{base}/compare.md"  # md beside the dataset
+    write_table(store, table_key, table)
     text = markdown(rows)
-    md = Path(specs[0].results_dir) / "tune" / base / "compare.md"  # beside, not inside, the Parquet dataset
-    atomic_text(md, text)
-    print(text + f"\ncompare: {shown(out / 'compare.parquet')} and {shown(md)}")
+    store.write(md_key, text.encode())
+    print(text + f"\ncompare: {shown(f'{store.url}/{table_key}')} and {shown(f'{store.url}/{md_key}')}")
     return 0

@@ -1,4 +1,5 @@
-"""What a study leaves behind: `trials/` Parquet, the best overrides, and plots (PNG).
+"""What a study leaves behind: `trials/` Parquet, the best overrides, and plots (PNG), all through the results
+store (harness/store.py: a folder or an object store).
 
 * `<results_dir>/trials/study=<study>/trials.parquet`: one row per trial (surplus claims,
   which never ran, are left out; the study is the hive partition): number, state, status, objective value, parameters
@@ -10,6 +11,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -18,9 +20,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from fedharness.files import atomic_text, atomic_write
 from fedharness.sinks.masking import mask_secrets
-from fedharness.sinks.parquet import atomic_write_table
+from fedharness.sinks.parquet import write_table
+from fedharness.store import ResultsStore, open_store
 
 TRIAL_COLUMNS = [  # `study` is the hive partition (trials/study=<name>/), as run_id is for runs/
     ("trial", pa.int64()), ("state", pa.string()), ("status", pa.string()),
@@ -90,14 +92,20 @@ def best_trial(spec, trials):
 
 
 def shown(path: str | Path) -> str:
-    """A path as the user would type it: relative to the working directory when it is below it."""
+    """A path as the user would type it: relative to the working directory when it is below it; a URL as it is."""
+    if "://" in str(path):
+        return str(path)
     rel = os.path.relpath(path)
     return str(path) if rel.startswith("..") else rel
 
 
-def _save_figure(fig, path: Path) -> None:
+def _save_figure(fig, store: ResultsStore, key: str) -> str:
+    """The figure as PNG under `key`; returns where it is."""
     fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    store.write(key, buf.getvalue())
+    return f"{store.url}/{key}"
 
 
 def _history_figure(study, name: str, trials: list):
@@ -135,7 +143,7 @@ def _importance_figure(study, name: str):
     return fig
 
 
-def plot_study(spec, study, out_dir: Path) -> dict[str, str]:
+def plot_study(spec, study, store: ResultsStore) -> dict[str, str]:
     """Optimization history and parameter importances as PNG; a plot that cannot be drawn is named with why.
     Drawn on matplotlib Figure objects, not pyplot: the process's backend (a notebook's) stays as it is."""
     import optuna
@@ -148,13 +156,13 @@ def plot_study(spec, study, out_dir: Path) -> dict[str, str]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if finite_trials:  # diverged trials (+-inf) are left off
-            _save_figure(_history_figure(study, spec.objective.name, finite_trials), out_dir / "history.png")
-            out["history"] = str(out_dir / "history.png")
+            out["history"] = _save_figure(_history_figure(study, spec.objective.name, finite_trials), store,
+                                          f"{spec.out_prefix}/history.png")
         else:
             out["history"] = "not drawn: no trial with a finite value"
         try:
-            _save_figure(_importance_figure(study, spec.objective.name), out_dir / "importance.png")
-            out["importance"] = str(out_dir / "importance.png")
+            out["importance"] = _save_figure(_importance_figure(study, spec.objective.name), store,
+                                             f"{spec.out_prefix}/importance.png")
         except (ValueError, RuntimeError, ZeroDivisionError) as err:
             out["importance"] = f"not drawn: {err}"
     return out
@@ -164,10 +172,10 @@ def export_study(spec, study) -> dict:
     """Write trials/, best.overrides and plots; return paths and a text summary."""
     trials = study.get_trials(deepcopy=False)
     table = trials_table(spec, trials)
-    trials_path = Path(spec.results_dir) / "trials" / f"study={spec.study}" / "trials.parquet"
-    atomic_write_table(table, trials_path)
-    out_dir = spec.out_dir
-    out_dir.mkdir(parents=True, exist_ok=True)
+    store = open_store(spec.results_dir)
+    trials_key = f"trials/study={spec.study}/trials.parquet"
+    write_table(store, trials_key, table)
+    trials_path = f"{store.url}/{trials_key}"
     rows = table.to_pylist()
     count = {s: sum(r["status"] == s for r in rows) for s in ("ok", "diverged", "pruned", "failed", "lost")}
     lines = [f"study {spec.study}: {count['ok'] + count['diverged']} complete ({count['diverged']} diverged), "
@@ -177,17 +185,19 @@ def export_study(spec, study) -> dict:
     summary = {"trials": str(trials_path), "best": None}
     best = best_trial(spec, trials)
     if best is not None:
-        best_path = out_dir / "best.overrides"
-        atomic_text(best_path, "\n".join(mask_secrets(best.user_attrs["overrides"])) + "\n")
+        best_key = f"{spec.out_prefix}/best.overrides"
+        store.write(best_key, ("\n".join(mask_secrets(best.user_attrs["overrides"])) + "\n").encode())
+        best_path = f"{store.url}/{best_key}"
         params = ", ".join(f"{k}={v!r}" for k, v in best.params.items())
         lines[1:1] = [f"best: trial {best.number}: {spec.objective.name} = {best.value:.6g} ({params}; "
                       f"{best.user_attrs.get('rounds')} rounds)"]
-        lines.append(f"  best:    {shown(best_path)}   (fedharness run $(cat {shown(best_path)}))")
+        rerun = "" if "://" in best_path else f"   (fedharness run $(cat {shown(best_path)}))"  # not for a URL
+        lines.append(f"  best:    {shown(best_path)}{rerun}")
         summary.update(best=str(best_path), best_trial=best.number, best_value=best.value, best_params=best.params)
     else:
         lines.append("  best:    none (no complete trial with a finite value)")
     if spec.plots:
-        plots = plot_study(spec, study, out_dir)
+        plots = plot_study(spec, study, store)
         summary["plots"] = plots
         lines.append("  plots:   " + "; ".join(v if v.startswith("not drawn") else shown(v) for v in plots.values()))
     summary["text"] = "\n".join(lines)

@@ -13,24 +13,33 @@ logger = logging.getLogger(__name__)
 
 
 class Lease:
-    """Refreshes the trial's `heartbeat_at` user attr while it runs, so others can tell a dead worker."""
+    """Refreshes the `heartbeat_at` user attr of a trial (or of each trial of a batch, from one thread) while it
+    runs, so others can tell a dead worker."""
 
-    def __init__(self, trial, every_s: float):
-        self.trial, self.every_s = trial, every_s
+    def __init__(self, trials, every_s: float):
+        self.trials = list(trials) if isinstance(trials, (list, tuple)) else [trials]
+        self.every_s = every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True)
 
     def __enter__(self) -> "Lease":
-        self.trial.set_user_attr("heartbeat_at", time.time())
+        for trial in self.trials:
+            trial.set_user_attr("heartbeat_at", time.time())
         self._thread.start()
         return self
 
+    def add(self, trial) -> None:
+        """Beat for one more trial from now on (a batch's trials join as they are asked for)."""
+        trial.set_user_attr("heartbeat_at", time.time())
+        self.trials.append(trial)
+
     def _beat(self) -> None:
         while not self._stop.wait(self.every_s):
-            try:
-                self.trial.set_user_attr("heartbeat_at", time.time())
-            except Exception:  # the trial was finished meanwhile (or the storage is gone): stop beating
-                return
+            for trial in list(self.trials):
+                try:
+                    trial.set_user_attr("heartbeat_at", time.time())
+                except Exception:  # the trial was finished meanwhile (or the storage is gone): stop beating it
+                    self.trials.remove(trial)
 
     def __exit__(self, *exc) -> None:
         self._stop.set()

@@ -21,6 +21,7 @@ from fedharness.errors import ConfigError, require
 from fedharness.reference_policy import skip_reason
 from fedharness.settings import RunSettings
 from fedharness.sinks.masking import mask_secrets
+from fedharness.store import open_store
 from fedharness.studies.tuning.budget import Budget, problem_for
 from fedharness.studies.tuning.objective import Objective
 from fedharness.studies.tuning.space import Param, grid_space, parse_space
@@ -51,6 +52,7 @@ class TuneSpec:
     reports: int | None = 10
     heartbeat_s: float = 10.0
     parallel: int = 1
+    batch: int = 1           # trials asked at a time and trained as one batched run (fedharness.batched)
     worker_id: int = 0
     resources: dict = field(default_factory=dict, hash=False)
     ray_address: str | None = None
@@ -60,8 +62,9 @@ class TuneSpec:
     base_data_seed: int | None = None
 
     @property
-    def out_dir(self) -> Path:
-        return Path(self.results_dir) / "tune" / self.study
+    def out_prefix(self) -> str:
+        """Where the study's own files (best.overrides, plots) go in its results store."""
+        return f"tune/{self.study}"
 
     def describe(self) -> dict:
         """What must match when a study is continued: the same objective and budget."""
@@ -187,12 +190,13 @@ def build_spec(overrides: list[str], extra_run_overrides: tuple[str, ...] = (), 
     name = study or tcfg.get("study") or f"{tune_name}-{algorithm}"
     require(isinstance(name, str) and bool(re.fullmatch(STUDY_NAME, name)), "tune.study", name,
             "letters, digits, '_', '.', '-'")
-    results_dir = str(Path(base_cfg["results_dir"]).resolve())
+    results_dir = open_store(base_cfg["results_dir"]).url  # an absolute path or an object-store URL
     spec = TuneSpec(
         tune_name=tune_name, study=name, run_overrides=run_overrides, params=params, objective=objective,
         budget=budget, n_trials=n_trials, sampler=sampler, seed=seed, startup_trials=startup, pruner=pruner,
         storage=resolve_storage(tcfg.get("storage"), results_dir), results_dir=results_dir, reports=reports,
-        heartbeat_s=float(heartbeat), parallel=_int(tcfg, "parallel", 1), worker_id=_int(tcfg, "worker_id", 0),
+        heartbeat_s=float(heartbeat), parallel=_int(tcfg, "parallel", 1), batch=_int(tcfg, "batch", 1),
+        worker_id=_int(tcfg, "worker_id", 0),
         resources=dict(resources), ray_address=tcfg.get("ray_address"), plots=bool(tcfg.get("plots", True)),
         compare=_sub(tcfg, "compare"), base_seed=base_cfg["seed"],
         base_data_seed=base_cfg["dataset"].get("data_seed"),
@@ -239,8 +243,9 @@ def _validate_builds(cfg: dict, spec: TuneSpec, context: str) -> None:
 
 def trial_config(spec: TuneSpec, values: dict[str, Any]) -> tuple[dict, list[str]]:
     """The run config of one point of the space, and the overrides that rebuild it with `fedharness run`."""
-    overrides = [*spec.run_overrides, *(p.override(values[p.name]) for p in spec.params)]
-    cfg = load_config(overrides)
+    trial_values = [p.override(values[p.name]) for p in spec.params]
+    overrides = [*spec.run_overrides, *trial_values]
+    cfg = load_config(list(spec.run_overrides), values=trial_values)  # the study's base composed once
     wanted = [m for m in spec.objective.run_metrics if m not in cfg["metrics"]]
     if wanted:  # the objective is a user metric: the trial's run computes it
         cfg["metrics"] = [*cfg["metrics"], *wanted]
@@ -261,6 +266,8 @@ def trial_config(spec: TuneSpec, values: dict[str, Any]) -> tuple[dict, list[str
 def resolve_storage(url: Any, results_dir: str) -> str:
     """null -> SQLite file `<results_dir>/optuna.db`; `journal:PATH` -> Optuna journal file; else SQLAlchemy URL."""
     if url is None:
+        require("://" not in results_dir, "tune.storage", url, f"a journal:PATH or a database URL: results_dir "
+                f"{results_dir} is an object store, which cannot hold the SQLite file that null means")
         return "sqlite:///" + str(Path(results_dir) / "optuna.db")
     require(isinstance(url, str) and url != "", "tune.storage", url,
             "null (SQLite under results_dir), journal:PATH, or an SQLAlchemy URL")

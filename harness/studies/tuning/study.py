@@ -22,6 +22,7 @@ from typing import Callable
 
 from fedharness.lifecycle import RunInterrupted, mark_lost_runs
 from fedharness.sinks.masking import mask_secrets
+from fedharness.store import check_writable, open_store
 from fedharness.studies.tuning import storage
 from fedharness.studies.tuning.export import export_study
 from fedharness.studies.tuning.lease import trial_counts
@@ -48,7 +49,9 @@ def tune(spec: TuneSpec, echo: Callable[[str], None] = log.info) -> dict:
     Raises StudyInterrupted on SIGINT/SIGTERM once the study exists (in the main thread, inside interrupts_raised)."""
     quiet_optuna()
     storage.check_reachable(spec)  # looked up on the module: tests stand a local database in for a server
-    mark_lost_runs(spec.results_dir)  # trial runs a killed worker left `running`
+    store = open_store(spec.results_dir)
+    check_writable(store)  # an object store that is missing or refuses us: one line, before any trial
+    mark_lost_runs(store)  # trial runs a killed worker left `running`
     study = open_study(spec, create=True)
     echo(f"[{spec.study}] {spec.n_trials} trials of {spec.sampler} ({spec.objective.name}, "
          f"{spec.objective.direction}; budget {spec.budget.total} {spec.budget.kind}) in {mask_secrets(spec.storage)}")

@@ -10,28 +10,30 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import time
 from typing import Callable
 
-from fedharness.backends import ray_cluster
+from fedharness.backends import ray_cluster, results_writer
 from fedharness.errors import ConfigError
 from fedharness.extras import require_extra
 from fedharness.plugins import Carried, install, snapshot
-from fedharness.runner import execute, new_run_id
-from fedharness.settings import RunSettings
+from fedharness.runner import execute
+from fedharness.store import ResultsStore, open_store
+from fedharness.studies.tuning.batch import run_batch
 from fedharness.studies.tuning.export import trial_status
 from fedharness.studies.tuning.lease import Lease, reap_lost, trial_counts
 from fedharness.studies.tuning.optuna_parts import make_sampler, open_study, quiet_optuna
-from fedharness.studies.tuning.spec import TuneSpec, trial_config
+from fedharness.studies.tuning.spec import TuneSpec
+from fedharness.studies.tuning.trial import Reporter, tell_value, trial_line, trial_settings
 
 logger = logging.getLogger(__name__)
 
 
 def work(spec: TuneSpec, worker: int = 0, echo: Callable[[str], None] = logger.info,
-         plugins: tuple[Carried, ...] = ()) -> int:
+         plugins: tuple[Carried, ...] = (), store: ResultsStore | None = None) -> int:
     """Claim and run trials until the study holds spec.n_trials finished ones; returns how many this ran.
-    `plugins`: the driver's Python registrations, for a worker in another process."""
+    `plugins`: the driver's Python registrations, for a worker in another process. `store`: where the trials' runs
+    record (a Ray worker gets the driver's, a results_writer.DriverStore; default: spec.results_dir's store)."""
     install(plugins)
     quiet_optuna()
     study = open_study(spec, worker)
@@ -45,11 +47,14 @@ def work(spec: TuneSpec, worker: int = 0, echo: Callable[[str], None] = logger.i
         if live >= spec.n_trials:  # the remaining slots are running elsewhere: wait for them (or their loss)
             time.sleep(poll)
             continue
-        ran += _run_one(spec, study, worker, len(trials), echo)
+        if spec.batch > 1:  # tune.batch trials at once as one batched run
+            ran += run_batch(spec, study, worker, len(trials), echo, store)
+        else:
+            ran += _run_one(spec, study, worker, len(trials), echo, store)
 
 
 def _run_one(spec: TuneSpec, study, worker: int, trial_number: int,
-             echo: Callable[[str], None] = logger.info) -> int:
+             echo: Callable[[str], None] = logger.info, store: ResultsStore | None = None) -> int:
     import optuna
     from optuna.trial import TrialState
 
@@ -63,10 +68,10 @@ def _run_one(spec: TuneSpec, study, worker: int, trial_number: int,
             study.tell(trial, state=TrialState.FAIL)
             return 0
         try:
-            value = run_trial(spec, trial)
+            value = run_trial(spec, trial, store)
         except optuna.TrialPruned:
             study.tell(trial, state=TrialState.PRUNED)
-            echo(_trial_line(spec, trial, None))
+            echo(trial_line(spec, trial, None))
             return 1
         except BaseException as err:  # FAIL, not PRUNED, also when interrupted: the slot is run again
             interrupted = isinstance(err, KeyboardInterrupt)
@@ -74,31 +79,17 @@ def _run_one(spec: TuneSpec, study, worker: int, trial_number: int,
             trial.set_user_attr("error", f"interrupted by {err}" if interrupted else f"{type(err).__name__}: {err}")
             study.tell(trial, state=TrialState.FAIL)
             raise
-    try:
-        study.tell(trial, value)
-    except optuna.exceptions.UpdateFinishedTrialError:  # declared lost while it ran (missed heartbeats)
-        logger.warning(f"[{spec.study}] trial {trial.number}: finished after it was declared lost; not counted")
-        return 0
-    echo(_trial_line(spec, trial, value))
-    return 1
+    return tell_value(spec, study, trial, value, echo)
 
 
-def run_trial(spec: TuneSpec, trial) -> float:
-    """One trial: sample, build the config under the budget, run it (recording `study` and `trial`), score it."""
+def run_trial(spec: TuneSpec, trial, store: ResultsStore | None = None) -> float:
+    """One trial: sample, build the config under the budget, run it (recording into `store`), score it."""
     import optuna
 
-    values = {p.name: p.suggest(trial) for p in spec.params}
-    cfg, overrides = trial_config(spec, values)
-    cfg["study"], cfg["trial"] = spec.study, trial.number
-    if isinstance(cfg.get("wandb"), dict):  # W&B hook: one run per trial, grouped by study (group null = study)
-        cfg["wandb"]["tags"] = [*cfg["wandb"].get("tags", []), f"trial={trial.number}"]
-    run_id = new_run_id()
-    worker = f"{platform.node()}:{os.getpid()}"
-    for key, value in (("run_id", run_id), ("rounds", cfg["rounds"]), ("overrides", overrides), ("worker", worker)):
-        trial.set_user_attr(key, value)
-    reporter = _Reporter(spec, trial, cfg["rounds"])
+    settings, run_id = trial_settings(spec, trial)
+    reporter = Reporter(spec, trial, settings.rounds)
     try:
-        result = execute(RunSettings.from_config(cfg), progress=None, run_id=run_id, on_eval=reporter)
+        result = execute(settings, progress=None, run_id=run_id, on_eval=reporter, store=store)
     except optuna.TrialPruned:
         trial.set_user_attr("status", "pruned")
         trial.set_user_attr("budget_used", spec.budget.used(reporter.rows))
@@ -106,43 +97,6 @@ def run_trial(spec: TuneSpec, trial) -> float:
     trial.set_user_attr("status", result.status)
     trial.set_user_attr("budget_used", spec.budget.used(result.rows))
     return spec.objective.value(result.rows, result.status)
-
-
-class _Reporter:
-    """Feeds pruners: after each evaluation, the objective's metric at step = the budget fraction spent,
-    in units of 1/reports, so trials with different local steps are compared at equal budget."""
-
-    def __init__(self, spec: TuneSpec, trial, rounds: int):
-        self.spec, self.trial, self.rounds = spec, trial, rounds
-        self.reports = spec.reports or rounds
-        self.last_step = 0
-        self.rows: list[dict] = []
-
-    def __call__(self, rows: list[dict], state) -> None:
-        import optuna
-
-        self.rows = rows
-        if self.spec.objective.target is not None or not rows:
-            return
-        rnd = rows[0]["round"]
-        step = round(self.reports * rnd / self.rounds)
-        value = self.spec.objective.intermediate(rows)
-        if rnd == 0 or step <= self.last_step or value is None:
-            return
-        self.last_step = step
-        self.trial.report(value, step)
-        if self.trial.should_prune():
-            raise optuna.TrialPruned(f"pruned at round {rnd} ({step}/{self.reports} of the budget)")
-
-
-def _trial_line(spec: TuneSpec, trial, value: float | None, status: str | None = None) -> str:
-    attrs = trial.user_attrs
-    status = status or attrs.get("status")
-    shown = "-" if value is None else f"{value:.6g}"
-    params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
-    return (f"[{spec.study}] trial {trial.number}: {spec.objective.name} = {shown} ({status}; "
-            f"{attrs.get('rounds')} rounds, {attrs.get('budget_used')}/{spec.budget.total} {spec.budget.kind}) "
-            f"{params}")
 
 
 def connect_ray(address: str | None):
@@ -172,15 +126,18 @@ def run_workers(spec: TuneSpec, echo: Callable[[str], None] = logger.info) -> in
             options["resources"] = res
         task = ray.remote(work).options(**options)
         plugins = snapshot()  # the user's Python registrations, installed by each worker before its first trial
-        pending = [task.remote(spec, i, plugins=plugins) for i in range(spec.parallel)]
-        study, shown, ran = open_study(spec), set(), 0
-        while pending:
-            done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
-            ran += sum(ray.get(done))  # raises a worker's error here
-            for t in study.get_trials(deepcopy=False):
-                if t.state.is_finished() and t.number not in shown and t.user_attrs.get("status") != "surplus":
-                    shown.add(t.number)
-                    echo(_trial_line(spec, t, t.value, trial_status(t)))
+        # The workers record their runs through the driver (backends/results_writer.py): nodes need not share
+        # results_dir. The Optuna storage is theirs to reach (a database server on a cluster: docs/tuning.md).
+        with results_writer.driver_store(open_store(spec.results_dir)) as remote:
+            pending = [task.remote(spec, i, plugins=plugins, store=remote) for i in range(spec.parallel)]
+            study, shown, ran = open_study(spec), set(), 0
+            while pending:
+                done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+                ran += sum(ray.get(done))  # raises a worker's error here
+                for t in study.get_trials(deepcopy=False):
+                    if t.state.is_finished() and t.number not in shown and t.user_attrs.get("status") != "surplus":
+                        shown.add(t.number)
+                        echo(trial_line(spec, t, t.value, trial_status(t)))
         return ran
     finally:
         conn.close()

@@ -1,0 +1,148 @@
+"""Tuning at scale (issue 18): a 64-trial study run one trial at a time against `tune.batch=16` and `tune.batch=64`
+(trials trained as batched runs, harness/studies/tuning/batch.py), on W1 (benchmarks/run.py) and on the smoke-size
+CNN (benchmarks/models.py), all in one process so the ratios compare like with like.
+
+Each study: client_lr (log-uniform 1e-3..1) x local steps E (1..E_max, log), a budget of local steps (a trial with
+larger E runs fewer rounds), objective final train_loss, sampler=random with seed 0, so every mode proposes the same
+64 trials; the benchmark reports wall time, trials per minute, the speed-up over the sequential study, and whether
+every mode finds the same best trial (number and parameters). Writes benchmarks/out/tune.json.
+
+    python benchmarks/bench_tune.py [--trials 64] [--batches 16,64] [--threads 1] [--skip-cnn]
+    python benchmarks/bench_tune.py --sections startup [--startup-reps 7]   # only the start-up ratio
+
+Sections are functions `section_*(args) -> dict` listed in SECTIONS; each returns its record and prints its lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+import optuna
+import torch
+
+import fedharness
+from fedharness.studies.tuning.spec import build_spec
+from fedharness.studies.tuning.study import tune
+
+from models import SMOKE, noise_images
+from run import W1
+
+# The study: tune config `default` (client_lr x local_steps), random sampler, no plots; trials run with 1 thread.
+STUDY = ["tune=default", "tune.sampler.name=random", "tune.sampler.seed=0", "tune.plots=false", "threads=1"]
+WORKLOADS = {
+    # W1 with its E = 20 in the middle of the space: 400 local steps, so E = 20 runs 20 rounds and E = 1 400
+    "W1": {"run": W1, "tune": ["tune.budget.total=400", "tune.space.local_steps.high=50"]},
+    # the smoke CNN (10 clients, 5 per round, b = 8): 40 local steps, E up to 8
+    "CNN smoke": {"run": [*SMOKE, "model=cnn"], "tune": ["tune.budget.total=40", "tune.space.local_steps.high=8"]},
+}
+
+
+def run_study(workload: dict, trials: int, batch: int, results: Path) -> dict:
+    """One study in a fresh results folder: wall seconds, trials per minute and its best trial."""
+    spec = build_spec([*STUDY, *workload["tune"], f"tune.n_trials={trials}", f"tune.batch={batch}",
+                       f"results_dir={results}", *workload["run"]])
+    start = time.perf_counter()
+    tune(spec, echo=lambda line: None)
+    seconds = time.perf_counter() - start
+    best = optuna.load_study(study_name=spec.study, storage=spec.storage).best_trial
+    return {"batch": batch, "seconds": seconds, "trials_per_min": 60 * trials / seconds,
+            "best_trial": best.number, "best_params": best.params, "best_value": best.value}
+
+
+def section_batched_studies(args) -> dict:
+    """Sequential vs tune.batch=B on each workload; ratios within this run."""
+    record = {}
+    names = [n for n in WORKLOADS if not (args.skip_cnn and n.startswith("CNN"))]
+    for name in names:
+        rows = []
+        for batch in (1, *args.batches):
+            with tempfile.TemporaryDirectory() as tmp:
+                rows.append(run_study(WORKLOADS[name], args.trials, batch, Path(tmp)))
+        seq = rows[0]
+        for row in rows:
+            row["speedup"] = seq["seconds"] / row["seconds"]
+            row["same_best"] = (row["best_trial"], row["best_params"]) == (seq["best_trial"], seq["best_params"])
+        record[name] = rows
+        print(f"\n{name}: {args.trials}-trial study over client_lr x E (sampler=random, seed 0), 1 thread")
+        print(f"  {'mode':<16}{'wall s':>9}{'trials/min':>12}{'speed-up':>10}  best trial (same as sequential?)")
+        for row in rows:
+            mode = "sequential" if row["batch"] == 1 else f"tune.batch={row['batch']}"
+            print(f"  {mode:<16}{row['seconds']:>9.1f}{row['trials_per_min']:>12.1f}{row['speedup']:>9.2f}x  "
+                  f"#{row['best_trial']} train_loss={row['best_value']:.6g} ({'yes' if row['same_best'] else 'NO'})")
+    return record
+
+
+STARTUP_RUN = ["run", "rounds=1", "reference=off", "heterogeneity=false"]  # issue 18's one-round run
+
+
+def _child_seconds(cmd: list[str], cwd: str) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of one whole process."""
+    before = os.times()
+    start = time.perf_counter()
+    subprocess.run(cmd, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    after = os.times()
+    return wall, (after.children_user - before.children_user) + (after.children_system - before.children_system)
+
+
+def section_startup(args) -> dict:
+    """A one-round run's whole process against `python -c "import torch"`, in turn (torch, run, torch, run, ...)
+    after one warm-up each, so that a machine whose speed drifts shifts both; the medians of the pairs' ratios."""
+    script = Path(sys.executable).parent / "fedharness"
+    run = [str(script), *STARTUP_RUN] if script.exists() else [sys.executable, "-m", "fedharness.cli", *STARTUP_RUN]
+    torch_only = [sys.executable, "-c", "import torch"]
+    pairs = []
+    with tempfile.TemporaryDirectory() as tmp:  # the run's results/ lands here
+        for i in range(args.startup_reps + 1):
+            base, whole = _child_seconds(torch_only, tmp), _child_seconds(run, tmp)
+            if i:  # the first pair warms the file cache
+                pairs.append((base, whole))
+    wall = statistics.median(w[0] / b[0] for b, w in pairs)
+    cpu = statistics.median(w[1] / b[1] for b, w in pairs)
+    record = {"reps": len(pairs), "ratio_wall": wall, "ratio_cpu": cpu,
+              "torch_import_wall_s": statistics.median(b[0] for b, _ in pairs),
+              "run_wall_s": statistics.median(w[0] for _, w in pairs)}
+    print(f"\nstart-up: `fedharness {' '.join(STARTUP_RUN)}` vs `python -c 'import torch'`, {len(pairs)} pairs "
+          f"in turn (goal <= 1.5x)")
+    print(f"  median wall s: run {record['run_wall_s']:.2f}, torch import {record['torch_import_wall_s']:.2f}; "
+          f"median ratio: wall {wall:.2f}x, cpu {cpu:.2f}x")
+    return record
+
+
+SECTIONS: dict[str, Callable[[argparse.Namespace], dict]] = {"batched_studies": section_batched_studies,
+                                                         "startup": section_startup}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=64)
+    parser.add_argument("--batches", type=lambda s: [int(b) for b in s.split(",")], default=[16, 64])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--skip-cnn", action="store_true")
+    parser.add_argument("--startup-reps", type=int, default=7, help="pairs of processes for the start-up ratio")
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    fedharness.register_dataset("noise_images", noise_images, num_clients=10)
+    record = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
+              "torch": torch.__version__, "trials": args.trials}
+    print(f"bench_tune on {record['machine']}, torch threads={args.threads}")
+    for name in args.sections.split(","):
+        record[name] = SECTIONS[name](args)
+    out = Path(__file__).parent / "out"
+    out.mkdir(exist_ok=True)
+    (out / "tune.json").write_text(json.dumps(record, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""`tune.batch=B`: a worker asks Optuna for B trials at a time, trains them as batched runs (fedharness.batched, one
+slot per trial; trials that differ in more than batchable keys go to separate batches) and tells Optuna each value.
+
+Per trial, everything is as in workers.py's one-at-a-time path: the trial is sampled with the sampler seeded by its
+trial number (so `sampler=random` proposes the same trials batched or not), its budget gives its own rounds, its
+reporter feeds the pruner (a pruned slot leaves the batch at that report), and its run is recorded in runs/ with
+`study` and `trial`. A failed slot is recorded FAIL (status failed, so it does not count and its slot is run again)
+after every other slot of the batch has been told; then the study stops with its error, as a failed trial stops it
+today. An interrupt ends every trial of the batch FAIL (status interrupted).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from fedharness.batched import Slot, execute_batch
+from fedharness.runner import RunResult, execute, new_run_id
+from fedharness.settings import RunSettings
+from fedharness.store import ResultsStore
+from fedharness.studies.batches import group_batches
+from fedharness.studies.tuning.lease import Lease, trial_counts
+from fedharness.studies.tuning.optuna_parts import make_sampler
+from fedharness.studies.tuning.spec import TuneSpec
+from fedharness.studies.tuning.trial import Reporter, tell_value, trial_line, trial_settings
+
+logger = logging.getLogger(__name__)
+
+
+class TrialFailed(RuntimeError):
+    """A slot of a batch failed: its trial is FAIL and the rest of the batch was told; the same command goes on."""
+
+
+class SlotReporter(Reporter):
+    """The trial's reporter, remembering whether it pruned the slot (the slot's run then ends `pruned`) or failed it
+    (the error, for the trial)."""
+
+    pruned = False
+    error: str | None = None
+
+    def __call__(self, rows: list[dict], state) -> None:
+        import optuna
+
+        try:
+            super().__call__(rows, state)
+        except optuna.TrialPruned:
+            self.pruned = True
+            raise
+        except Exception as err:
+            self.error = f"{type(err).__name__}: {err}"
+            raise
+
+
+@dataclass
+class BatchTrial:
+    trial: object          # the optuna Trial
+    settings: RunSettings
+    run_id: str
+    reporter: SlotReporter
+
+
+def run_batch(spec: TuneSpec, study, worker: int, trial_number: int,
+              echo: Callable[[str], None] = logger.info, store: ResultsStore | None = None) -> int:
+    """Ask for up to spec.batch trials (no more than the study still lacks), train them (recording into `store`,
+    default: the results_dir's), tell each; returns how many finished (complete or pruned)."""
+    _, live = trial_counts(study.get_trials(deepcopy=False))
+    claimed, asked = [], []
+    with Lease([], spec.heartbeat_s) as lease:
+        try:
+            for i in range(min(spec.batch, spec.n_trials - live)):
+                trial = _claim(spec, study, worker, trial_number + i, lease)
+                if trial is not None:
+                    claimed.append(trial)
+                    settings, run_id = trial_settings(spec, trial)  # sampled now, with this trial's sampler
+                    asked.append(BatchTrial(trial, settings, run_id, SlotReporter(spec, trial, settings.rounds)))
+            results = _train(asked, store)
+        except BaseException as err:  # an interrupt (or a bug) before every slot had its result: all are FAIL
+            _fail(study, claimed, err)
+            raise
+    counts = [_tell(spec, study, a, result, echo) for a, result in zip(asked, results)]
+    failed = [a.trial for a, result in zip(asked, results) if _failed(a, result)]
+    if failed:
+        numbers = ", ".join(str(trial.number) for trial in failed)
+        raise TrialFailed(f"[{spec.study}] trial(s) {numbers} failed: {failed[0].user_attrs['error']}")
+    return sum(counts)
+
+
+def _claim(spec: TuneSpec, study, worker: int, number: int, lease: Lease):
+    """A new trial with its heartbeat on; None if n_trials non-failed trials precede it (FAIL, status surplus)."""
+    from optuna.trial import TrialState
+
+    study.sampler = make_sampler(spec, worker, number)
+    trial = study.ask()
+    lease.add(trial)
+    earlier = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number and t.state != TrialState.FAIL]
+    if len(earlier) >= spec.n_trials:
+        trial.set_user_attr("status", "surplus")
+        study.tell(trial, state=TrialState.FAIL)
+        return None
+    return trial
+
+
+def _train(asked: list[BatchTrial], store: ResultsStore | None) -> list[RunResult]:
+    """The trials' runs, one batched run per group of trials that can train together; results in trial order."""
+    results: list[RunResult | None] = [None] * len(asked)
+    for group in group_batches([a.settings for a in asked], len(asked)):
+        if len(group) == 1:  # alone: the solo path, as without tune.batch (also for a run no batch may hold)
+            results[group[0]] = _run_alone(asked[group[0]], store)
+            continue
+        batch_id = new_run_id()
+        slots = [Slot(asked[i].settings, asked[i].run_id, asked[i].reporter) for i in group]
+        for i, result in zip(group, execute_batch(slots, progress=None, batch_id=batch_id, store=store)):
+            asked[i].trial.set_user_attr("batch_id", batch_id)
+            results[i] = result
+    return results
+
+
+def _run_alone(a: BatchTrial, store: ResultsStore | None) -> RunResult:
+    """The trial's run by itself; a prune or an error becomes the result's status (execute recorded the run)."""
+    try:
+        return execute(a.settings, progress=None, run_id=a.run_id, on_eval=a.reporter, store=store)
+    except Exception as err:
+        status = "pruned" if a.reporter.pruned else "failed"
+        return RunResult(a.run_id, status, [], "", error=f"{type(err).__name__}: {err}")
+
+
+def _failed(a: BatchTrial, result: RunResult) -> bool:
+    return not a.reporter.pruned and result.status in ("failed", "pruned", "interrupted")
+
+
+def _tell(spec: TuneSpec, study, a: BatchTrial, result: RunResult, echo: Callable[[str], None]) -> int:
+    """Record the trial's outcome in Optuna (as workers.py does for one trial); 1 if it finished."""
+    from optuna.trial import TrialState
+
+    trial = a.trial
+    if a.reporter.pruned:
+        trial.set_user_attr("status", "pruned")
+        trial.set_user_attr("budget_used", spec.budget.used(a.reporter.rows))
+        study.tell(trial, state=TrialState.PRUNED)
+        echo(trial_line(spec, trial, None))
+        return 1
+    if _failed(a, result):
+        error = result.error or a.reporter.error or f"its run {a.run_id} failed (see its runs/ row)"
+        trial.set_user_attr("status", "failed")
+        trial.set_user_attr("error", error)
+        study.tell(trial, state=TrialState.FAIL)
+        return 0
+    value = spec.objective.value(result.rows, result.status)
+    trial.set_user_attr("status", result.status)
+    trial.set_user_attr("budget_used", spec.budget.used(result.rows))
+    return tell_value(spec, study, trial, value, echo)
+
+
+def _fail(study, trials: list, err: BaseException) -> None:
+    """FAIL, not PRUNED, also when interrupted: the slots are run again."""
+    from optuna.trial import TrialState
+
+    interrupted = isinstance(err, KeyboardInterrupt)
+    for trial in trials:
+        trial.set_user_attr("status", "interrupted" if interrupted else "failed")
+        trial.set_user_attr("error", f"interrupted by {err}" if interrupted else f"{type(err).__name__}: {err}")
+        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)

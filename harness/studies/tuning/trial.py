@@ -1,0 +1,82 @@
+"""One trial's run: its settings under the budget (the trial's sample recorded as user attrs), the reporter that
+feeds the pruner after each evaluation, and the line printed when it finishes. Used by workers.py (one trial at a
+time) and batch.py (tune.batch trials as one batched run)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+from typing import Callable
+
+from fedharness.runner import new_run_id
+from fedharness.settings import RunSettings
+from fedharness.studies.tuning.spec import TuneSpec, trial_config
+
+logger = logging.getLogger(__name__)
+
+
+def trial_settings(spec: TuneSpec, trial) -> tuple[RunSettings, str]:
+    """Sample the trial (with the study's sampler of the moment) and build its run under the budget, recording
+    `study` and `trial`; returns its settings and run id (also set as the trial's user attrs)."""
+    values = {p.name: p.suggest(trial) for p in spec.params}
+    cfg, overrides = trial_config(spec, values)
+    cfg["study"], cfg["trial"] = spec.study, trial.number
+    if isinstance(cfg.get("wandb"), dict):  # W&B hook: one run per trial, grouped by study (group null = study)
+        cfg["wandb"]["tags"] = [*cfg["wandb"].get("tags", []), f"trial={trial.number}"]
+    run_id = new_run_id()
+    worker = f"{platform.node()}:{os.getpid()}"
+    for key, value in (("run_id", run_id), ("rounds", cfg["rounds"]), ("overrides", overrides), ("worker", worker)):
+        trial.set_user_attr(key, value)
+    return RunSettings.from_config(cfg), run_id
+
+
+class Reporter:
+    """Feeds pruners: after each evaluation, the objective's metric at step = the budget fraction spent,
+    in units of 1/reports, so trials with different local steps are compared at equal budget."""
+
+    def __init__(self, spec: TuneSpec, trial, rounds: int):
+        self.spec, self.trial, self.rounds = spec, trial, rounds
+        self.reports = spec.reports or rounds
+        self.last_step = 0
+        self.rows: list[dict] = []
+
+    def __call__(self, rows: list[dict], state) -> None:
+        import optuna
+
+        self.rows = rows
+        if self.spec.objective.target is not None or not rows:
+            return
+        rnd = rows[0]["round"]
+        step = round(self.reports * rnd / self.rounds)
+        value = self.spec.objective.intermediate(rows)
+        if rnd == 0 or step <= self.last_step or value is None:
+            return
+        self.last_step = step
+        self.trial.report(value, step)
+        if self.trial.should_prune():
+            raise optuna.TrialPruned(f"pruned at round {rnd} ({step}/{self.reports} of the budget)")
+
+
+def trial_line(spec: TuneSpec, trial, value: float | None, status: str | None = None) -> str:
+    attrs = trial.user_attrs
+    status = status or attrs.get("status")
+    shown = "-" if value is None else f"{value:.6g}"
+    params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
+    return (f"[{spec.study}] trial {trial.number}: {spec.objective.name} = {shown} ({status}; "
+            f"{attrs.get('rounds')} rounds, {attrs.get('budget_used')}/{spec.budget.total} {spec.budget.kind}) "
+            f"{params}")
+
+
+def tell_value(spec: TuneSpec, study, trial, value: float, echo: Callable[[str], None]) -> int:
+    """Tell Optuna the trial's value and echo its line; 1, or 0 when it was declared lost while it ran (missed
+    heartbeats: another worker runs it again)."""
+    import optuna
+
+    try:
+        study.tell(trial, value)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        logger.warning(f"[{spec.study}] trial {trial.number}: finished after it was declared lost; not counted")
+        return 0
+    echo(trial_line(spec, trial, value))
+    return 1

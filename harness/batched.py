@@ -89,7 +89,8 @@ def execute_batch(slots: Sequence[Slot], progress=None, batch_id: str | None = N
     """Train the slots as one batched run; one RunResult per slot, in order, each recorded as its own run with
     `batch_id`. Raises ConfigError, before writing anything, if the slots cannot share a batch. An error while
     training ends every slot still in the batch with status failed (RunResult.error says why); a signal ends them
-    interrupted and is raised. `store`: where every slot records (default: its results_dir's), as for execute."""
+    interrupted and is raised. `store`: where every slot records (default: the results_dir's, one for all: it is
+    not a batchable key), as for execute."""
     require(len(slots) > 0, "slots", [], "at least one run to train")
     batch_id = batch_id or new_run_id()
     settings = [slot.settings for slot in slots]
@@ -105,9 +106,9 @@ def execute_batch(slots: Sequence[Slot], progress=None, batch_id: str | None = N
                                                                                "eval_every")), per_copy)
     exact = _exact_references(run.settings, run.problem, run.reference)
     executor = build_executor(run.settings, run.problem, trainer)
-    stores = [store or open_store(s.results_dir) for s in recorded]
+    store = store or open_store(base.results_dir)
     records = [_Record(s, slot.run_id or new_run_id(), None, None, slot.on_eval) for s, slot in zip(recorded, slots)]
-    for rec, store in zip(records, stores):
+    for rec in records:
         rec.sink = ParquetSink(store, rec.run_id, extra_columns=rec.settings.metrics)
         rec.wb = open_wandb(rec.settings, rec.run_id)
 
@@ -128,8 +129,7 @@ def execute_batch(slots: Sequence[Slot], progress=None, batch_id: str | None = N
         rec = records[i]
         rec.end = end
         rec.sink.flush()
-        error = None if end.error is None else f"{type(end.error).__name__}: {end.error}"
-        write_run(rec, end.status, end.rounds_done, error)
+        write_run(rec, end.status, end.rounds_done, _error_text(end))
         if rec.wb is not None:
             rec.wb.finish(end.status, rec.sink.store, rec.rows)
 
@@ -151,9 +151,12 @@ def execute_batch(slots: Sequence[Slot], progress=None, batch_id: str | None = N
             raise
         finally:
             executor.close()
-    return [RunResult(rec.run_id, rec.end.status, rec.rows, store.url,
-                      None if rec.end.error is None else f"{type(rec.end.error).__name__}: {rec.end.error}")
-            for rec, store in zip(records, stores)]
+    return [RunResult(rec.run_id, rec.end.status, rec.rows, store.url, _error_text(rec.end)) for rec in records]
+
+
+def _error_text(end: SlotEnd) -> str | None:
+    """How a slot's runs/ row and RunResult name the exception that ended it (None: none did)."""
+    return None if end.error is None else f"{type(end.error).__name__}: {end.error}"
 
 
 def check_batch(settings: Sequence[RunSettings]) -> None:

@@ -34,7 +34,7 @@ from fedharness.plugins import Carried, install, snapshot
 from fedharness.lifecycle import RunInterrupted, interrupts_raised, last_recorded_round, mark_lost_runs
 from fedharness.progress import echo
 from fedharness.batched import Slot, execute_batch
-from fedharness.runner import RunResult, _now, _run_row, execute, new_run_id
+from fedharness.runner import _now, _run_row, execute, new_run_id
 from fedharness.sinks.parquet import ParquetSink, read_table, run_key
 from fedharness.store import ResultsStore, check_writable, open_store
 from fedharness.studies.batches import group_batches
@@ -399,13 +399,7 @@ def run_job(overrides: list[str], run_id: str, num_threads: int = 1, plugins: tu
     """One grid point, end to end (this is what a Ray task runs, with the driver's registrations in `plugins`).
     Never raises: failures become outcomes. `store`: where the run records (a Ray task gets the driver's, a
     results_writer.DriverStore; default: the store its results_dir names)."""
-    import platform
-
-    import torch
-
-    torch.set_num_threads(max(1, num_threads))
-    start = time.perf_counter()
-    worker = f"{platform.node()}:{os.getpid()}"
+    start, worker = _task_start(num_threads)
     try:
         install(plugins)
         result = execute(load_settings(overrides), run_id=run_id, store=store)
@@ -423,29 +417,29 @@ def run_batch_job(overrides: list[list[str]], run_ids: list[str], num_threads: i
                   plugins: tuple[Carried, ...] = (), store: ResultsStore | None = None) -> list[JobOutcome]:
     """Grid points that differ only in batchable keys, as one batched run (fedharness.batched), each recorded as
     its own run under its own run id; `seconds` is the batched run's. Never raises: failures become outcomes."""
+    start, worker = _task_start(num_threads)
+    try:
+        install(plugins)
+        slots = [Slot(load_settings(ovs), run_id) for ovs, run_id in zip(overrides, run_ids)]
+        results = execute_batch(slots, batch_id=new_run_id(), store=store)  # records every slot's end itself
+    except Exception as err:  # refused before any run started (a bad config): nothing recorded yet
+        error = f"{type(err).__name__}: {err}"
+        for ovs, run_id in zip(overrides, run_ids):
+            record_failure(ovs, run_id, error, store)
+        return [JobOutcome(run_id, "failed", time.perf_counter() - start, error, worker) for run_id in run_ids]
+    seconds = time.perf_counter() - start
+    return [JobOutcome(r.run_id, r.status, seconds, (r.error or "failed in its batch") if r.status == "failed" else None,
+                       worker) for r in results]
+
+
+def _task_start(num_threads: int) -> tuple[float, str]:
+    """A sweep task's torch threads; its start time and worker name (host:pid) for its outcomes."""
     import platform
 
     import torch
 
     torch.set_num_threads(max(1, num_threads))
-    start = time.perf_counter()
-    worker = f"{platform.node()}:{os.getpid()}"
-    try:
-        install(plugins)
-        slots = [Slot(load_settings(ovs), run_id) for ovs, run_id in zip(overrides, run_ids)]
-        results = execute_batch(slots, batch_id=new_run_id(), store=store)
-    except Exception as err:  # the batch as a whole failed (a bad config is refused before any run starts)
-        results = [RunResult(run_id, "failed", [], "") for run_id in run_ids]
-        error = f"{type(err).__name__}: {err}"
-    else:
-        error = None
-    outcomes = []
-    for ovs, result in zip(overrides, results):
-        why = None if result.status != "failed" else getattr(result, "error", None) or error or "failed in its batch"
-        if why is not None:
-            record_failure(ovs, result.run_id, why, store)
-        outcomes.append(JobOutcome(result.run_id, result.status, time.perf_counter() - start, why, worker))
-    return outcomes
+    return time.perf_counter(), f"{platform.node()}:{os.getpid()}"
 
 
 def run_unit(overrides: list[list[str]], run_ids: list[str], num_threads: int = 1,

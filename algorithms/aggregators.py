@@ -12,7 +12,7 @@ import numpy as np
 from fedharness.contracts import Aggregator, Coefficients, WeightStats, part, part_names
 from fedharness.keys import Key, choice, number
 
-KEYS: dict[str, Key] = {  # harness/schema.py's rules add: tau_eff_value set when tau_eff=fixed
+KEYS: dict[str, Key] = {  # harness/config/schema.py's rules add: tau_eff_value set when tau_eff=fixed
     "aggregator": choice("fedavg | fednova; seeing the updates (algorithms/robust.py): median | trimmed_mean | krum | "
                          "clipped_mean", part_names("aggregator")),
     "tau_eff": choice("FedNova: steps (sum p tau) | l1 (sum p ||a||_1) | fixed", ("steps", "l1", "fixed")),

@@ -1,6 +1,6 @@
 """Richardson-Romberg extrapolation (Mangold et al.): two coupled runs at (gamma, H) and at 2 gamma (or 2H), one
 estimate a theta^(1) + b theta^(2) with the first-order bias cancelled. The coupled replicas and the recorded
-`rr` series are harness/core/series.py's; the weights are here.
+`rr` series are algorithms/series.py's; the weights are here.
 """
 
 from __future__ import annotations

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from fedharness.contracts import LocalWork, part, part_names
-from fedharness.core import streams
+from fedharness.base import streams
 from fedharness.keys import Key, boolean, choice, integer, number
 
-KEYS: dict[str, Key] = {  # harness/schema.py's rules add steps_low <= steps_high and the like
+KEYS: dict[str, Key] = {  # harness/config/schema.py's rules add steps_low <= steps_high and the like
     "local_work": choice("how many local steps each client makes", part_names("local_work")),
     "local_steps": integer("E (Li et al.), K (Yang et al.), H (Mangold et al.): local steps", lo=1),
     "local_epochs": integer("local_work=epochs: local_epochs * ceil(n_k / b) steps", lo=1),

@@ -9,7 +9,7 @@ import numpy as np
 from fedharness.contracts import LocalWork, part
 from fedharness.keys import Key, _is_int, _is_list
 
-KEYS: dict[str, Key] = {  # harness/schema.py's rules add: one entry per client when local_work=per_client
+KEYS: dict[str, Key] = {  # harness/config/schema.py's rules add: one entry per client when local_work=per_client
     "client_steps": Key(lambda v: v is None or _is_list(v, lambda s: _is_int(s) and s >= 1),
                         "null or a list of integers >= 1, one per client",
                         "local_work=per_client: each client's fixed tau_i"),

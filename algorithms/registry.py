@@ -3,7 +3,7 @@
 A part registers itself beside its class (`fedharness.contracts.part`); a named algorithm
 (`conf/algorithm/<name>.yaml`) is a choice of parts and their keys. A part's constructor signature is its
 schema: `build_algorithm` calls each selected part with the `algorithm` keys its parameters name (declared once,
-in the KEYS of the module that uses them; harness/schema.py has checked every value) and the CONTEXT values
+in the KEYS of the module that uses them; harness/config/schema.py has checked every value) and the CONTEXT values
 it asks for, so nothing here repeats a key's name or a check.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 from fedharness.algorithms import (aggregators, local_work, local_work_fixed, robust, samplers, schedules, server,
                                    solvers)
 from fedharness.contracts import CONTEXT, PART_KEYS, PARTS, PROTOCOLS, Algorithm, Problem, key_parameters
-from fedharness.core import series
+from fedharness.algorithms import series
 from fedharness.errors import ConfigError
 from fedharness.keys import Key, integer
 
@@ -72,7 +72,7 @@ def user_keys() -> dict[str, tuple[Key, Any]]:
 
 def algorithm_keys() -> dict[str, Key]:
     """Every key of the `algorithm` section besides `name`: the built-in parts' and those of the user's parts
-    registered now (harness/schema.py checks a config against these)."""
+    registered now (harness/config/schema.py checks a config against these)."""
     return {**BUILTIN_KEYS, **{key: spec for key, (spec, _) in user_keys().items()}}
 
 

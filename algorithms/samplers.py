@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedharness.contracts import Sampler, Selection, part, part_names
-from fedharness.core import streams
+from fedharness.base import streams
 from fedharness.keys import Key, choice, integer, number
 from fedharness.problems.population import draw_by_weight
 
@@ -71,7 +71,7 @@ class FullParticipation(Sampler):
 
 
 class _PartialSampler(Sampler):
-    """K = clients_per_round clients of num_clients (harness/schema.py checks K <= N without replacement)."""
+    """K = clients_per_round clients of num_clients (harness/config/schema.py checks K <= N without replacement)."""
 
     def __init__(self, num_clients: int, clients_per_round: int):
         self.num_clients, self.K = num_clients, clients_per_round

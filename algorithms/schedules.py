@@ -82,7 +82,7 @@ class StepDecay(Constant):
         super().__init__(client_lr)
         if rounds is None:
             raise ConfigError("algorithm.lr_schedule", "step_decay",
-                              "needs the number of rounds: build the algorithm through fedharness.runner.prepare")
+                              "needs the number of rounds: build the algorithm through fedharness.runs.execute.prepare")
         self.boundaries = np.floor(np.asarray(decay_at, dtype=np.float64) * rounds).astype(np.int64)
         self.decay_factor = float(decay_factor)
 

@@ -54,16 +54,16 @@ def case_child(n: int, sizes: str, executor: str, rounds: int) -> dict:
     """One case alone in this process: set-up seconds, ms per round, peak memory."""
     import torch
 
-    from fedharness.config import load_settings
+    from fedharness.config.load import load_settings
     from fedharness.core.executors import InlineExecutor
-    from fedharness.parts import build_parts
+    from fedharness.assembly.build import build_parts
 
     torch.set_num_threads(1)
     after_imports = peak_rss_bytes()
     extra = ["executor=ray", "ray.num_shards=2"] if executor == "ray" else []
     cfg = load_settings([*overrides(n, sizes), *extra])
     if executor == "ray":  # Ray's own start is not the population's set-up
-        from fedharness.backends import ray_cluster
+        from fedharness.core import ray_cluster
 
         ray_cluster.start_local(num_cpus=2)
     start = time.perf_counter()
@@ -100,9 +100,9 @@ def paired_child(cases: list[list], rounds: int) -> dict:
     import numpy as np
     import torch
 
-    from fedharness.config import load_settings
+    from fedharness.config.load import load_settings
     from fedharness.core.executors import InlineExecutor
-    from fedharness.parts import build_parts
+    from fedharness.assembly.build import build_parts
 
     torch.set_num_threads(1)
     variants, distinct = {}, {}

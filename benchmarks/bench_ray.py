@@ -99,11 +99,11 @@ def paired_rounds(variants: dict, rounds: int, warmup: int) -> dict[str, list[fl
 def cnn_child(data_dir: str, rounds: int) -> dict:
     import dataclasses
 
-    from fedharness.backends import ray_cluster
-    from fedharness.config import load_settings
+    from fedharness.core import ray_cluster
+    from fedharness.config.load import load_settings
     from fedharness.core.executors import InlineExecutor
     from fedharness.backends.ray_executor import RayExecutor
-    from fedharness.parts import build_parts
+    from fedharness.assembly.build import build_parts
 
     cores = os.cpu_count() or 1
     cfg = load_settings([*CNN, f"dataset.data_dir={data_dir}", "progress=false", "rounds=1000"])
@@ -130,9 +130,9 @@ def cnn_child(data_dir: str, rounds: int) -> dict:
 
 def lazy_memory_child(overrides: list[str], rounds: int) -> dict:
     """Peak resident memory of the driver and each shard over a run of `rounds` (this process alone)."""
-    from fedharness.config import load_settings
+    from fedharness.config.load import load_settings
     from fedharness.backends.ray_executor import RayExecutor
-    from fedharness.parts import build_parts
+    from fedharness.assembly.build import build_parts
 
     after_imports = peak_rss_bytes()
     cfg = load_settings([*LAZY, *overrides, "executor=ray", "progress=false", f"rounds={rounds}"])
@@ -152,10 +152,10 @@ def lazy_memory_child(overrides: list[str], rounds: int) -> dict:
 
 
 def lazy_timing_child(cases: dict[str, list[str]], rounds: int) -> dict:
-    from fedharness.backends import ray_cluster
-    from fedharness.config import load_settings
+    from fedharness.core import ray_cluster
+    from fedharness.config.load import load_settings
     from fedharness.backends.ray_executor import RayExecutor
-    from fedharness.parts import build_parts
+    from fedharness.assembly.build import build_parts
 
     ray_cluster.start_local(num_cpus=2 * len(cases))  # every case's 2 shards at once, busy one case at a time
     variants = {}

@@ -65,7 +65,8 @@ def main() -> None:
     import ray
     from ray.cluster_utils import Cluster
 
-    from fedharness.backends import ray_cluster, results_writer
+    from fedharness.backends import results_writer
+    from fedharness.core import ray_cluster
 
     with ray_cluster.loopback_only():
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})

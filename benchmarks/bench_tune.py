@@ -1,5 +1,5 @@
 """Tuning at scale (issue 18): a 64-trial study run one trial at a time against `tune.batch=16` and `tune.batch=64`
-(trials trained as batched runs, harness/studies/tuning/batch.py), on W1 (benchmarks/run.py) and on the smoke-size
+(trials trained as batched runs, harness/studies/tuning/batched_trials.py), on W1 (benchmarks/run.py) and on the smoke-size
 CNN (benchmarks/models.py), all in one process so the ratios compare like with like.
 
 Each study: client_lr (log-uniform 1e-3..1) x local steps E (1..E_max, log), a budget of local steps (a trial with

@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 import fedharness
-from fedharness.config import load_settings
+from fedharness.config.load import load_settings
 from fedharness.core import executors
 from fedharness.core.engine import Engine
 from fedharness.core.executors import InlineExecutor, ShardResult
-from fedharness.parts import build_parts
+from fedharness.assembly.build import build_parts
 
 from models import SMOKE, noise_images
 from run import W1

@@ -10,7 +10,7 @@ Workloads (full participation, random data of the real shapes: timing does not d
 For each: the kernel formulations of the batched client gradient (harness/core/kernels.py: vmap, loop,
 loop_channels_last), ms per batched gradient of min(K, 64) copies, and the fastest; then ms/round
 (steady state, the first round left out) of executor=inline with that kernel (or --kernel) and of
-executor=reference (one client at a time), achieved TFLOP/s (FLOPs of one client step counted once with
+executor=loop (one client at a time), achieved TFLOP/s (FLOPs of one client step counted once with
 FlopCounterMode), and the useful fraction of the computed steps, sum tau / (K max tau), before the
 shrinking batch (every client ran max tau steps under a mask) and after it (sum tau rows: 1), and on CUDA
 the peak memory of the vectorized rounds (chunked to memory_budget_gb: --replicas 3 on wang_cifar10 is the
@@ -37,16 +37,16 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedharness.config import load_settings
+from fedharness.config.load import load_settings
 from fedharness.core.engine import Engine
-from fedharness.core.executors import InlineExecutor, ReferenceExecutor
+from fedharness.core.executors import InlineExecutor, LoopExecutor
 from fedharness.problems.data import DataProblem
 from fedharness.problems.nets import build_net
 from fedharness.problems.objectives import NetObjective
-from fedharness.parts import algorithm_for
-from fedharness.runner import prepare
+from fedharness.assembly.build import algorithm_for
+from fedharness.runs.execute import prepare
 from fedharness.core import kernels
-from fedharness.core.runtime import apply_runtime, memory_budget_bytes
+from fedharness.base.runtime import apply_runtime, memory_budget_bytes
 from fedharness.settings import RunSettings
 
 NETS = {  # name: (model, image shape, clients K)
@@ -148,7 +148,7 @@ def measure(name: str, args) -> dict:
         torch.cuda.reset_peak_memory_stats()
     fast, tau = time_rounds(problem, algorithm, InlineExecutor, args.rounds, args.device, args.replicas)
     peak_gb = torch.cuda.max_memory_allocated() / 1e9 if args.device.startswith("cuda") else None
-    slow, _ = time_rounds(problem, algorithm, ReferenceExecutor, args.loop_rounds, args.device, args.replicas)
+    slow, _ = time_rounds(problem, algorithm, LoopExecutor, args.loop_rounds, args.device, args.replicas)
     steps = args.replicas * tau.sum(1).mean()  # client steps per round (full participation, every replica)
     return {"workload": name, "kernel": kernel, "kernel_ms": kernel_ms, "clients": int(tau.shape[1]),
             "replicas": args.replicas, "peak_gb": peak_gb, "budget_gb": problem.memory_budget / 1e9,

@@ -29,10 +29,10 @@ import numpy as np
 import torch
 
 from bench_ray import paired_rounds, write_mnist_shaped
-from fedharness.config import load_settings
+from fedharness.config.load import load_settings
 from fedharness.core.executors import InlineExecutor
-from fedharness.parts import build_parts
-from fedharness.runner import execute, set_threads
+from fedharness.assembly.build import build_parts
+from fedharness.runs.execute import execute, set_threads
 from fedharness.settings import RunSettings
 
 OUT = Path(__file__).parent / "out"
@@ -59,7 +59,7 @@ def sharing(args, data_dir: Path) -> list[dict]:
     the whole GPU between its shards)."""
     import ray
 
-    from fedharness.backends import ray_cluster
+    from fedharness.core import ray_cluster
     from fedharness.backends.ray_executor import RayExecutor
 
     cfg = workload(args, data_dir, "rounds=1000")

@@ -20,10 +20,10 @@ import numpy as np
 import torch
 
 import fedharness
-from fedharness.config import load_settings
+from fedharness.config.load import load_settings
 from fedharness.core.engine import Engine
 from fedharness.core.executors import InlineExecutor
-from fedharness.parts import build_parts
+from fedharness.assembly.build import build_parts
 
 SMOKE = ["dataset=noise_images", "dataset.num_clients=10", "algorithm.clients_per_round=5",
          "algorithm.local_steps=2", "algorithm.batch_size=8", "algorithm.client_lr=0.05", "progress=false"]

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from fedharness.config import load_settings
+from fedharness.config.load import load_settings
 from fedharness.core.engine import Engine
-from fedharness.core.executors import InlineExecutor, ReferenceExecutor
-from fedharness.runner import prepare
+from fedharness.core.executors import InlineExecutor, LoopExecutor
+from fedharness.runs.execute import prepare
 
 W1 = ["dataset.samples_per_client=200", "dataset.num_clients=100", "algorithm.clients_per_round=10",
       "algorithm.local_steps=20", "algorithm.batch_size=24", "algorithm.client_lr=0.05"]
@@ -46,7 +46,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     runs = {
         "vectorized, 1 replica": seconds_per_round(InlineExecutor, 1, args.rounds),
-        "per-client loop, 1 replica": seconds_per_round(ReferenceExecutor, 1, max(3, args.rounds // 10)),
+        "per-client loop, 1 replica": seconds_per_round(LoopExecutor, 1, max(3, args.rounds // 10)),
         "vectorized, 64 replicas": seconds_per_round(InlineExecutor, 64, max(3, args.rounds // 3)),
     }
     speedup = runs["per-client loop, 1 replica"] / runs["vectorized, 1 replica"]

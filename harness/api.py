@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import pyarrow as pa
 
-from fedharness.config import load_settings
+from fedharness.config.load import load_settings
 from fedharness.contracts import Callback
 from fedharness.errors import ConfigError, raise_for_results_write, require
-from fedharness.extras import require_extra
-from fedharness.lifecycle import mark_lost_runs
-from fedharness.progress import ProgressBar
-from fedharness.runner import execute
+from fedharness.base.extras import require_extra
+from fedharness.runs.lifecycle import mark_lost_runs
+from fedharness.base.progress import ProgressBar
+from fedharness.runs.execute import execute
 from fedharness.sinks.parquet import read_table
-from fedharness.store import check_writable, open_store
+from fedharness.results.store import check_writable, open_store
 from fedharness.studies.sweep import dict_overrides, plan, run_sweep
 
 if TYPE_CHECKING:

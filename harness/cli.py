@@ -8,14 +8,14 @@ import os
 import sys
 
 from fedharness.errors import ConfigError, ResultsWriteError
-from fedharness.extras import require_extra
+from fedharness.base.extras import require_extra
 
 
 def cmd_run(overrides: list[str]) -> int:
     """One run. SIGINT/SIGTERM end it with one line on stderr and exit status 130/143 (128 + the signal)."""
     from fedharness.api import run
-    from fedharness.lifecycle import RunInterrupted
-    from fedharness.runner import summary_table
+    from fedharness.runs.lifecycle import RunInterrupted
+    from fedharness.runs.execute import summary_table
     from fedharness.studies.tuning.export import shown
 
     try:
@@ -49,14 +49,14 @@ def cmd_show_config(overrides: list[str]) -> int:
     """`fedharness run --cfg job ...`: the resolved, validated config as YAML; runs nothing."""
     from omegaconf import OmegaConf
 
-    from fedharness.config import load_config
+    from fedharness.config.load import load_config
 
     print(OmegaConf.to_yaml(load_config(overrides)), end="")
     return 0
 
 
 def cmd_config(group: str | None, option: str | None) -> int:
-    from fedharness.confighelp import describe_group, describe_run
+    from fedharness.config.help import describe_group, describe_run
 
     print(describe_group(group, option) if group else describe_run())
     return 0
@@ -77,7 +77,7 @@ class RunHelp(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, help="show the config groups and keys with defaults")
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from fedharness.confighelp import describe_run
+        from fedharness.config.help import describe_run
 
         print(parser.format_help() + "\n" + describe_run())
         parser.exit()
@@ -85,10 +85,10 @@ class RunHelp(argparse.Action):
 
 def cmd_list() -> int:
     from fedharness.algorithms.registry import PARTS
-    from fedharness.compose import group_options
+    from fedharness.config.compose import group_options
     from fedharness.problems import DATASETS, MODELS
     from fedharness.partitions import PARTITIONERS
-    from fedharness.plugins import load_entry_points
+    from fedharness.registry.plugins import load_entry_points
 
     load_entry_points()  # installed packages' parts are listed with the built-ins
     sections = {

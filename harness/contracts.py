@@ -232,8 +232,8 @@ class Problem(Protocol):
     def grad(self, w: torch.Tensor, batches: Any, step: int) -> torch.Tensor:
         """Stochastic gradient of each client's objective at local step `step`: [M, dim]."""
 
-    def reference_grad(self, w: torch.Tensor, batches: Any, step: int) -> torch.Tensor:
-        """The same gradient computed the slow, obvious way (the reference executor checks the fast path)."""
+    def loop_grad(self, w: torch.Tensor, batches: Any, step: int) -> torch.Tensor:
+        """The same gradient computed the slow, obvious way (the loop executor checks the fast path)."""
 
     def entry_bytes(self, steps: int) -> int:
         """Bytes one client copy of a batched local step needs besides its parameter vectors."""
@@ -256,7 +256,7 @@ class Problem(Protocol):
         return None
 
     def client_minima(self) -> np.ndarray | None:
-        """Every client's F_k* in closed form; None: none known (harness/closed_forms.py may solve for it)."""
+        """Every client's F_k* in closed form; None: none known (harness/references/closed_forms.py may solve for it)."""
         return None
 
     def data_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor] | None:

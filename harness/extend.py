@@ -4,7 +4,7 @@ Registration adds to the same registries `fedharness list`, validation and the b
 one mechanism: a call from Python (`fedharness.register_model(...)`), or a `_target_` in a config file,
 which names the factory by its dotted import path and is registered when the config is loaded (also in
 every Ray worker, since the config travels with the job). What is registered from Python reaches Ray workers
-too: fedharness.plugins carries `user_registrations()` with the work and `restore`s them there.
+too: fedharness.registry.plugins carries `user_registrations()` with the work and `restore`s them there.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _check(kind: str, name: str, factory: Any) -> None:
 def _store(group: str, name: str, node: dict[str, Any]) -> None:
     """A config node, so that `group=name` composes like a shipped conf/<group>/<name>.yaml."""
     ConfigStore.instance().store(group=group, name=name, node={"name": name, **node})
-    _NODES[(group, name)] = node  # carried to Ray workers with the factory (fedharness.plugins)
+    _NODES[(group, name)] = node  # carried to Ray workers with the factory (fedharness.registry.plugins)
 
 
 def _add_model(name: str, factory: Callable[..., Any]) -> None:
@@ -155,7 +155,7 @@ def user_registrations() -> list[tuple[str, str, Any, Any]]:
     """Every registration of a user's part held now, however it was made (a register_* call, `contracts.part`,
     a `_target_`, an entry point): (kind, name, factory, extra), extra being a model's, data set's or
     partitioner's config defaults (None without), a part's declared keys, or a metric's split and direction.
-    fedharness.plugins carries these to Ray workers; `restore` puts one back."""
+    fedharness.registry.plugins carries these to Ray workers; `restore` puts one back."""
     out = [(group, name, factory, _NODES.get((group, name)))
            for group, registry in (("model", NETS), ("dataset", USER_DATASETS), ("partition", PARTITIONERS))
            for name, factory in registry.items() if name not in _BUILTIN[group]]

@@ -1,9 +1,9 @@
 """The run's settings: the validated config as one frozen, typed object, built once at load time.
 
 Every run-level key is declared here, once, as a field with its Key (the check, what is allowed, a doc:
-harness/keys.py); the schema's TOP and SECTIONS (harness/schema.py), `fedharness run --help` and the error
+harness/keys.py); the schema's TOP and SECTIONS (harness/config/schema.py), `fedharness run --help` and the error
 messages are generated from these fields. Defaults live in the YAML under conf/, never here.
-`fedharness.config.load_settings` composes, validates and builds a RunSettings; the core, the backends and the
+`fedharness.config.load.load_settings` composes, validates and builds a RunSettings; the core, the backends and the
 sinks read its typed fields. The group sections (dataset, partition, model, algorithm) are PartSettings: the
 option's name and its keys, which the part that uses them declares. `.config` keeps the plain validated dict for
 what must round-trip as data (the runs/ row's config_json, checkpoints, `--cfg job`, the exact-reference cache).
@@ -157,7 +157,7 @@ _RUN_ID = re.compile(r"^[A-Za-z0-9._=-]+$")
 @dataclass(frozen=True, slots=True)
 class RunSettings:
     """The validated run config, typed and frozen. Build it with `RunSettings.from_config` (or
-    `fedharness.config.load_settings`); `replace(**changes)` gives a new one."""
+    `fedharness.config.load.load_settings`); `replace(**changes)` gives a new one."""
 
     study: str = key(text("groups runs (tuning studies, sweeps)"))
     experiment: str = key(text("the experiment config this run belongs to (experiment=NAME picks a paper "
@@ -168,8 +168,8 @@ class RunSettings:
     eval_every: int = key(integer("rounds between evaluations (and Parquet rows)", lo=1))
     results_dir: str = key(text("where runs/ and rounds/ are written as Parquet: a folder, or an object store "
                                 "as s3://bucket/prefix or gs://bucket/prefix (docs/cluster.md)"))
-    executor: str = key(choice("inline | reference (per-client loop, for checking) | ray",
-                               ("inline", "reference", "ray")))
+    executor: str = key(choice("inline | loop (one client at a time, the slow path that checks the batched one) | ray",
+                               ("inline", "loop", "ray")))
     num_shards: int = key(integer("inline shards (the ray executor uses ray.num_shards)", lo=1))
     checkpoint_every: int = key(integer("rounds between checkpoints under <results_dir>/checkpoints/ (0: none)",
                                         lo=0))
@@ -216,7 +216,7 @@ class RunSettings:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> RunSettings:
-        """The settings of a validated config (harness/schema.py has checked every value; nothing is checked
+        """The settings of a validated config (harness/config/schema.py has checked every value; nothing is checked
         again). Keys that only some configs have (scale, scales, tune, trial) are None where absent."""
         config = copy.deepcopy(dict(cfg))
         values: dict[str, Any] = {name: _frozen(config.get(name)) for name in keys_of(cls)}

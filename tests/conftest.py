@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
 def local_ray(request):
     """One embedded Ray on 127.0.0.1 for a module's tests, with the module's RAY_CPUS (default 4: three shards of
     1 CPU fit on this 2-core machine's instance); stopped after the module."""
-    from fedharness.backends import ray_cluster
+    from fedharness.core import ray_cluster
 
     conn = ray_cluster.start_local(num_cpus=getattr(request.module, "RAY_CPUS", 4))
     yield conn
@@ -62,7 +62,7 @@ def s3(s3_server, monkeypatch):
 @pytest.fixture
 def run_config(tmp_path):
     """Load a run's settings with overrides, results going to a temporary folder."""
-    from fedharness.config import load_settings
+    from fedharness.config.load import load_settings
 
     def load(*overrides: str):
         return load_settings([f"results_dir={tmp_path / 'results'}", "progress=false", *overrides])

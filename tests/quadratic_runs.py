@@ -9,8 +9,8 @@ import numpy as np
 from fedharness.contracts import ReplicaLayout
 from fedharness.core.engine import Engine, RunOutcome
 from fedharness.core.executors import InlineExecutor
-from fedharness.runner import prepare
-from fedharness.core.series import build_series
+from fedharness.runs.execute import prepare
+from fedharness.algorithms.series import build_series
 from fedharness.settings import RunSettings
 
 

@@ -12,7 +12,7 @@ import torch
 
 from fedharness.core.engine import Engine
 from fedharness.core.executors import InlineExecutor
-from fedharness.parts import build_parts
+from fedharness.assembly.build import build_parts
 from fedharness.settings import RunSettings
 
 # Small problems: these tests check equality of trajectories, not learning.

@@ -21,13 +21,13 @@ from torch import nn
 
 import fedharness
 from fedharness.backends.ray_executor import RayExecutor
-from fedharness.core import streams
+from fedharness.base import streams
 from fedharness.core.executors import InlineExecutor
-from fedharness.parts import build_parts
+from fedharness.assembly.build import build_parts
 from fedharness.problems import MODELS
 from fedharness.problems.module_state import DropoutSite, draw_masks
 from fedharness.problems.nets import NETS, build_net
-from fedharness.runner import execute
+from fedharness.runs.execute import execute
 from ray_support import max_rel_diff, read_rounds, trajectory
 
 ROUNDS, STEPS, BATCH, LR = 2, 2, 4, 0.05

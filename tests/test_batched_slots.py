@@ -1,4 +1,4 @@
-"""Hyperparameters on the replica axis (harness/batched.py, harness/core/slots.py): every slot of a batched run
+"""Hyperparameters on the replica axis (harness/runs/batch.py, harness/core/slots.py): every slot of a batched run
 gives the rows its settings give alone, to 1e-6 relative in float32 and 1e-12 in float64, inline and on Ray; a
 slot that diverges, finishes its rounds or is pruned leaves the batch without changing the others; each slot is
 its own run in runs/, with the batch's id."""
@@ -11,10 +11,10 @@ import math
 import pyarrow.parquet as pq
 import pytest
 
-from fedharness.batched import Slot, batch_key, batchable, execute_batch
-from fedharness.config import load_settings
+from fedharness.runs.batch import Slot, batch_key, batchable, execute_batch
+from fedharness.config.load import load_settings
 from fedharness.errors import ConfigError
-from fedharness.runner import execute
+from fedharness.runs.execute import execute
 
 RAY_CPUS = 3
 SMALL = ["dataset.num_clients=12", "dataset.samples_per_client=40", "dataset.data_seed=0",

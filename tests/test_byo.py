@@ -91,8 +91,8 @@ def test_registered_model_data_and_partitioner_run_and_are_listed(mypkg, capsys)
 
 
 def test_user_partitioner_splits_by_label(mypkg):
-    from fedharness.config import load_settings
-    from fedharness.parts import build_parts
+    from fedharness.config.load import load_settings
+    from fedharness.assembly.build import build_parts
 
     pkg, _ = mypkg
     _register(pkg)

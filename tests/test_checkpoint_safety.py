@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from fedharness import cli
-from fedharness.config import load_settings
+from fedharness.config.load import load_settings
 from fedharness.errors import ConfigError
-from fedharness.runner import execute
+from fedharness.runs.execute import execute
 from ray_support import QUADRATIC, read_rounds
 
 # SCAFFOLD keeps control variates per (replica, client); two replicas with averaging add series state

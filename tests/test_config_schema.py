@@ -1,4 +1,4 @@
-"""harness/schema.py: every key declared once, every bad value stopped through the real CLI (exit 2, one line
+"""harness/config/schema.py: every key declared once, every bad value stopped through the real CLI (exit 2, one line
 naming the key, no files), cross-key rules, memory, results_dir, and the YAML and the schema agreeing."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from fedharness import schema
+from fedharness.config import schema
 from fedharness.cli import main
-from fedharness.compose import group_options
-from fedharness.config import load_config
+from fedharness.config.compose import group_options
+from fedharness.config.load import load_config
 
 CASES = [  # (overrides, the key the message must name, words of what is allowed)
     (["dataset.alpha=nan"], "dataset.alpha", "finite"),
@@ -113,13 +113,13 @@ def test_a_part_registered_at_run_time_is_accepted(monkeypatch):
 
 
 def test_a_full_disk_during_the_run_is_one_line(tmp_path, monkeypatch, capsys):
-    import fedharness.runner
+    import fedharness.runs.execute
 
-    class FullDisk(fedharness.runner.ParquetSink):
+    class FullDisk(fedharness.runs.execute.ParquetSink):
         def write_run(self, row):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(fedharness.runner, "ParquetSink", FullDisk)
+    monkeypatch.setattr(fedharness.runs.execute, "ParquetSink", FullDisk)
     results = tmp_path / "res"
     assert main(["run", f"results_dir={results}", "progress=false", "dataset=quadratic", "rounds=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -13,14 +13,15 @@ import pytest
 import torch
 
 import fedharness
-from fedharness import contracts, schema
+from fedharness import contracts
+from fedharness.config import schema
 from fedharness.algorithms import aggregators, local_work, local_work_fixed, registry, robust, samplers, schedules, \
     server, solvers
 from fedharness.cli import main
-from fedharness.compose import defaults
-from fedharness.config import load_config
+from fedharness.config.compose import defaults
+from fedharness.config.load import load_config
 from fedharness.contracts import PARTS, PROTOCOLS
-from fedharness.core import series
+from fedharness.algorithms import series
 from fedharness.errors import ConfigError
 from fedharness.problems.data import DataProblem
 from fedharness.problems.lazy import LazySyntheticProblem

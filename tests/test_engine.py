@@ -9,9 +9,9 @@ import torch
 from closeness import assert_close_to_scale
 from fakes import fake_mnist
 from ray_support import trajectory
-from fedharness.core.executors import InlineExecutor, ReferenceExecutor
-from fedharness.reference import _newton_cg, solve_reference
-from fedharness.runner import prepare
+from fedharness.core.executors import InlineExecutor, LoopExecutor
+from fedharness.references.solve import _newton_cg, solve_reference
+from fedharness.runs.execute import prepare
 
 
 def _trajectory(cfg, executor_cls, rounds: int, num_shards: int = 1) -> torch.Tensor:
@@ -24,7 +24,7 @@ def test_vectorized_linear_models_equal_per_client_loop(run_config, model, lr):
     cfg = run_config("dataset.num_clients=12", f"model={model}", "model.l2=0.01", f"algorithm.client_lr={lr}", "algorithm.clients_per_round=5", "algorithm.local_steps=7",
                      "algorithm.batch_size=8", "replicas=3", "rounds=4")
     fast = _trajectory(cfg, InlineExecutor, 4)
-    slow = _trajectory(cfg, ReferenceExecutor, 4)
+    slow = _trajectory(cfg, LoopExecutor, 4)
     assert (fast[-1] - fast[0]).abs().max() > 0.05  # the model actually moved
     assert_close_to_scale(fast, slow, rtol=1e-5)  # float32: per-client loop and batch reassociate sums
 
@@ -43,7 +43,7 @@ def test_vectorized_cnn_equals_per_client_loop(run_config, tmp_path):
                      "model=cnn", "algorithm.clients_per_round=3", "algorithm.local_steps=2",
                      "algorithm.batch_size=4", "algorithm.client_lr=0.05", "replicas=2", "rounds=2")
     fast = _trajectory(cfg, InlineExecutor, 2)
-    slow = _trajectory(cfg, ReferenceExecutor, 2)
+    slow = _trajectory(cfg, LoopExecutor, 2)
     assert (fast[-1] - fast[0]).abs().max() > 1e-3
     assert_close_to_scale(fast, slow, rtol=1e-5)  # float32: per-client loop and batch reassociate sums
 

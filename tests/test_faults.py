@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import ray
 
-from fedharness.config import load_settings
+from fedharness.config.load import load_settings
 from fedharness.errors import ConfigError
 from fedharness.backends.ray_executor import RayExecutor
-from fedharness.parts import build_parts
-from fedharness.runner import execute
+from fedharness.assembly.build import build_parts
+from fedharness.runs.execute import execute
 from ray_support import (QUADRATIC, assert_rows_match, inline_trajectory, max_rel_diff, read_rounds,
                          shard_actor_pids, trajectory)
 
@@ -94,9 +94,9 @@ def test_sigkilled_shard_process_mid_run_keeps_parquet_exact(local_ray, tmp_path
 # A driver that blocks right after evaluating a given round, to be SIGKILLed there.
 _DRIVER = """
 import sys, time
-from fedharness.config import load_settings
+from fedharness.config.load import load_settings
 from fedharness.errors import ConfigError
-from fedharness.runner import execute
+from fedharness.runs.execute import execute
 stop_round, marker, *overrides = sys.argv[1:]
 
 def on_eval(rows, state):

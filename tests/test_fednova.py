@@ -1,6 +1,6 @@
 """FedAvg vs FedNova on Wang et al.'s quadratic (F_i = 1/2 ||x - e_i||^2, fixed heterogeneous tau_i).
 
-Deterministic local GD makes every limit a closed form (harness/closed_forms.py): FedAvg's
+Deterministic local GD makes every limit a closed form (harness/references/closed_forms.py): FedAvg's
 weights e_i by p_i c_i, c_i = 1 - (1 - eta)^tau_i, FedNova's by p_i c_i / tau_i. As eta -> 0
 FedAvg tends to sum p tau e / sum p tau (not the optimum) while FedNova's bias is O(eta); at a
 large step FedAvg's c_i all approach 1 and FedNova is the one left farther from the optimum.
@@ -14,7 +14,7 @@ import pytest
 from fedharness.algorithms.aggregators import NormalizedAverage, WeightedAverage
 from fedharness.algorithms.schedules import InverseStep
 from fedharness.algorithms.solvers import LocalSGD
-from fedharness import closed_forms as cf
+from fedharness.references import closed_forms as cf
 from quadratic_runs import factor_layout, run_engine
 
 TAU = [1, 2, 3, 5, 8, 13]
@@ -32,7 +32,7 @@ def _config(run_config, aggregator: str, *extra: str):
 @pytest.fixture(scope="module")
 def limits(tmp_path_factory):
     """Final iterates of FedAvg and FedNova for every step size of the grid (one engine run each)."""
-    from fedharness.config import load_settings
+    from fedharness.config.load import load_settings
 
     def run_config(*overrides):
         return load_settings([f"results_dir={tmp_path_factory.mktemp('r')}", "progress=false", *overrides])

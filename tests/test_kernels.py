@@ -16,8 +16,8 @@ from fakes import fake_mnist
 from fedharness.core import kernels
 from fedharness.core.checkpoint import checkpointed
 from fedharness.contracts import ClientKeys
-from fedharness.runner import execute, prepare, prepare_run
-from fedharness.schema import TOP
+from fedharness.runs.execute import execute, prepare, prepare_run
+from fedharness.config.schema import TOP
 
 
 def _prepared(settings) -> tuple[dict, object]:

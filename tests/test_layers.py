@@ -32,22 +32,29 @@ ROOT = Path(__file__).resolve().parents[1]
 # "core") may not import each other. A name "x.*" covers the modules under package x that no exact name
 # claims; an exact name wins over a pattern.
 LAYERS: tuple[tuple[str, int, tuple[str, ...]], ...] = (
-    ("base", 0, ("fedharness", "fedharness.errors", "fedharness.files", "fedharness.store", "fedharness.keys", "fedharness.extras",
-                 "fedharness.progress", "fedharness.contracts", "fedharness.settings", "fedharness.core.streams",
-                 "fedharness.core.runtime")),
+    ("base", 0, ("fedharness", "fedharness.errors", "fedharness.keys", "fedharness.contracts", "fedharness.settings",
+                 "fedharness.base", "fedharness.base.*", "fedharness.results", "fedharness.results.*")),
     ("parts", 1, ("fedharness.algorithms", "fedharness.algorithms.*", "fedharness.partitions",
-                  "fedharness.partitions.*", "fedharness.problems", "fedharness.problems.*", "fedharness.reference",
-                  "fedharness.closed_forms", "fedharness.extend", "fedharness.plugins", "fedharness.core.series")),
-    ("core", 1, ("fedharness.core", "fedharness.core.*", "fedharness.backends", "fedharness.backends.ray_cluster")),
-    ("config", 2, ("fedharness.compose", "fedharness.schema", "fedharness.config", "fedharness.confighelp",
-                   "fedharness.memory")),
-    ("assembly", 3, ("fedharness.parts", "fedharness.reference_cache", "fedharness.reference_policy")),
-    ("execution", 4, ("fedharness.backends.*", "fedharness.sinks", "fedharness.sinks.*", "fedharness.lifecycle")),
-    ("runner", 5, ("fedharness.runner", "fedharness.batched")),
+                  "fedharness.partitions.*", "fedharness.problems", "fedharness.problems.*", "fedharness.references",
+                  "fedharness.references.*", "fedharness.extend", "fedharness.registry", "fedharness.registry.*")),
+    ("core", 1, ("fedharness.core", "fedharness.core.*")),
+    ("config", 2, ("fedharness.config", "fedharness.config.*")),
+    ("assembly", 3, ("fedharness.assembly", "fedharness.assembly.*")),
+    ("execution", 4, ("fedharness.backends", "fedharness.backends.*", "fedharness.sinks", "fedharness.sinks.*")),
+    ("runs", 5, ("fedharness.runs", "fedharness.runs.*")),
     ("studies", 6, ("fedharness.studies", "fedharness.studies.*")),
     ("api", 7, ("fedharness.api",)),
     ("cli", 8, ("fedharness.cli",)),
 )
+
+# A folder's modules are one layer: the folder says where a module stands. The modules loose in harness/ (at most
+# MAX_LOOSE) are the package, the vocabulary every layer shares, the registration calls, the API and the command.
+FOLDERS: dict[str, str] = {
+    "base": "base", "results": "base", "algorithms": "parts", "partitions": "parts", "problems": "parts",
+    "references": "parts", "registry": "parts", "core": "core", "config": "config", "assembly": "assembly",
+    "backends": "execution", "sinks": "execution", "runs": "runs", "studies": "studies",
+}
+MAX_LOOSE = 8
 
 
 @dataclass(frozen=True)
@@ -235,6 +242,26 @@ def test_imports_go_down_the_layers():
     bad = upward(import_graph())
     assert not bad, f"{len(bad)} import(s) from a lower layer to a higher one (or across parts/core):\n" + \
         "\n".join("  " + _describe(i) for i in bad)
+
+
+def folder_of(module: str) -> str | None:
+    """The first folder below the namespace that holds the module (None: loose in harness/)."""
+    rel = MODULES[module].relative_to(ROOT)  # harness/x.py, harness/core/engine.py, algorithms/samplers.py
+    if rel.parts[0] != "harness":
+        return rel.parts[0]
+    return rel.parts[1] if len(rel.parts) > 2 else None
+
+
+def test_a_modules_folder_is_its_layer():
+    wrong = [f"{m} ({MODULES[m].relative_to(ROOT)}): folder {folder_of(m)}/ is layer {FOLDERS.get(folder_of(m))}, "
+             f"the module is declared {layer_of(m)[0]}"
+             for m in sorted(MODULES) if folder_of(m) is not None and FOLDERS.get(folder_of(m)) != layer_of(m)[0]]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_few_modules_loose_in_harness():
+    loose = sorted(m for m in MODULES if folder_of(m) is None)
+    assert len(loose) <= MAX_LOOSE, f"{len(loose)} modules loose in harness/ (at most {MAX_LOOSE}): {loose}"
 
 
 def function_local_imports() -> list[Import]:

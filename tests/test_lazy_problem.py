@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from fedharness.core.executors import InlineExecutor
-from fedharness.parts import build_parts
+from fedharness.assembly.build import build_parts
 from ray_support import trajectory
 
 COMMON = ["dataset.num_clients=15", "dataset.alpha=0.5", "dataset.beta=0.5", "algorithm.clients_per_round=4",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedharness import closed_forms as cf
+from fedharness.references import closed_forms as cf
 from fedharness.problems.li_toy import LiToyProblem, li_toy_matrices
 from quadratic_runs import factor_layout, run_engine
 
@@ -43,7 +43,7 @@ def test_construction_matches_appendix_c():
 @pytest.fixture(scope="module")
 def grid_limits(tmp_path_factory):
     """One engine run: every (E, eta) of the grid as a replica (local-step and step-size factors)."""
-    from fedharness.config import load_settings
+    from fedharness.config.load import load_settings
 
     cfg = load_settings([f"results_dir={tmp_path_factory.mktemp('r')}", "progress=false", *TOY,
                        "algorithm.client_lr=0.1", "rounds=1100"])

@@ -18,11 +18,11 @@ import pytest
 
 from fedharness.core.checkpoint import load_resume
 from fedharness.cli import main
-from fedharness.config import load_settings
-from fedharness.lifecycle import mark_lost_runs, process_alive, process_start
-from fedharness.runner import execute
+from fedharness.config.load import load_settings
+from fedharness.runs.lifecycle import mark_lost_runs, process_alive, process_start
+from fedharness.runs.execute import execute
 from fedharness.sinks.parquet import ParquetSink
-from fedharness.store import FileStore
+from fedharness.results.store import FileStore
 
 REPO = Path(__file__).resolve().parent.parent
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}

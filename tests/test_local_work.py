@@ -9,7 +9,7 @@ from fedharness.algorithms import local_work
 from fedharness.core.engine import Engine
 from fedharness.errors import ConfigError
 from fedharness.core.executors import InlineExecutor
-from fedharness.runner import prepare
+from fedharness.runs.execute import prepare
 
 SIZES = np.array([10, 24, 25, 100, 7, 48])
 B = 24

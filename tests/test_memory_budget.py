@@ -9,7 +9,7 @@ from closeness import assert_close_to_scale
 from fedharness.core.engine import Engine
 from fedharness.errors import ConfigError
 from fedharness.core.executors import InlineExecutor, entry_bytes
-from fedharness.runner import execute, prepare
+from fedharness.runs.execute import execute, prepare
 
 STEPS_HIGH = 9
 

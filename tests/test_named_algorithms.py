@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
-from fedharness.compose import group_options
+from fedharness.config.compose import group_options
 
 REQUIRED = {"fedavg", "fedprox", "fednova", "scaffold", "fedavg_rr", "fedavgm", "fedadam", "fedyogi",
             "nesterov_fedavg"}

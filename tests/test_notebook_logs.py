@@ -74,8 +74,8 @@ def test_progress_lines_are_spaced_in_time_and_the_solver_status_too(tmp_path):
     solver's status (shown once a solve takes a second) the same way."""
     _, err = _python("""
         import time
-        from fedharness import progress
-        from fedharness.reference_policy import _status
+        from fedharness.base import progress
+        from fedharness.assembly.reference_policy import _status
         progress.LOG_EVERY_S = 0.5
         bar = progress.ProgressBar(400, True)
         start = time.monotonic()
@@ -105,7 +105,7 @@ def test_progress_lines_are_spaced_in_time_and_the_solver_status_too(tmp_path):
 def test_a_terminal_gets_a_tqdm_auto_bar():
     from tqdm.auto import tqdm
 
-    from fedharness.progress import LogLines, progress_bar
+    from fedharness.base.progress import LogLines, progress_bar
 
     main, other = os.openpty()
     with os.fdopen(other, "w") as tty:
@@ -133,7 +133,7 @@ class Mlp(nn.Module):
 @pytest.fixture
 def four_threads(monkeypatch):
     """A process whose torch default is 4 threads; the tests' 1 thread restored afterwards."""
-    from fedharness.core import runtime
+    from fedharness.base import runtime
 
     monkeypatch.setattr(runtime, "_SET", None)
     torch.set_num_threads(4)
@@ -174,7 +174,7 @@ def _expected(dim: int, clients: int, batch: int, replicas: int) -> int:
     (["model=logreg"], (60 + 1) * 10, 16),  # 16 replicas: 2.3M per step, 2 threads
 ])
 def test_null_threads_follow_the_work_of_a_step(run_config, four_threads, user_net, overrides, dim, replicas):
-    from fedharness.runner import prepare_run
+    from fedharness.runs.execute import prepare_run
 
     settings = run_config("dataset=synthetic", "reference=off", "kernel=vmap", f"replicas={replicas}", *overrides)
     run = prepare_run(settings)
@@ -188,7 +188,7 @@ def test_null_threads_follow_the_work_of_a_step(run_config, four_threads, user_n
 
 
 def test_explicit_threads_win(run_config, four_threads):
-    from fedharness.runner import prepare_run
+    from fedharness.runs.execute import prepare_run
 
     prepare_run(run_config("dataset=synthetic", "reference=off", "threads=3", "model=logreg"))
     assert torch.get_num_threads() == 3

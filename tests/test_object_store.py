@@ -18,7 +18,7 @@ import pytest
 
 from fedharness import cli
 from fedharness.errors import ConfigError
-from fedharness.store import ArrowStore, FileStore, open_store
+from fedharness.results.store import ArrowStore, FileStore, open_store
 from ray_support import QUADRATIC, assert_rows_match, read_rounds
 from s3_support import ACCESS_KEY, SECRET_KEY, moto_server, s3_env
 
@@ -131,8 +131,8 @@ def test_a_tuning_study_records_its_trials_in_the_bucket(s3, tmp_path):
 
 _KILLED = """
 import os, signal, sys
-from fedharness.config import load_settings
-from fedharness.runner import execute
+from fedharness.config.load import load_settings
+from fedharness.runs.execute import execute
 stop_round, *overrides = sys.argv[1:]
 
 def on_eval(rows, state):

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import fedharness
-from fedharness import reference_policy
+from fedharness.assembly import reference_policy
 from fedharness.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,7 +87,7 @@ def test_wheel_runs_outside_the_checkout(tmp_path):
     probe = _run([py, "-c", "import harness"], work)
     assert probe.returncode != 0 and "ModuleNotFoundError" in probe.stderr, probe.stderr
     _install(venv, wheel, work)
-    where = _run([py, "-c", "import fedharness.compose as c; print(c.__file__); print(c.CONF_DIR)"], work)
+    where = _run([py, "-c", "import fedharness.config.compose as c; print(c.__file__); print(c.CONF_DIR)"], work)
     module_file, conf_dir = where.stdout.split()
     assert module_file.startswith(str(venv)) and conf_dir.startswith(str(venv)), where.stdout
 
@@ -159,7 +159,7 @@ def test_a_run_from_python_prints_nothing_and_the_command_line_shows_the_log_lin
     assert capfd.readouterr() == ("", "")
     note = "no exact reference: model.l2=0 (the optimum may not exist); subopt and dist_to_opt are null. " \
            "reference=on forces a solve."
-    assert ("fedharness.reference_policy", "WARNING", note) in [(r.name, r.levelname, r.getMessage())
+    assert ("fedharness.assembly.reference_policy", "WARNING", note) in [(r.name, r.levelname, r.getMessage())
                                                                  for r in caplog.records]
 
     monkeypatch.setattr(reference_policy, "_REPORTED", set())

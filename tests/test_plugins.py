@@ -1,6 +1,6 @@
 """Plugins on every worker (docs/extending.md, "Plugins"): a model, a data set and an aggregator registered from
 the driver's Python, defined in a module the Ray workers cannot import, run in Ray shards, sweep tasks and
-tuning workers; an installed package's `fedharness.plugins` entry point needs no import by the user.
+tuning workers; an installed package's `fedharness.registry.plugins` entry point needs no import by the user.
 
 One local Ray (127.0.0.1) serves the module. Each distributed run is compared with the same run inline.
 """
@@ -238,7 +238,7 @@ PLUGIN_PACKAGE = {
         ''',
     "epplugin-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: epplugin\nVersion: 0.1\n",
     "epplugin-0.1.dist-info/entry_points.txt":
-        "[fedharness.plugins]\ndata = epplugin:register\nparts = epplugin.parts\n",
+        "[fedharness.registry.plugins]\ndata = epplugin:register\nparts = epplugin.parts\n",
 }
 
 # Run in a fresh interpreter: the package is installed (on its path) and never imported by this script.
@@ -289,8 +289,8 @@ def test_an_installed_packages_entry_point_registers_its_parts_with_no_import(tm
     assert listed.returncode == 0, listed.stderr[-3000:]
     assert "ep_pairs" in listed.stdout and "ep_first" in listed.stdout
     # an entry point that does not load stops every command with one line naming it
-    (site / "epplugin-0.1.dist-info/entry_points.txt").write_text("[fedharness.plugins]\ndata = epplugin:regster\n")
+    (site / "epplugin-0.1.dist-info/entry_points.txt").write_text("[fedharness.registry.plugins]\ndata = epplugin:regster\n")
     broken = _python(tmp_path, site, "-m", "fedharness.cli", "list")
     assert broken.returncode == 2 and broken.stderr.strip().splitlines() == [
-        "fedharness: error: invalid value for 'entry point fedharness.plugins': 'data = epplugin:regster' (loading it "
+        "fedharness: error: invalid value for 'entry point fedharness.registry.plugins': 'data = epplugin:regster' (loading it "
         "failed (AttributeError: module 'epplugin' has no attribute 'regster'))"]

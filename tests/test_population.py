@@ -12,7 +12,7 @@ import torch
 from fedharness.algorithms.samplers import SchemeI, YangStrategy2
 from fedharness.contracts import ClientKeys
 from fedharness.core.executors import COST_GRID, InlineExecutor, balanced_ranges, shard_of
-from fedharness.parts import build_parts
+from fedharness.assembly.build import build_parts
 from fedharness.problems import synthetic
 from fedharness.problems.population import BLOCK, ClientSizes, ClientWeights
 

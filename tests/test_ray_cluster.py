@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fedharness.backends import ray_cluster
-from fedharness.config import load_settings
+from fedharness.core import ray_cluster
+from fedharness.config.load import load_settings
 from fedharness.errors import ConfigError
 from ray_support import (QUADRATIC, assert_rows_match, descendants, eventually, inline_trajectory, max_rel_diff,
                          read_rounds, trajectory)
@@ -116,7 +116,7 @@ def _joined(run_config, cluster, *overrides: str):
 def test_spread_shards_land_on_both_nodes_and_follow_inline(two_nodes, run_config):
     import ray
     from fedharness.backends.ray_executor import RayExecutor
-    from fedharness.parts import build_parts
+    from fedharness.assembly.build import build_parts
 
     cluster, second = two_nodes
     cfg = _joined(run_config, cluster, "ray.num_shards=2", "ray.placement=spread")
@@ -138,7 +138,7 @@ def test_spread_shards_land_on_both_nodes_and_follow_inline(two_nodes, run_confi
 @pytest.mark.slow
 def test_pack_keeps_shards_on_one_node(two_nodes, run_config):
     from fedharness.backends.ray_executor import RayExecutor
-    from fedharness.parts import build_parts
+    from fedharness.assembly.build import build_parts
 
     cluster, _ = two_nodes
     cfg = _joined(run_config, cluster, "ray.num_shards=2", "ray.placement=pack")
@@ -153,7 +153,7 @@ def test_pack_keeps_shards_on_one_node(two_nodes, run_config):
 @pytest.mark.slow
 def test_shard_bigger_than_any_node_names_the_key(two_nodes, run_config):
     from fedharness.backends.ray_executor import RayExecutor
-    from fedharness.parts import build_parts
+    from fedharness.assembly.build import build_parts
 
     cluster, _ = two_nodes
     cfg = _joined(run_config, cluster, "ray.cpus_per_shard=3")  # the cluster has 3 CPUs, no node has 3
@@ -167,7 +167,7 @@ def test_shard_bigger_than_any_node_names_the_key(two_nodes, run_config):
 def test_losing_the_second_node_mid_run_keeps_parquet_exact(two_nodes, tmp_path):
     """Last in the module: the second node leaves after round 6; its shard moves to the head and replays."""
     import ray
-    from fedharness.runner import execute
+    from fedharness.runs.execute import execute
 
     cluster, second = two_nodes
     run = ["algorithm=scaffold", "algorithm.client_lr=0.1", *QUADRATIC, "rounds=12", "eval_every=2",

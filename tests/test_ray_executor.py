@@ -10,11 +10,11 @@ import pytest
 import ray
 import torch
 
-from fedharness.backends import ray_cluster
-from fedharness.compose import group_options
+from fedharness.core import ray_cluster
+from fedharness.config.compose import group_options
 from fedharness.errors import ConfigError
 from fedharness.backends.ray_executor import RayExecutor
-from fedharness.parts import build_parts
+from fedharness.assembly.build import build_parts
 from ray_support import SMALL, eventually, inline_trajectory, max_rel_diff, trajectory
 
 ROUNDS = 20

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedharness.reference import Reference
-from fedharness.reference_cache import cached_reference
+from fedharness.references.solve import Reference
+from fedharness.assembly.reference_cache import cached_reference
 
 
 def test_hit_returns_the_stored_reference_and_other_objectives_miss(tmp_path, monkeypatch):

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
-from fedharness import reference_policy
+from fedharness.assembly import reference_policy
 from fedharness.errors import ConfigError
-from fedharness.reference import solve_reference
-from fedharness.runner import execute, prepare
+from fedharness.references.solve import solve_reference
+from fedharness.runs.execute import execute, prepare
 
 SMALL = ("dataset.num_clients=4", "dataset.samples_per_client=40", "rounds=2", "eval_every=1")
 STRONGLY_CONVEX = (*SMALL, "model.l2=0.01")

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from fedharness import closed_forms as cf
+from fedharness.references import closed_forms as cf
 from fedharness.problems.li_toy import LiToyProblem
-from fedharness.runner import execute, prepare
+from fedharness.runs.execute import execute, prepare
 
 
 def _random_quadratic(seed: int = 0, n: int = 4, d: int = 3):

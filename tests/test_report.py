@@ -139,8 +139,8 @@ def test_report_command_names_a_bad_directory(tmp_path):
 def diverged_group(tmp_path_factory) -> Path:
     """fedavg at n = 1, 2, 4 (ok), and a fednova group at n = 2, 4 that diverges before its first evaluation
     after round 0 (eval_every=10, a client step size of 50)."""
-    from fedharness.config import load_settings
-    from fedharness.runner import execute
+    from fedharness.config.load import load_settings
+    from fedharness.runs.execute import execute
 
     results = tmp_path_factory.mktemp("diverged") / "res"
     base = [f"results_dir={results}", "progress=false", "dataset=quadratic", "dataset.num_clients=10", "rounds=20",

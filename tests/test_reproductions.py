@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from fedharness.studies import reproduce as R
-from fedharness.compose import CONF_DIR, group_options
-from fedharness.config import load_config
+from fedharness.config.compose import CONF_DIR, group_options
+from fedharness.config.load import load_config
 from fedharness.errors import ConfigError
 
 

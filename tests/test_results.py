@@ -12,7 +12,7 @@ import textwrap
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from fedharness.runner import execute
+from fedharness.runs.execute import execute
 from fedharness.sinks.parquet import ROUND_SCHEMA, RUN_SCHEMA
 
 
@@ -57,7 +57,7 @@ def test_killed_writer_leaves_no_partial_file(tmp_path):
     script = textwrap.dedent(f"""
         import pyarrow as pa
         from fedharness.sinks.parquet import write_table
-        from fedharness.store import FileStore
+        from fedharness.results.store import FileStore
         table = pa.table({{"x": list(range(3_000_000))}})
         store = FileStore({str(tmp_path)!r})
         i = 0

@@ -39,7 +39,7 @@ import ray
 from ray._private.node import Node
 from ray._private.parameter import RayParams
 from ray._private.services import wait_for_node
-from fedharness.backends.ray_cluster import loopback_only
+from fedharness.core.ray_cluster import loopback_only
 
 role, where, cpus, resources = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
 with loopback_only():

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from fedharness import closed_forms as cf
+from fedharness.references import closed_forms as cf
 from fedharness.errors import ConfigError
-from fedharness.runner import execute
+from fedharness.runs.execute import execute
 from quadratic_runs import run_engine
 
 H = 4
@@ -23,7 +23,7 @@ QUAD = ("dataset=quadratic", "dataset.num_clients=5", "dataset.dim=3", "dataset.
 @pytest.fixture(scope="module")
 def deterministic(tmp_path_factory):
     """rr=gamma at gamma = 0.01 and 0.02 (chains at 0.01/0.02 and 0.02/0.04), rr=H at gamma = 0.01 and 0.02."""
-    from fedharness.config import load_settings
+    from fedharness.config.load import load_settings
 
     out = {}
     for kind in ("gamma", "H"):
@@ -144,8 +144,8 @@ def test_coupled_chains_start_from_the_same_point(run_config, shared):
     # a net's initial point is drawn per replica: replica R + r must start where replica r does
     from fedharness.core.engine import Engine
     from fedharness.core.executors import InlineExecutor
-    from fedharness.runner import prepare
-    from fedharness.core.series import build_series
+    from fedharness.runs.execute import prepare
+    from fedharness.algorithms.series import build_series
 
     cfg = run_config("dataset.num_clients=4", "dataset.samples_per_client=10", "model=2nn", "algorithm=fedavg_rr",
                      f"algorithm.rr_shared_noise={str(shared).lower()}", "replicas=3")

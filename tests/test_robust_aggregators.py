@@ -2,7 +2,7 @@
 
 Each built-in rule is checked against a numpy implementation written here, on known arrays and on a run's
 round 1 recomputed from each client's own delta; the trajectory is the same with 1 and 3 inline shards, on
-the reference executor, in memory-bounded chunks and across 3 Ray shards; the linear aggregators still reduce
+the loop executor, in memory-bounded chunks and across 3 Ray shards; the linear aggregators still reduce
 in the shards and send no update.
 """
 
@@ -19,8 +19,8 @@ from fedharness.algorithms.registry import PARTS
 from fedharness.algorithms.robust import ClippedMean, CoordinateMedian, Krum, TrimmedMean
 from fedharness.contracts import UpdateAggregator
 from fedharness.core.engine import Engine
-from fedharness.core.executors import InlineExecutor, ReferenceExecutor, RoundPlan, entry_bytes
-from fedharness.parts import build_parts
+from fedharness.core.executors import InlineExecutor, LoopExecutor, RoundPlan, entry_bytes
+from fedharness.assembly.build import build_parts
 from ray_support import max_rel_diff, trajectory
 
 # --- the rules, written plainly in numpy --------------------------------------------------------------------
@@ -108,9 +108,9 @@ BASE = ["dataset.num_clients=8", "dataset.samples_per_client=30", "dtype=float64
 
 
 def client_deltas(problem, algorithm, plan: RoundPlan, x: torch.Tensor) -> dict[tuple[int, int], torch.Tensor]:
-    """Delta_k of every (replica, client) trained in `plan`, each alone on the slow reference executor through
+    """Delta_k of every (replica, client) trained in `plan`, each alone on the slow loop executor through
     the linear path (coefficient 1 for it, 0 for every other draw)."""
-    ref = ReferenceExecutor(problem, algorithm.solver)
+    ref = LoopExecutor(problem, algorithm.solver)
     out = {}
     for r, k in sorted({(r, int(k)) for r in range(len(x)) for k, c in zip(plan.clients[r], plan.coef[r]) if c}):
         coef = np.zeros_like(plan.coef)
@@ -165,7 +165,7 @@ def test_one_three_shards_reference_and_chunks_agree(run_config, name):
     cfg = run_config(*RULES[name][0], *BASE)
     one, _, _ = _trajectory(cfg, lambda p, a: InlineExecutor(p, a.solver, 1))
     three, _, _ = _trajectory(cfg, lambda p, a: InlineExecutor(p, a.solver, 3))
-    ref, _, _ = _trajectory(cfg, lambda p, a: ReferenceExecutor(p, a.solver))
+    ref, _, _ = _trajectory(cfg, lambda p, a: LoopExecutor(p, a.solver))
     problem, algorithm = build_parts(cfg)
     problem.memory_budget = 2 * entry_bytes(problem, algorithm.solver, 3)  # two client copies a batch
     executor = InlineExecutor(problem, algorithm.solver, 1)

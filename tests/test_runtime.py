@@ -10,8 +10,8 @@ import torch
 from fakes import fake_mnist
 from fedharness.errors import ConfigError
 from fedharness.contracts import ClientKeys
-from fedharness.runner import execute
-from fedharness.core.runtime import apply_runtime
+from fedharness.runs.execute import execute
+from fedharness.base.runtime import apply_runtime
 from quadratic_runs import run_engine
 
 

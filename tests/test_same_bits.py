@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from fedharness.config import load_settings
+from fedharness.config.load import load_settings
 from fedharness.contracts import Callback
 from fedharness.core.exact_sum import ExactSum
-from fedharness.runner import execute
+from fedharness.runs.execute import execute
 
 SMALL = ["dataset.num_clients=30", "algorithm.clients_per_round=10", "eval_every=250", "rounds=1000",
          "reference=off", "heterogeneity=false", "threads=1", "progress=false"]

@@ -13,7 +13,7 @@ from fedharness.errors import ConfigError
 from fedharness.core.executors import ClientShard, InlineExecutor
 from fedharness.problems.data import DataProblem
 from fedharness.problems.objectives import SoftmaxRegression
-from fedharness.runner import prepare
+from fedharness.runs.execute import prepare
 
 N, K, DIM = 8, 3, 3
 DRAWS = 40_000  # Monte Carlo draws: one per replica of a single select call

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from fedharness.core.engine import Engine
-from fedharness.core.executors import InlineExecutor, ReferenceExecutor
+from fedharness.core.executors import InlineExecutor, LoopExecutor
 from fedharness.problems.quadratic import QuadraticProblem
-from fedharness.parts import algorithm_for
-from fedharness.runner import prepare
+from fedharness.assembly.build import algorithm_for
+from fedharness.runs.execute import prepare
 from quadratic_runs import run_engine
 
 HETEROGENEOUS = ("dataset=quadratic", "dataset.num_clients=6", "dataset.dim=3", "dataset.curvature=random",
@@ -77,7 +77,7 @@ def test_scaffold_same_trajectory_across_shards_and_reference_loop(run_config):
                      "algorithm.clients_per_round=4", "replicas=2", "rounds=6")
     one = run_engine(cfg).x
     three = run_engine(cfg, num_shards=3).x
-    ref = run_engine(cfg, executor_cls=ReferenceExecutor).x
+    ref = run_engine(cfg, executor_cls=LoopExecutor).x
     np.testing.assert_allclose(one, three, atol=1e-13, rtol=0)
     np.testing.assert_allclose(one, ref, atol=1e-13, rtol=0)
 

@@ -7,7 +7,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from fedharness.studies.reports import build_report, parse_target
-from fedharness.runner import execute
+from fedharness.runs.execute import execute
 from fedharness.studies.sweep import run_sweep, spec_from_dict
 
 # Yang et al.'s theory schedule eta_L = c1 / (K sqrt(T)), eta = c2 sqrt(K n), with each n given the horizon

@@ -11,7 +11,7 @@ from fedharness.errors import ConfigError
 from fedharness.problems.data import DataProblem
 from fedharness.problems.objectives import LinearRegression, SoftmaxRegression
 from fedharness.problems.quadratic import QuadraticProblem
-from fedharness.runner import prepare
+from fedharness.runs.execute import prepare
 
 
 def test_constant_and_inverse_round_exact():

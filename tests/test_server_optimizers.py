@@ -10,7 +10,7 @@ from fedharness.algorithms import server
 from fedharness.core.engine import Engine
 from fedharness.errors import ConfigError
 from fedharness.core.executors import InlineExecutor
-from fedharness.runner import prepare
+from fedharness.runs.execute import prepare
 
 X0 = torch.tensor([[1.0, -2.0]], dtype=torch.float64)
 

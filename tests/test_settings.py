@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fedharness import schema
+from fedharness.config import schema
 from fedharness.cli import main
-from fedharness.config import load_config, load_settings
+from fedharness.config.load import load_config, load_settings
 from fedharness.errors import ConfigError
 from fedharness.settings import (NetworkSettings, PartSettings, RaySettings, RunSettings, WandbSettings, keys_of,
                                  sections_of)
@@ -21,12 +21,12 @@ from fedharness.settings import (NetworkSettings, PartSettings, RaySettings, Run
 ROOT = Path(__file__).resolve().parents[1]
 # A read of the config by a string key: cfg["rounds"], acfg.get("sampler"), dcfg[...], config[...], params[...]
 READ = re.compile(r"""\b\w*(?:cfg|config|params)\s*(?:\[\s*f?["']|\.get\(\s*f?["'])""")
-# Areas that read only typed fields (harness/runner.py is `fedharness.runner`)
-TYPED = ("harness/core", "harness/backends", "harness/sinks", "harness/runner.py")
+# Areas that read only typed fields (harness/runs/execute.py is `fedharness.runs.execute`)
+TYPED = ("harness/core", "harness/backends", "harness/sinks", "harness/runs/execute.py")
 
 
 def string_key_reads() -> Counter:
-    """String-key reads of the config per area: harness/<package>, harness/runner.py, harness/(top), ..."""
+    """String-key reads of the config per area: harness/<package>, harness/runs/execute.py, harness/(top), ..."""
     counts: Counter = Counter()
     for top in ("harness", "algorithms", "partitions"):
         for path in (ROOT / top).rglob("*.py"):
@@ -36,7 +36,7 @@ def string_key_reads() -> Counter:
             elif len(parts) > 2:
                 area = "/".join(parts[:2])
             else:
-                area = "harness/runner.py" if parts[1] == "runner.py" else "harness/(top)"
+                area = "harness/runs/execute.py" if parts[1] == "runner.py" else "harness/(top)"
             counts[area] += len(READ.findall(path.read_text()))
     return counts
 

@@ -14,7 +14,7 @@ from closeness import assert_close_to_scale
 from fedharness.core.engine import Engine
 from fedharness.core.executors import ClientShard, InlineExecutor, RoundPlan
 from fedharness.contracts import ClientKeys
-from fedharness.runner import prepare
+from fedharness.runs.execute import prepare
 
 CASES = {
     "fedavg_random_epochs": ("algorithm.local_work=random_epochs", "algorithm.epochs_low=1",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedharness.algorithms.solvers import LocalSGD, ScaffoldSGD
-from fedharness import closed_forms as cf
+from fedharness.references import closed_forms as cf
 
 TAU = np.array([[1, 2, 3, 7], [10, 20, 5, 1]])
 

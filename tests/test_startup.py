@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from fedharness.sinks.parquet import ROUND_SCHEMA, RUN_SCHEMA, _table, read_table, table_bytes
-from fedharness.store import FileStore
+from fedharness.results.store import FileStore
 
 HEAVY = ("pandas", "pyarrow.dataset", "optuna", "ray", "wandb", "matplotlib", "scipy", "torchvision")
 
@@ -67,7 +67,7 @@ def test_read_table_names_a_missing_column(tmp_path):
 def test_writing_and_reading_results_imports_neither_pandas_nor_pyarrow_dataset(tmp_path):
     code = textwrap.dedent(f"""
         from fedharness.sinks.parquet import ParquetSink, read_table, run_key
-        from fedharness.store import FileStore
+        from fedharness.results.store import FileStore
         store = FileStore({str(tmp_path)!r})
         sink = ParquetSink(store, "r1", extra_columns=["mine"])
         sink.write_run({{"status": "ok", "seed": 3, "f_star": 0.5, "split_invariant": True}})
@@ -86,8 +86,8 @@ def test_a_run_imports_no_heavy_module_it_does_not_use(tmp_path):
 
 def test_a_run_config_is_composed_once(monkeypatch):
     """validate() reads the `ray` defaults from conf/config.yaml instead of composing the default config too."""
-    import fedharness.compose as compose
-    from fedharness.config import load_config
+    import fedharness.config.compose as compose
+    from fedharness.config.load import load_config
 
     calls = []
     hydra_compose = compose.compose

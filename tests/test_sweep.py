@@ -9,7 +9,7 @@ import math
 import pyarrow.dataset as ds
 import pytest
 
-from fedharness.config import load_config
+from fedharness.config.load import load_config
 from fedharness.errors import ConfigError
 from fedharness.studies.sweep import apply_cli, expand, grid_points, run_sweep, spec_from_dict, split_overrides
 
@@ -155,7 +155,7 @@ def test_a_request_no_node_can_meet_is_named_before_any_file(tmp_path, local_ray
 
 
 def _shipped(tmp_path):
-    from fedharness.compose import group_options
+    from fedharness.config.compose import group_options
     from fedharness.studies.sweep import load_spec
 
     (tmp_path / "best.overrides").write_text("algorithm.client_lr=0.02\nalgorithm.server_lr=1.5\n")

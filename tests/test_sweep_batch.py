@@ -1,5 +1,5 @@
 """Batched sweeps: grid points that differ only in batchable keys (seeds, step sizes, E, ...) train as one batched
-run (fedharness.batched), with the runs/ and rounds/ rows of the unbatched sweep; `sweep.batch` turns it off."""
+run (fedharness.runs.batch), with the runs/ and rounds/ rows of the unbatched sweep; `sweep.batch` turns it off."""
 
 from __future__ import annotations
 

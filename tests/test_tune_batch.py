@@ -1,4 +1,4 @@
-"""`tune.batch=B`: B trials asked at a time and trained as batched runs (harness/studies/tuning/batch.py).
+"""`tune.batch=B`: B trials asked at a time and trained as batched runs (harness/studies/tuning/batched_trials.py).
 
 A batched random-sampler study proposes and records what the sequential one does; a pruned slot leaves its batch
 at its report; a failed slot is recorded FAIL and its slot run again; the key is validated; runs group by config.
@@ -14,10 +14,10 @@ import pandas as pd
 import pytest
 
 from fedharness import cli
-from fedharness.config import load_settings
-from fedharness.studies.batches import group_batches
+from fedharness.config.load import load_settings
+from fedharness.studies.grouping import group_batches
 from fedharness.studies.tuning import optuna_parts
-from fedharness.studies.tuning.batch import TrialFailed
+from fedharness.studies.tuning.batched_trials import TrialFailed
 from fedharness.studies.tuning.spec import build_spec
 from fedharness.studies.tuning.trial import Reporter
 

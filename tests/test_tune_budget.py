@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from fedharness import cli
-from fedharness.config import load_config
-from fedharness.runner import execute as execute_settings
+from fedharness.config.load import load_config
+from fedharness.runs.execute import execute as execute_settings
 from fedharness.settings import RunSettings
 from fedharness.studies.tuning.budget import Budget
 
@@ -81,7 +81,7 @@ def test_rounds_budget_is_the_rounds():
     assert Budget("rounds", 37).rounds_for(cfg) == 37
 
 
-# A study composes its base config once and applies each trial's values to a copy (harness/compose.py
+# A study composes its base config once and applies each trial's values to a copy (harness/config/compose.py
 # compose_values), as Hydra applies value overrides; interpolations such as li_toy's rounds = steps // E and
 # mangold_noisy's ${div:...} still follow each trial's E.
 TRIAL_BASES = [["experiment=li_toy"], ["experiment=mangold_noisy"], QUAD]
@@ -97,8 +97,8 @@ def test_trial_values_on_the_composed_base_equal_a_full_composition(base):
 
 
 def test_a_study_composes_its_base_once_and_overrides_naming_a_group_compose_in_full(monkeypatch):
-    import fedharness.compose as compose_module
-    from fedharness.compose import compose_values
+    import fedharness.config.compose as compose_module
+    from fedharness.config.compose import compose_values
 
     calls = []
     real = compose_module.compose

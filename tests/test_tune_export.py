@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from fedharness import cli
-from fedharness.config import load_settings
-from fedharness.runner import execute
+from fedharness.config.load import load_settings
+from fedharness.runs.execute import execute
 from fedharness.studies.tuning.optuna_parts import make_sampler
 from fedharness.studies.tuning.spec import build_spec
 

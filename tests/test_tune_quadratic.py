@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from fedharness import cli
-from fedharness.config import load_config
+from fedharness.config.load import load_config
 from fedharness.problems import build_problem
 from fedharness.studies.tuning.spec import build_spec
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pytest
 
-from fedharness.runner import execute
+from fedharness.runs.execute import execute
 
 BLOCK = 32 * 1024  # the .wandb file is a LevelDB-style log: 32 KiB blocks of 7-byte-headed chunks
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
@@ -211,7 +211,7 @@ def test_bad_wandb_settings_stop_before_any_file(run_config, offline, tmp_path):
 def test_report_figures_and_tables_are_logged(run_config, offline, tmp_path):
     from dataclasses import replace
 
-    from fedharness.config import load_settings
+    from fedharness.config.load import load_settings
     from fedharness.studies.reports import build_report, parse_target
     from fedharness.sinks.wandb_sink import log_report
 

@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from fedharness import cli
-from fedharness.runner import execute
+from fedharness.runs.execute import execute
 
 ENTITY, PROJECT = "fh-entity", "fh-demo"
 PROJECT_NODE = {"__typename": "Project", "id": "UHJvamVjdDox", "name": PROJECT, "entityName": ENTITY,

@@ -29,13 +29,13 @@ import torch
 from ray.exceptions import GetTimeoutError, NodeDiedError, ObjectLostError, RayActorError, WorkerCrashedError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from fedharness.backends import ray_cluster
+from fedharness.core import ray_cluster
 from fedharness.errors import ConfigError, require
 from fedharness.core.executors import ClientShard, RoundPlan, ShardResult, balanced_ranges, shard_of
-from fedharness.parts import algorithm_for, build_parts
-from fedharness.plugins import Carried, install, snapshot
+from fedharness.assembly.build import algorithm_for, build_parts
+from fedharness.registry.plugins import Carried, install, snapshot
 from fedharness.problems.population import total_size
-from fedharness.core.runtime import apply_runtime
+from fedharness.base.runtime import apply_runtime
 from fedharness.settings import RunSettings
 
 SNAPSHOT_EVERY = 10  # rounds of replay history kept in memory for stateful solvers (SCAFFOLD)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
-from fedharness.store import ResultsStore
+from fedharness.results.store import ResultsStore
 
 # Several tasks write at once (one per busy CPU of the cluster); the store's writes are independent objects
 # (a temporary name each, then a rename), so the actor applies them on a few threads, not one at a time.

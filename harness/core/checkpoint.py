@@ -2,7 +2,7 @@
 
 Layout: `<results_dir>/checkpoints/run_id=<id>/meta.json` (the run's config, written when
 the run starts) and `state.pt` (the latest RunState and every client's state, replaced
-whole), both through the run's results store (harness/store.py). A checkpoint carries the rows evaluated
+whole), both through the run's results store (harness/results/store.py). A checkpoint carries the rows evaluated
 since the last one as a Parquet part, and writes that part to `rounds/` only after state.pt: a process killed
 between the two leaves the part in the checkpoint, and `restore_rows` (resume, and the command that finds the run
 lost) puts it in place. So a `rounds/` part never straddles a checkpoint, and the rows on disk always reach the
@@ -29,7 +29,7 @@ import torch
 from fedharness.core.engine import RunState
 from fedharness.errors import ConfigError, require
 from fedharness.settings import RunSettings
-from fedharness.store import ResultsStore, open_store
+from fedharness.results.store import ResultsStore, open_store
 
 FORMAT = 2  # 2: numpy arrays as plain (dtype, shape, bytes), loadable with weights_only=True
 _NDARRAY = "__ndarray__"  # marks an encoded numpy array in a checkpoint

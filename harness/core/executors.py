@@ -288,7 +288,7 @@ class InlineExecutor:
         pass
 
 
-class ReferenceExecutor(InlineExecutor):
+class LoopExecutor(InlineExecutor):
     """The slow path: one client at a time, gradients by plain autograd. Kept to check the fast path."""
 
     def __init__(self, problem, solver, num_shards: int = 1):
@@ -299,5 +299,5 @@ class ReferenceExecutor(InlineExecutor):
         entries = shard.entries(plan)
         total = ShardResult.zeros(x)
         for i in range(len(entries.clients)):
-            total.add(shard.train_entries(x, plan, entries.take(slice(i, i + 1)), shard.problem.reference_grad))
+            total.add(shard.train_entries(x, plan, entries.take(slice(i, i + 1)), shard.problem.loop_grad))
         return total

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedharness.files import atomic_text, cache_dir
+from fedharness.base.files import atomic_text, cache_dir
 from fedharness.settings import RunSettings
 
 log = logging.getLogger(__name__)

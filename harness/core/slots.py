@@ -1,5 +1,5 @@
 """A batch of slots: runs that differ only in batchable keys (step sizes, E, mu, momenta, schedules, seed, rounds),
-trained as one on the replica axis (harness/batched.py records them).
+trained as one on the replica axis (harness/runs/batch.py records them).
 
 Each slot keeps its own parts, built from its own settings, for everything the driver plans per round: the composite
 parts below call each slot's sampler, local work, schedule, solver statistics, aggregator and server optimizer on

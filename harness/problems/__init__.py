@@ -2,7 +2,7 @@
 
 `build_problem` is the one place a config becomes a Problem. The keys of each option are declared beside its
 builder (the `KEYS` of synthetic.py, lazy.py, blobs.py, quadratic.py, quadratic_lazy.py, li_toy.py,
-loaders.py; `objectives.L2`), collected below for harness/schema.py, which checks a config against them before
+loaders.py; `objectives.L2`), collected below for harness/config/schema.py, which checks a config against them before
 anything is built.
 """
 
@@ -25,7 +25,7 @@ from fedharness.problems.objectives import BUFFERS, L2, LinearRegression, NetObj
 from fedharness.problems.quadratic import make_quadratic
 from fedharness.problems.quadratic_lazy import QuadraticPopulation
 from fedharness.problems.user import USER_DATASETS, load_user_dataset
-from fedharness.core.runtime import autocast_dtype, memory_budget_bytes
+from fedharness.base.runtime import autocast_dtype, memory_budget_bytes
 from fedharness.partitions import partition
 
 GENERATED = ("synthetic", "synthetic_lazy", "blobs")
@@ -83,7 +83,7 @@ def _partition(pcfg: dict[str, Any], y: np.ndarray, owner, num_clients: int, see
     name = pcfg["name"]
     if name == "auto":
         name = "natural" if owner is not None else "iid"
-    if name == "natural":  # harness/schema.py allows it for generated data sets only
+    if name == "natural":  # harness/config/schema.py allows it for generated data sets only
         params["client_ids"] = owner
     return partition(name, y, num_clients, seed, **params)
 

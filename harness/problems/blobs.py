@@ -42,7 +42,7 @@ def _blobs(rng: np.random.Generator, n: int, centre: np.ndarray, std: float) -> 
 def generate(num_clients: int, variant: str, dim: int, samples_per_client: int, std: float | None,
              shift: float, seed: int):
     """Pooled (x, y, owner, x_test, y_test); the test set is drawn like the training set (keys: KEYS, checked by
-    harness/schema.py)."""
+    harness/config/schema.py)."""
     std = DEFAULT_STD[variant] if std is None else std
     rng = np.random.default_rng([seed, 2025])
     centre = np.ones(dim) / np.sqrt(dim)  # the two blob centres are +-centre, at distance 2

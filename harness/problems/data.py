@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from fedharness.contracts import ClientKeys, Evaluation, Model, Problem
-from fedharness.core import streams
+from fedharness.base import streams
 from fedharness.errors import require
 
 EVAL_CHUNK = 16384  # samples per evaluation chunk: bounds memory for large data sets
@@ -106,10 +106,10 @@ class DataProblem(Problem):
             return self.objective.batch_grad(w, tuple(part[:m, t] for part in batches.chunk))
         return self.objective.batch_grad(w, tuple(part[:, t] for part in batches.chunk))
 
-    def reference_grad(self, w: torch.Tensor, batches: RoundBatches, step: int) -> torch.Tensor:
+    def loop_grad(self, w: torch.Tensor, batches: RoundBatches, step: int) -> torch.Tensor:
         """The same minibatch gradient by plain autograd on the loss, one client at a time (slow path)."""
-        require(not (self.objective.buffer_dim or self.objective.stochastic), "executor", "reference",
-                f"inline | ray: model {self.objective.name} has buffers or dropout, which the reference executor's "
+        require(not (self.objective.buffer_dim or self.objective.stochastic), "executor", "loop",
+                f"inline | ray: model {self.objective.name} has buffers or dropout, which the loop executor's "
                 "eval-mode loss does not train")
         idx = batches.index[0, step]
         w = w.detach().requires_grad_(True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedharness.core import streams
+from fedharness.base import streams
 
 
 def sample_clients(seed: int, num_clients: int, count: int) -> np.ndarray:

@@ -41,7 +41,7 @@ KEYS: dict[str, Key] = {  # dataset=synthetic_lazy's, besides synthetic's
 class RoundData:
     """The rows a round's minibatches read, entry after entry, in the shape DataProblem's batching code reads.
 
-    DataProblem.grad / reference_grad run on it unchanged (they read only these fields), so lazy clients are
+    DataProblem.grad / loop_grad run on it unchanged (they read only these fields), so lazy clients are
     batched exactly as stored ones are.
     """
 
@@ -120,8 +120,8 @@ class LazySyntheticProblem(Problem):
     def grad(self, w: torch.Tensor, batches: LazyBatches, step: int) -> torch.Tensor:
         return DataProblem.grad(batches.data, w, batches.batches, step)
 
-    def reference_grad(self, w: torch.Tensor, batches: LazyBatches, step: int) -> torch.Tensor:
-        return DataProblem.reference_grad(batches.data, w, batches.batches, step)
+    def loop_grad(self, w: torch.Tensor, batches: LazyBatches, step: int) -> torch.Tensor:
+        return DataProblem.loop_grad(batches.data, w, batches.batches, step)
 
     # ------------------------------------------------------------ evaluation on the first eval_clients
 

@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 
 from fedharness.errors import ConfigError
-from fedharness.extras import require_extra
+from fedharness.base.extras import require_extra
 from fedharness.keys import Key, boolean, text
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]

@@ -9,7 +9,7 @@ module's own value, so they never change. A BatchNorm that needs them (momentum=
 refused.
 
 Dropout: the masks of the nn.Dropout modules (Dropout, Dropout1d/2d/3d) are drawn outside the model, per client
-copy and local step, from a torch generator seeded by the counter-based streams (harness/core/streams.py, keyed by
+copy and local step, from a torch generator seeded by the counter-based streams (harness/base/streams.py, keyed by
 seed, replica, round, client and step), then handed to the modules while the vmapped (or per-client) forward runs.
 So a copy's masks do not depend on which shard trains it or on a resume.
 """

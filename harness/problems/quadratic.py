@@ -6,10 +6,10 @@ import numpy as np
 import torch
 
 from fedharness.contracts import ClientKeys, Evaluation, Problem
-from fedharness.core import streams
+from fedharness.base import streams
 from fedharness.keys import Key, choice, integer, number
 
-KEYS: dict[str, Key] = {  # dataset=quadratic's, besides num_clients and data_seed (harness/schema.py: mu <= L)
+KEYS: dict[str, Key] = {  # dataset=quadratic's, besides num_clients and data_seed (harness/config/schema.py: mu <= L)
     "dim": integer("dimension d", lo=1),
     "spread": number("e_i ~ N(0, spread^2 I)", lo=0),
     "curvature": choice("identity | diagonal | random (eigenvalues uniform in [mu, L])",
@@ -57,7 +57,7 @@ class QuadraticProblem(Problem):
         g = torch.bmm(self.A[clients], (w - self.e[clients]).unsqueeze(-1)).squeeze(-1)
         return g if z is None else g + z[:len(w), step]
 
-    reference_grad = grad
+    loop_grad = grad
 
     def entry_bytes(self, steps: int) -> int:
         """Bytes one client copy of a batched step needs besides its parameters: A_k gathered, its noise."""

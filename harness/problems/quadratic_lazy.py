@@ -30,12 +30,12 @@ import numpy as np
 import torch
 
 from fedharness.contracts import ClientKeys, Evaluation, Problem
-from fedharness.core import streams
+from fedharness.base import streams
 from fedharness.keys import Key, integer, number
 from fedharness.problems.estimate import sample_clients, weighted_sum_estimate
 from fedharness.problems.population import ClientSizes, ClientWeights
 
-KEYS: dict[str, Key] = {  # dataset=quadratic_lazy's, besides num_clients and data_seed (harness/schema.py: mu <= L)
+KEYS: dict[str, Key] = {  # dataset=quadratic_lazy's, besides num_clients and data_seed (harness/config/schema.py: mu <= L)
     "dim": integer("dimension d", lo=1),
     "spread": number("every client's optimum b_k lies at distance spread * sqrt(d) from w* in its A_k-norm", lo=0),
     "mu": number("smallest eigenvalue of sum p_k A_k", lo=0, lo_open=True),
@@ -125,7 +125,7 @@ class QuadraticPopulation(Problem):
         g = batches.a[:m] * (w - batches.b[:m])
         return g if batches.noise is None else g + batches.noise[:m, step]
 
-    reference_grad = grad
+    loop_grad = grad
 
     def entry_bytes(self, steps: int) -> int:
         """Bytes one client copy of a batched step needs besides its parameters: a_k, b_k and its noise."""

@@ -1,7 +1,7 @@
 """Synthetic(alpha, beta) of Li et al. / Sahu et al., from counter-based streams: any client, any sample alone.
 
 Client k's size and parameters come from streams keyed by (data seed, k), and its sample i from one keyed by
-(data seed, k, i) (harness/core/streams.py), so `dataset=synthetic` (all clients stored) and
+(data seed, k, i) (harness/base/streams.py), so `dataset=synthetic` (all clients stored) and
 `dataset=synthetic_lazy` (only the rows a round reads generated) are one data set.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedharness.core import streams
+from fedharness.base import streams
 from fedharness.keys import Key, integer, number
 
 FEATURES, CLASSES = 60, 10

@@ -1,5 +1,5 @@
 """Result sinks. Parquet, hive-partitioned by run_id, every object written whole through the results store
-(harness/store.py)."""
+(harness/results/store.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fedharness.store import ResultsStore
+from fedharness.results.store import ResultsStore
 
 ROUND_SCHEMA = pa.schema([
     ("replica", pa.int64()), ("series", pa.string()), ("round", pa.int64()),
@@ -33,7 +33,7 @@ RUN_SCHEMA = pa.schema([
     ("pid", pa.int64()), ("pid_start", pa.int64()),  # the writing process: a `running` row whose one is gone is lost
     ("callbacks", pa.string()), ("metrics", pa.string()),  # JSON lists: the run's callbacks and its own metrics
     ("split_invariant", pa.bool_()),  # rows independent of the shard split (docs/cluster.md, Same bits)
-    ("batch_id", pa.string()),  # the batched run it trained in as one slot (harness/batched.py); null: alone
+    ("batch_id", pa.string()),  # the batched run it trained in as one slot (harness/runs/batch.py); null: alone
 ])
 
 

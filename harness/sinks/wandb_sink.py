@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from fedharness.extras import require_extra
+from fedharness.base.extras import require_extra
 from fedharness.settings import RunSettings, WandbSettings
 from fedharness.sinks.masking import mask_secrets
 from fedharness.sinks.parquet import rounds_prefix, run_key
-from fedharness.store import ResultsStore
+from fedharness.results.store import ResultsStore
 
 log = logging.getLogger(__name__)
 

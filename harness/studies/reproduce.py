@@ -25,13 +25,13 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from fedharness import closed_forms as cf
-from fedharness.config import load_settings
+from fedharness.references import closed_forms as cf
+from fedharness.config.load import load_settings
 from fedharness.core.engine import Engine, NetworkModel
-from fedharness.core.series import build_series
-from fedharness.parts import build_parts
-from fedharness.reference import solve_reference
-from fedharness.runner import build_executor
+from fedharness.algorithms.series import build_series
+from fedharness.assembly.build import build_parts
+from fedharness.references.solve import solve_reference
+from fedharness.runs.execute import build_executor
 from fedharness.studies.sweep import apply_cli, expand, format_value, load_spec
 
 logger = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ A sweep config names what every run shares (`base`), what varies (`grid`: a cart
 vary together, e.g. a horizon tied to the number of clients), and how step sizes are set per grid point
 (`protocol`: fixed, Yang et al.'s theory schedule, or a tuned override file). Every point is composed and
 validated before any run starts, so a bad key stops the sweep with one message and no files. Each point is
-one `fedharness.runner.execute` in a Ray task with its resource request; all runs land in one results directory with
+one `fedharness.runs.execute.execute` in a Ray task with its resource request; all runs land in one results directory with
 `study` = the sweep's name. A run that fails is recorded with status=failed and the others go on.
 """
 
@@ -25,19 +25,20 @@ from typing import Any, Callable
 import yaml
 
 from fedharness.algorithms.step_sizes import yang_two_sided
-from fedharness.backends import ray_cluster, results_writer
-from fedharness.compose import CONF_DIR, group_options
-from fedharness.config import load_config, load_settings
+from fedharness.backends import results_writer
+from fedharness.core import ray_cluster
+from fedharness.config.compose import CONF_DIR, group_options
+from fedharness.config.load import load_config, load_settings
 from fedharness.errors import ConfigError, require
-from fedharness.extras import require_extra
-from fedharness.plugins import Carried, install, snapshot
-from fedharness.lifecycle import RunInterrupted, interrupts_raised, last_recorded_round, mark_lost_runs
-from fedharness.progress import echo
-from fedharness.batched import Slot, execute_batch
-from fedharness.runner import _now, _run_row, execute, new_run_id
+from fedharness.base.extras import require_extra
+from fedharness.registry.plugins import Carried, install, snapshot
+from fedharness.runs.lifecycle import RunInterrupted, interrupts_raised, last_recorded_round, mark_lost_runs
+from fedharness.base.progress import echo
+from fedharness.runs.batch import Slot, execute_batch
+from fedharness.runs.execute import _now, _run_row, execute, new_run_id
 from fedharness.sinks.parquet import ParquetSink, read_table, run_key
-from fedharness.store import ResultsStore, check_writable, open_store
-from fedharness.studies.batches import group_batches
+from fedharness.results.store import ResultsStore, check_writable, open_store
+from fedharness.studies.grouping import group_batches
 
 PROTOCOLS = ("fixed", "theory", "tuned")
 RUNNERS = ("ray", "local")
@@ -415,7 +416,7 @@ def run_job(overrides: list[str], run_id: str, num_threads: int = 1, plugins: tu
 
 def run_batch_job(overrides: list[list[str]], run_ids: list[str], num_threads: int = 1,
                   plugins: tuple[Carried, ...] = (), store: ResultsStore | None = None) -> list[JobOutcome]:
-    """Grid points that differ only in batchable keys, as one batched run (fedharness.batched), each recorded as
+    """Grid points that differ only in batchable keys, as one batched run (fedharness.runs.batch), each recorded as
     its own run under its own run id; `seconds` is the batched run's. Never raises: failures become outcomes."""
     start, worker = _task_start(num_threads)
     try:
@@ -451,7 +452,7 @@ def run_unit(overrides: list[list[str]], run_ids: list[str], num_threads: int = 
 
 
 def batch_units(jobs: list[Job], spec: SweepSpec) -> list[list[Job]]:
-    """The jobs as the runs that execute them: points that differ only in batchable keys (fedharness.batched)
+    """The jobs as the runs that execute them: points that differ only in batchable keys (fedharness.runs.batch)
     fold into one batched run of at most `sweep.batch` points; one job each with `sweep.batch: false`."""
     size = len(jobs) if spec.batch is True else int(spec.batch)
     if size <= 1:

@@ -37,8 +37,8 @@ def make_report(results_dir: str, targets: list[str] | None = None, scale_key: s
                 level: float = 0.95, series: str = "iterate"):
     """The Report of a results directory (CLI and Python API); targets as text, e.g. 'subopt<=1e-3'."""
     from fedharness.errors import ConfigError
-    from fedharness.lifecycle import mark_lost_runs
-    from fedharness.store import open_store
+    from fedharness.runs.lifecycle import mark_lost_runs
+    from fedharness.results.store import open_store
     from fedharness.studies.reports.analysis import parse_target
     from fedharness.studies.reports.report import build_report
 
@@ -73,7 +73,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"  {row.group}: {b}")
     print(f"report: {report.markdown} ({len(report.figures)} figures, tables in {report.out_dir / 'tables'})")
     if args.wandb:
-        from fedharness.config import load_settings
+        from fedharness.config.load import load_settings
         from fedharness.sinks.wandb_sink import log_report
         from fedharness.studies.sweep import dict_overrides
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fedharness.errors import ConfigError, require
-from fedharness.store import FileStore, ResultsStore, open_store
+from fedharness.results.store import FileStore, ResultsStore, open_store
 
 log = logging.getLogger(__name__)
 

@@ -24,14 +24,14 @@ from typing import Any
 
 import pandas as pd
 
-from fedharness.config import load_config
+from fedharness.config.load import load_config
 from fedharness.errors import require
-from fedharness.extras import require_extra
-from fedharness.files import atomic_text
+from fedharness.base.extras import require_extra
+from fedharness.base.files import atomic_text
 from fedharness.sinks.masking import mask_secrets
 from fedharness.sinks.parquet import read_table
 from fedharness.sinks.wandb_sink import resolve_mode
-from fedharness.store import open_store
+from fedharness.results.store import open_store
 from fedharness.studies.reports import markdown
 from fedharness.studies.reports.data import Results, load_results, report_dir
 from fedharness.studies.reports.report import Report

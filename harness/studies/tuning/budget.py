@@ -24,7 +24,7 @@ import numpy as np
 
 from fedharness.algorithms.registry import build_algorithm
 from fedharness.core.engine import Engine, NetworkModel
-from fedharness.core.series import build_series
+from fedharness.algorithms.series import build_series
 from fedharness.errors import ConfigError, require
 from fedharness.problems import build_problem
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import shlex
 import sys
 
-from fedharness.lifecycle import RunInterrupted, interrupts_raised
-from fedharness.progress import echo
+from fedharness.runs.lifecycle import RunInterrupted, interrupts_raised
+from fedharness.base.progress import echo
 from fedharness.studies.tuning.compare import run_compare
 from fedharness.studies.tuning.spec import build_spec
 from fedharness.studies.tuning.study import StudyInterrupted, tune

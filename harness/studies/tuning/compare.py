@@ -17,13 +17,13 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from fedharness.compose import group_options
-from fedharness.config import load_settings
+from fedharness.config.compose import group_options
+from fedharness.config.load import load_settings
 from fedharness.errors import ConfigError, require
-from fedharness.progress import echo
-from fedharness.runner import execute
+from fedharness.base.progress import echo
+from fedharness.runs.execute import execute
 from fedharness.sinks.parquet import write_table
-from fedharness.store import open_store
+from fedharness.results.store import open_store
 from fedharness.studies.tuning.export import best_trial, shown
 from fedharness.studies.tuning.optuna_parts import open_study
 from fedharness.studies.tuning.spec import TuneSpec, build_spec, compose_tune, split_overrides, trial_config

@@ -1,5 +1,5 @@
 """What a study leaves behind: `trials/` Parquet, the best overrides, and plots (PNG), all through the results
-store (harness/store.py: a folder or an object store).
+store (harness/results/store.py: a folder or an object store).
 
 * `<results_dir>/trials/study=<study>/trials.parquet`: one row per trial (surplus claims,
   which never ran, are left out; the study is the hive partition): number, state, status, objective value, parameters
@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from fedharness.sinks.masking import mask_secrets
 from fedharness.sinks.parquet import write_table
-from fedharness.store import ResultsStore, open_store
+from fedharness.results.store import ResultsStore, open_store
 
 TRIAL_COLUMNS = [  # `study` is the hive partition (trials/study=<name>/), as run_id is for runs/
     ("trial", pa.int64()), ("state", pa.string()), ("status", pa.string()),

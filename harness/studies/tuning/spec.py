@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from fedharness.algorithms.registry import build_algorithm
-from fedharness.backends.ray_cluster import parse_address
-from fedharness.config import load_config
-from fedharness.core.series import build_series
+from fedharness.core.ray_cluster import parse_address
+from fedharness.config.load import load_config
+from fedharness.algorithms.series import build_series
 from fedharness.errors import ConfigError, require
-from fedharness.reference_policy import skip_reason
+from fedharness.assembly.reference_policy import skip_reason
 from fedharness.settings import RunSettings
 from fedharness.sinks.masking import mask_secrets
-from fedharness.store import open_store
+from fedharness.results.store import open_store
 from fedharness.studies.tuning.budget import Budget, problem_for
 from fedharness.studies.tuning.objective import Objective
 from fedharness.studies.tuning.space import Param, grid_space, parse_space
@@ -52,7 +52,7 @@ class TuneSpec:
     reports: int | None = 10
     heartbeat_s: float = 10.0
     parallel: int = 1
-    batch: int = 1           # trials asked at a time and trained as one batched run (fedharness.batched)
+    batch: int = 1           # trials asked at a time and trained as one batched run (fedharness.runs.batch)
     worker_id: int = 0
     resources: dict = field(default_factory=dict, hash=False)
     ray_address: str | None = None

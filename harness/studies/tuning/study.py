@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from fedharness.lifecycle import RunInterrupted, mark_lost_runs
+from fedharness.runs.lifecycle import RunInterrupted, mark_lost_runs
 from fedharness.sinks.masking import mask_secrets
-from fedharness.store import check_writable, open_store
+from fedharness.results.store import check_writable, open_store
 from fedharness.studies.tuning import storage
 from fedharness.studies.tuning.export import export_study
 from fedharness.studies.tuning.lease import trial_counts

@@ -9,7 +9,7 @@ import os
 import platform
 from typing import Callable
 
-from fedharness.runner import new_run_id
+from fedharness.runs.execute import new_run_id
 from fedharness.settings import RunSettings
 from fedharness.studies.tuning.spec import TuneSpec, trial_config
 

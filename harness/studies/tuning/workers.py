@@ -13,13 +13,14 @@ import os
 import time
 from typing import Callable
 
-from fedharness.backends import ray_cluster, results_writer
+from fedharness.backends import results_writer
+from fedharness.core import ray_cluster
 from fedharness.errors import ConfigError
-from fedharness.extras import require_extra
-from fedharness.plugins import Carried, install, snapshot
-from fedharness.runner import execute
-from fedharness.store import ResultsStore, open_store
-from fedharness.studies.tuning.batch import run_batch
+from fedharness.base.extras import require_extra
+from fedharness.registry.plugins import Carried, install, snapshot
+from fedharness.runs.execute import execute
+from fedharness.results.store import ResultsStore, open_store
+from fedharness.studies.tuning.batched_trials import run_batch
 from fedharness.studies.tuning.export import trial_status
 from fedharness.studies.tuning.lease import Lease, reap_lost, trial_counts
 from fedharness.studies.tuning.optuna_parts import make_sampler, open_study, quiet_optuna
@@ -100,7 +101,7 @@ def run_trial(spec: TuneSpec, trial, store: ResultsStore | None = None) -> float
 
 
 def connect_ray(address: str | None):
-    """fedharness.backends.ray_cluster's connection: a local Ray on 127.0.0.1 only, or a probed cluster address."""
+    """fedharness.core.ray_cluster's connection: a local Ray on 127.0.0.1 only, or a probed cluster address."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     try:
         return ray_cluster.connect(address)

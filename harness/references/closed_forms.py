@@ -26,7 +26,7 @@ import torch
 
 from fedharness.algorithms.extrapolation import rr_coefficients  # the estimator's weights (a, b)
 from fedharness.problems.data import DataProblem
-from fedharness.reference import solve_reference
+from fedharness.references.solve import solve_reference
 
 
 def _per_client(value, n: int) -> np.ndarray:

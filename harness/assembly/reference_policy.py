@@ -15,11 +15,11 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from fedharness.closed_forms import client_minima
+from fedharness.references.closed_forms import client_minima
 from fedharness.errors import ConfigError, require
-from fedharness.progress import progress_bar
-from fedharness.reference import Reference, SolveFailed, SolveProgress, optimum_doubt, solve_reference
-from fedharness.reference_cache import cached_client_minima, cached_reference
+from fedharness.base.progress import progress_bar
+from fedharness.references.solve import Reference, SolveFailed, SolveProgress, optimum_doubt, solve_reference
+from fedharness.assembly.reference_cache import cached_client_minima, cached_reference
 from fedharness.settings import RunSettings
 
 log = logging.getLogger(__name__)

@@ -23,14 +23,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fedharness.files import atomic_write, cache_dir
-from fedharness.reference import Reference, SolveFailed
+from fedharness.base.files import atomic_write, cache_dir
+from fedharness.references.solve import Reference, SolveFailed
 
 FORMAT = 2  # bump when the meaning of a cached entry changes
-_HERE = Path(__file__).resolve().parent
+_HERE = Path(__file__).resolve().parents[1]  # harness/
 _PARTITIONS = Path(importlib.util.find_spec("fedharness.partitions").origin).parent  # the checkout's or the wheel's
 _SOURCES = sorted([*(_HERE / "problems").glob("*.py"), *_PARTITIONS.glob("*.py"),
-                   _HERE / "reference.py", _HERE / "closed_forms.py"])
+                   *(_HERE / "references").glob("*.py")])
 # dataset keys that change how data are fetched or evaluated, not the training samples
 NOT_DATA = ("data_seed", "download", "cache_mb", "eval_clients")
 

@@ -2,7 +2,7 @@
 
 Each key is declared once, beside the code that uses it (run-level keys: harness/settings.py; a group option's:
 beside its part, see GROUP_KEYS and algorithm_keys below); defaults live in the YAML under conf/
-(`fedharness.compose.defaults()` reads them). `validate(cfg)` checks a composed config against the declarations and
+(`fedharness.config.compose.defaults()` reads them). `validate(cfg)` checks a composed config against the declarations and
 raises the first ConfigError, naming the key, the value and what is allowed. A new key is one line where its part
 declares its keys; a rule that ties keys together is one small function in RULES. Part names and a user's parts'
 keys are read from the live registries, so a registered part is allowed as soon as it is registered.
@@ -17,17 +17,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from fedharness.algorithms.registry import algorithm_keys
-from fedharness.backends.ray_cluster import parse_address
-from fedharness.compose import defaults, own_section_defaults
+from fedharness.core.ray_cluster import parse_address
+from fedharness.config.compose import defaults, own_section_defaults
 from fedharness.errors import ConfigError, require
 
 
 from fedharness.keys import Key, _is_int, _is_list, _is_real, anything, boolean, choice, integer, number, text  # noqa: F401
-from fedharness.memory import check_memory
+from fedharness.config.memory import check_memory
 from fedharness.partitions import PARTITION_KEYS, PARTITIONERS
 from fedharness.problems import DATASET_KEYS, DATASETS, MODEL_KEYS, MODELS
 from fedharness.settings import RunSettings, keys_of, sections_of
-from fedharness.store import open_store
+from fedharness.results.store import open_store
 
 
 # --- registries, read when a config is checked (parts can be registered at run time) -----------------------
@@ -211,7 +211,7 @@ def device_available(cfg: dict[str, Any]) -> None:
 
 def results_dir_writable(cfg: dict[str, Any]) -> None:
     """results_dir is, or can become, a writable directory; nothing is created but a removed probe file. An
-    object-store URL is checked for its form here, and reached by the command (fedharness.store.check_writable)."""
+    object-store URL is checked for its form here, and reached by the command (fedharness.results.store.check_writable)."""
     raw = cfg["results_dir"]
     if "://" in str(raw):
         open_store(str(raw))  # ConfigError for another scheme, or credentials in the URL

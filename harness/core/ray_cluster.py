@@ -39,7 +39,7 @@ _HOST_PORT = re.compile(r"^(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:]+\]):(?P<port>
 
 def parse_address(address: Any) -> tuple[str, int] | str | None:
     """None (start a local instance), "auto" (the cluster this node belongs to) or (host, port).
-    The config schema checks `ray.address` with it (harness/schema.py); the other `ray` keys are the schema's."""
+    The config schema checks `ray.address` with it (harness/config/schema.py); the other `ray` keys are the schema's."""
     if address is None or address == "auto":
         return address
     text = str(address)

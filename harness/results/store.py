@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from fedharness.errors import ConfigError, require
-from fedharness.files import atomic_write
+from fedharness.base.files import atomic_write
 
 OBJECT_STORES = ("s3", "gs")  # URL schemes results_dir takes besides a folder
 
@@ -186,7 +186,7 @@ def open_store(results_dir: str | Path) -> ResultsStore:
 def check_writable(store: ResultsStore) -> None:
     """For an object store, write and delete a small probe object, so that a bucket that does not exist or
     credentials it refuses stop a command before any run starts, as a ConfigError naming results_dir. (A
-    folder is checked by the config's rules, harness/schema.py, without creating anything.)"""
+    folder is checked by the config's rules, harness/config/schema.py, without creating anything.)"""
     if not isinstance(store, ArrowStore):
         return
     key = f".fedharness-probe-{uuid.uuid4().hex}"

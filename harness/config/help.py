@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedharness import schema
+from fedharness.config import schema
 from fedharness.algorithms.registry import user_keys
-from fedharness.compose import group_options
+from fedharness.config.compose import group_options
 from fedharness.errors import ConfigError
 from fedharness.extend import register_targets
-from fedharness.plugins import load_entry_points
+from fedharness.registry.plugins import load_entry_points
 
 HELP_GROUPS = ("dataset", "partition", "model", "algorithm")
 WIDTH = 34  # "key = default" column

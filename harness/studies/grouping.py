@@ -1,4 +1,4 @@
-"""Which runs of a study train together as one batched run (fedharness.batched): those whose configs are equal once
+"""Which runs of a study train together as one batched run (fedharness.runs.batch): those whose configs are equal once
 the keys a slot sets on its own are left out (batched.batch_key). `fedharness tune tune.batch=B` and
 `fedharness sweep` group their runs with `group_batches`.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from fedharness.batched import check_batch, batch_key
+from fedharness.runs.batch import check_batch, batch_key
 from fedharness.errors import ConfigError
 from fedharness.settings import RunSettings
 
@@ -22,7 +22,7 @@ def can_batch(settings: RunSettings) -> bool:
 
 
 def group_batches(settings: Sequence[RunSettings], size: int) -> list[list[int]]:
-    """The indexes of `settings` in batches of at most `size` runs that can train together (fedharness.batched's
+    """The indexes of `settings` in batches of at most `size` runs that can train together (fedharness.runs.batch's
     batch_key), each batch in the order of its runs, the batches in the order of their first run; a run that cannot
     be batched is a batch of its own."""
     open_batch: dict[str, list[int]] = {}

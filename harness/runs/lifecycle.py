@@ -1,7 +1,7 @@
 """How a run ends when it cannot finish: interrupted by a signal, or killed outright (found later as `lost`).
 
 SIGINT and SIGTERM during a run raise `RunInterrupted` in the main thread, so the run records
-`status=interrupted` with its rounds (see `fedharness.runner.execute`). A run killed with SIGKILL cannot write
+`status=interrupted` with its rounds (see `fedharness.runs.execute.execute`). A run killed with SIGKILL cannot write
 anything: its `runs/` row stays `running`. The next command that opens the same results directory
 (`fedharness run`, `tune`, `sweep`, `report`) marks such a row `lost` when the process that wrote it is
 gone: same host, and no process with that pid and start time is alive. Rows of other hosts are left alone.
@@ -21,7 +21,7 @@ from typing import Iterator
 from fedharness.core.checkpoint import restore_rows
 from fedharness.errors import ConfigError
 from fedharness.sinks.parquet import RUN_SCHEMA, ParquetSink, part_rounds, read_table, round_parts
-from fedharness.store import ResultsStore
+from fedharness.results.store import ResultsStore
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""`tune.batch=B`: a worker asks Optuna for B trials at a time, trains them as batched runs (fedharness.batched, one
+"""`tune.batch=B`: a worker asks Optuna for B trials at a time, trains them as batched runs (fedharness.runs.batch, one
 slot per trial; trials that differ in more than batchable keys go to separate batches) and tells Optuna each value.
 
 Per trial, everything is as in workers.py's one-at-a-time path: the trial is sampled with the sampler seeded by its
@@ -15,11 +15,11 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from fedharness.batched import Slot, execute_batch
-from fedharness.runner import RunResult, execute, new_run_id
+from fedharness.runs.batch import Slot, execute_batch
+from fedharness.runs.execute import RunResult, execute, new_run_id
 from fedharness.settings import RunSettings
-from fedharness.store import ResultsStore
-from fedharness.studies.batches import group_batches
+from fedharness.results.store import ResultsStore
+from fedharness.studies.grouping import group_batches
 from fedharness.studies.tuning.lease import Lease, trial_counts
 from fedharness.studies.tuning.optuna_parts import make_sampler
 from fedharness.studies.tuning.spec import TuneSpec

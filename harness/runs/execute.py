@@ -19,23 +19,23 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from fedharness.closed_forms import heterogeneity
+from fedharness.references.closed_forms import heterogeneity
 from fedharness.contracts import METRICS, Callback, callback_name
 from fedharness.core.checkpoint import Checkpointer, checkpointed, load_resume, restore_rows
 from fedharness.core.engine import Engine, NetworkModel, RunOutcome
-from fedharness.core.executors import InlineExecutor, ReferenceExecutor
+from fedharness.core.executors import InlineExecutor, LoopExecutor
 from fedharness.core.kernels import resolve_kernel
-from fedharness.core.series import build_series
-from fedharness.extras import require_extra
-from fedharness.lifecycle import RunInterrupted, interrupts_raised, process_start
-from fedharness.parts import build_parts
-from fedharness.core.runtime import apply_runtime, auto_threads, step_work, use_threads
-from fedharness.reference_policy import run_client_minima, run_reference
+from fedharness.algorithms.series import build_series
+from fedharness.base.extras import require_extra
+from fedharness.runs.lifecycle import RunInterrupted, interrupts_raised, process_start
+from fedharness.assembly.build import build_parts
+from fedharness.base.runtime import apply_runtime, auto_threads, step_work, use_threads
+from fedharness.assembly.reference_policy import run_client_minima, run_reference
 from fedharness.settings import RunSettings
 from fedharness.sinks.masking import mask_secrets
 from fedharness.sinks.parquet import ParquetSink
 from fedharness.sinks.wandb_sink import open_sink as open_wandb
-from fedharness.store import ResultsStore, open_store
+from fedharness.results.store import ResultsStore, open_store
 
 VERSIONED = ("fedharness", "torch", "numpy", "pyarrow", "ray", "optuna", "wandb", "hydra-core")
 
@@ -46,7 +46,7 @@ class RunResult:
     status: str
     rows: list[dict]
     results_dir: str  # the results store's url: an absolute path or an object-store URL
-    error: str | None = None  # what ended a failed run (harness/batched.py sets it; execute raises instead)
+    error: str | None = None  # what ended a failed run (harness/runs/batch.py sets it; execute raises instead)
 
 
 def _now() -> str:
@@ -79,8 +79,8 @@ def new_run_id() -> str:
 
 
 def build_executor(settings: RunSettings, problem, solver):
-    if settings.executor == "reference":
-        return ReferenceExecutor(problem, solver)
+    if settings.executor == "loop":
+        return LoopExecutor(problem, solver)
     if settings.executor == "ray":
         require_extra("ray", "executor", "ray")  # without the extra: one line naming fedharness[ray]
         from fedharness.backends.ray_executor import RayExecutor
@@ -162,7 +162,7 @@ def _end_status(err: BaseException) -> str:
 
 
 def set_threads(settings: RunSettings, problem=None) -> None:
-    """The process's torch settings: `precision` and `deterministic` (harness/core/runtime.py), and intra-op
+    """The process's torch settings: `precision` and `deterministic` (harness/base/runtime.py), and intra-op
     threads: `threads` if set; else, once the problem is built, threads_for(settings, problem)."""
     if problem is None:
         apply_runtime(settings.precision, settings.deterministic)  # cuBLAS reads `deterministic` at its 1st matmul
@@ -181,7 +181,7 @@ def threads_for(settings: RunSettings, problem) -> int:
 
 def execute(settings: RunSettings, progress=None, run_id: str | None = None, on_eval=None,
             callbacks: Sequence[Callback] = (), store: ResultsStore | None = None) -> RunResult:
-    """Run one config (its settings: fedharness.config.load_settings) end to end. Raises ConfigError before
+    """Run one config (its settings: fedharness.config.load.load_settings) end to end. Raises ConfigError before
     writing anything if the config is bad.
 
     `progress(round, rows)` and `on_eval(rows, state)` are called after every evaluation;
@@ -190,7 +190,7 @@ def execute(settings: RunSettings, progress=None, run_id: str | None = None, on_
     with status stopped. The metrics the `metrics` key names are computed at every evaluation.
     SIGINT/SIGTERM (in the main thread) raise RunInterrupted, telling where the run stood; status interrupted.
     Either way the rounds so far are flushed and `rounds_done` is the last completed round.
-    `store` (harness/store.py) receives every object the run writes (rows, run row, checkpoints) and holds the
+    `store` (harness/results/store.py) receives every object the run writes (rows, run row, checkpoints) and holds the
     checkpoint a resumed run continues from; default: the store `settings.results_dir` names.
     """
     set_threads(settings)

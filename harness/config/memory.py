@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from fedharness.core.runtime import available_ram
+from fedharness.base.runtime import available_ram
 from fedharness.errors import ConfigError
 from fedharness.problems.nets import build_net, count_params
 from fedharness.settings import PartSettings, RunSettings

@@ -9,7 +9,7 @@ declare theirs through an entry-point group (docs/extending.md, "Plugins").
   by value with cloudpickle: the worker uses the first of the two that loads, so code that exists only in the
   driver still runs there. They travel as bytes, so a worker reports a registration it cannot load by name.
 * A package lists `name = "module"` or `name = "module:function"` under its
-  `[project.entry-points."fedharness.plugins"]`: `load_entry_points()` imports the module (its registrations
+  `[project.entry-points."fedharness.registry.plugins"]`: `load_entry_points()` imports the module (its registrations
   run) or calls the function with no arguments, once per process, before the first config is composed or run
   built (driver and workers alike).
 """
@@ -29,7 +29,7 @@ from typing import Any
 from fedharness.errors import ConfigError
 from fedharness.extend import restore, user_registrations
 
-GROUP = "fedharness.plugins"
+GROUP = "fedharness.registry.plugins"
 logger = logging.getLogger(__name__)
 _loaded = False
 
@@ -45,7 +45,7 @@ class Carried:
 
 
 def load_entry_points() -> None:
-    """Load every installed package's `fedharness.plugins` entry point, the first time this is called."""
+    """Load every installed package's `fedharness.registry.plugins` entry point, the first time this is called."""
     global _loaded
     if _loaded:
         return

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fedharness.algorithms.registry import build_algorithm
 from fedharness.core.executors import require_fits_budget
 from fedharness.extend import register_targets
-from fedharness.plugins import load_entry_points
+from fedharness.registry.plugins import load_entry_points
 from fedharness.problems import build_problem
 from fedharness.settings import RunSettings
 

@@ -20,14 +20,14 @@ from fedharness.contracts import METRICS
 from fedharness.core.engine import NetworkModel
 from fedharness.core.slots import BatchedEngine, SlotEnd, SlotSet
 from fedharness.errors import ConfigError, require
-from fedharness.lifecycle import interrupts_raised
-from fedharness.parts import algorithm_for
-from fedharness.runner import (RunResult, _end_status, _exact_references, _now, _run_row, build_executor,
+from fedharness.runs.lifecycle import interrupts_raised
+from fedharness.assembly.build import algorithm_for
+from fedharness.runs.execute import (RunResult, _end_status, _exact_references, _now, _run_row, build_executor,
                                new_run_id, prepare_run, set_threads)
 from fedharness.settings import PartSettings, RunSettings
 from fedharness.sinks.parquet import ParquetSink
 from fedharness.sinks.wandb_sink import open_sink as open_wandb
-from fedharness.store import ResultsStore, open_store
+from fedharness.results.store import ResultsStore, open_store
 
 # The keys a slot may set on its own; every other key must be equal across the slots of one batch.
 # (`seed` also picks the data unless dataset.data_seed is set, so slots of different seeds share a batch only then.)

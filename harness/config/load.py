@@ -1,20 +1,20 @@
-"""The run config: composed from conf/ and the overrides (harness/compose.py), a user's `_target_` parts
-registered, then validated against the one schema (harness/schema.py); `load_settings` makes it the run's frozen,
+"""The run config: composed from conf/ and the overrides (harness/config/compose.py), a user's `_target_` parts
+registered, then validated against the one schema (harness/config/schema.py); `load_settings` makes it the run's frozen,
 typed settings (harness/settings.py), which is what the runner, the core, the backends and the sinks read."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fedharness.compose import compose_raw, compose_values
+from fedharness.config.compose import compose_raw, compose_values
 from fedharness.extend import register_targets
-from fedharness.plugins import load_entry_points
-from fedharness.schema import validate
+from fedharness.registry.plugins import load_entry_points
+from fedharness.config.schema import validate
 from fedharness.settings import RunSettings
 
 
 def load_config(overrides: list[str], config_name: str = "config", values: list[str] = ()) -> dict[str, Any]:
-    """Compose the config with overrides (then `values`) and validate it against harness/schema.py. `values` are
+    """Compose the config with overrides (then `values`) and validate it against harness/config/schema.py. `values` are
     overrides that many calls vary over a fixed `overrides` (a study's trials): composed once (compose_values)."""
     load_entry_points()  # installed packages' parts, so that the config can name them
     plain = compose_values(overrides, list(values), config_name) if values else compose_raw(overrides, config_name)

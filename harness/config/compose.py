@@ -1,5 +1,5 @@
 """Hydra composition: `conf/` (or the package's copy), a user's config folders and command-line overrides, as
-plain dicts; unvalidated (harness/config.py validates)."""
+plain dicts; unvalidated (harness/config/load.py validates)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 former float64 sums, alternating in one run, on W1 (benchmarks/run.py) and the smoke-size CNN
 (benchmarks/models.py); and the bytes a shard's reply carries per round.
 
-The float64 variant is the reduction as it was before exact sums (index_add of the float64 terms), put in
-place for the timing only. Writes benchmarks/out/exact_sums.json.
+The float64 variant is `sums: float` (index_add of the float64 terms, the reduction as it was before exact
+sums), on a second executor the same engine alternates with. Writes benchmarks/out/exact_sums.json.
 
     python benchmarks/exact_sums.py [--rounds 30] [--repeats 5] [--threads 1]
 """
@@ -15,82 +15,56 @@ import json
 import platform
 import statistics
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 import fedharness
 from fedharness.config.load import load_settings
-from fedharness.core import executors
+from fedharness.algorithms.series import build_series
 from fedharness.core.engine import Engine
-from fedharness.core.executors import InlineExecutor, ShardResult
+from fedharness.core.executors import InlineExecutor
 from fedharness.assembly.build import build_parts
+from fedharness.runs.execute import Prepared, build_engine
 
 from models import SMOKE, noise_images
 from run import W1
 
 
-@dataclass
-class FloatSums:
-    """The former reduction: float64 partial sums, whose bits depend on the order of the additions."""
-
-    sums: dict[str, torch.Tensor]
-    updates: list = field(default_factory=list)
-
-    @classmethod
-    def zeros(cls, x: torch.Tensor) -> "FloatSums":
-        return cls({"delta": torch.zeros(x.shape, dtype=torch.float64, device=x.device)})
-
-    def add_rows(self, name: str, index: torch.Tensor, terms: torch.Tensor) -> None:
-        if name not in self.sums:
-            self.sums[name] = torch.zeros_like(self.sums["delta"])
-        self.sums[name].index_add_(0, index, terms)
-
-    def add(self, other: "FloatSums") -> "FloatSums":
-        for name, part in other.sums.items():
-            self.sums[name] = self.sums[name] + part if name in self.sums else part
-        return self
-
-    @property
-    def delta(self) -> torch.Tensor:
-        return self.sums["delta"]
-
-    @property
-    def extras(self) -> dict[str, torch.Tensor]:
-        return {n: v for n, v in self.sums.items() if n != "delta"}
-
-
-def engine_for(overrides: list[str], rounds: int) -> tuple[Engine, object]:
+def engine_for(overrides: list[str], rounds: int) -> tuple[Engine, object, dict[str, InlineExecutor]]:
     cfg = load_settings([*overrides, "progress=false"])
     problem, algorithm = build_parts(cfg)
-    engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver), rounds=rounds + 1, seed=0,
-                    replicas=cfg.replicas, eval_every=10**9)
-    return engine, engine.step(engine.initial_state())  # warm-up round, not timed
+    executors = {"exact": InlineExecutor(problem, algorithm.solver),
+                 "float64": InlineExecutor(problem, algorithm.solver, exact_sums=False)}
+    engine = build_engine(Prepared(cfg, problem, algorithm, None, *build_series(cfg.replicas)), executors["exact"])
+    return engine, engine.step(engine.initial_state()), executors  # warm-up round, not timed
 
 
-def ms_per_round(engine: Engine, state, rounds: int, sums: type) -> float:
-    executors.ShardResult = sums
-    try:
-        start = time.perf_counter()
-        for _ in range(rounds):
-            state = engine.step(state)
-        return 1e3 * (time.perf_counter() - start) / rounds
-    finally:
-        executors.ShardResult = ShardResult
+def ms_per_round(engine: Engine, state, rounds: int, executor: InlineExecutor) -> float:
+    engine.executor = executor
+    start = time.perf_counter()
+    for _ in range(rounds):
+        state = engine.step(state)
+    return 1e3 * (time.perf_counter() - start) / rounds
+
+
+def reply_bytes(engine: Engine, state, executor: InlineExecutor) -> int:
+    """The bytes of one shard's sums after a round (a Ray shard's reply, besides the per-client scalars)."""
+    plan, _ = engine.plan_round(state.round)
+    plan.server_ctx = state.server_ctx
+    return executor.shards[0].train(state.x, plan).reply().nbytes
 
 
 def compare(name: str, overrides: list[str], rounds: int, repeats: int) -> dict:
-    engine, state = engine_for(overrides, rounds * repeats * 2)
+    engine, state, executors = engine_for(overrides, rounds * repeats * 2)
     times = {"exact": [], "float64": []}
     for _ in range(repeats):  # alternating, so both see the same machine load
-        times["exact"].append(ms_per_round(engine, state, rounds, ShardResult))
-        times["float64"].append(ms_per_round(engine, state, rounds, FloatSums))
+        for kind, executor in executors.items():
+            times[kind].append(ms_per_round(engine, state, rounds, executor))
     median = {k: statistics.median(v) for k, v in times.items()}
     dim, replicas = engine.problem.dim, len(engine.layout)
-    x = torch.zeros(replicas, dim, dtype=engine.problem.dtype)
     record = {"ms_per_round": median, "all_ms": times, "exact_over_float": median["exact"] / median["float64"],
-              "reply_bytes": {"exact": ShardResult.zeros(x).nbytes, "float64": replicas * dim * 8},
+              "reply_bytes": {k: reply_bytes(engine, state, e) for k, e in executors.items()},
               "dim": dim, "replicas": replicas}
     print(f"{name}: exact {median['exact']:.2f} ms/round, float64 {median['float64']:.2f} ms/round "
           f"({record['exact_over_float']:.3f}x); a shard's reply {record['reply_bytes']['exact']:,} bytes "

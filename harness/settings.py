@@ -18,7 +18,6 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from fedharness.contracts import METRICS
 from fedharness.errors import ConfigError
 from fedharness.keys import Key, _is_list, anything, boolean, choice, integer, number, text
 
@@ -66,12 +65,6 @@ def _plain(value: Any) -> Any:
 
 def _section(cls: type, values: Mapping[str, Any]):
     return cls(**{name: _frozen(values[name]) for name in keys_of(cls)})
-
-
-class _Registered(str):  # the message lists the metrics registered when the error is raised
-    def __str__(self) -> str:
-        names = ", ".join(METRICS) or "none yet"
-        return f"a list of distinct registered metrics (fedharness.register_metric; registered: {names})"
 
 
 # --- sections ---------------------------------------------------------------------------------------------
@@ -162,10 +155,10 @@ class RunSettings:
     study: str = key(text("groups runs (tuning studies, sweeps)"))
     experiment: str = key(text("the experiment config this run belongs to (experiment=NAME picks a paper "
                                "reproduction)"))
-    rounds: int = key(integer("communication rounds", lo=1))
-    seed: int = key(integer("seed of every random stream (clients, minibatches, data)", lo=0))
-    replicas: int = key(integer("independent seeds batched on one tensor axis", lo=1))
-    eval_every: int = key(integer("rounds between evaluations (and Parquet rows)", lo=1))
+    rounds: int = key(integer("communication rounds", lo=1, batchable=True))
+    seed: int = key(integer("seed of every random stream (clients, minibatches, data)", lo=0, batchable=True))
+    replicas: int = key(integer("independent seeds batched on one tensor axis", lo=1, batchable=True))
+    eval_every: int = key(integer("rounds between evaluations (and Parquet rows)", lo=1, batchable=True))
     results_dir: str = key(text("where runs/ and rounds/ are written as Parquet: a folder, or an object store "
                                 "as s3://bucket/prefix or gs://bucket/prefix (docs/cluster.md)"))
     executor: str = key(choice("inline | loop (one client at a time, the slow path that checks the batched one) | ray",
@@ -180,8 +173,8 @@ class RunSettings:
     device: str = key(Key(lambda v: isinstance(v, str) and re.fullmatch(r"cpu|cuda(:\d+)?", v) is not None,
                           "one of: cpu, cuda, cuda:N", "cpu | cuda | cuda:N"))
     progress: bool = key(boolean("show a progress bar on stderr"))
-    metrics: tuple[str, ...] = key(Key(lambda v: _is_list(v, lambda m: m in METRICS) and len(set(v)) == len(v),
-                                       _Registered(), "your own metrics (fedharness.register_metric), computed at "
+    metrics: tuple[str, ...] = key(Key(lambda v: _is_list(v, lambda m: isinstance(m, str)) and len(set(v)) == len(v),
+                                       "a list of distinct metric names (fedharness.register_metric)", "your own metrics (fedharness.register_metric), computed at "
                                        "every evaluation, each a column of the rounds/ table"))
     threads: int | None = key(integer("torch threads; null: from the work of one local step, dim x clients per "
                                       "round x batch x replicas: one thread per 2^20 of it, at least 1, at most "
@@ -197,6 +190,9 @@ class RunSettings:
                              ("auto", "vmap", "loop", "loop_channels_last")))
     deterministic: bool = key(boolean("deterministic CUDA kernels (cuBLAS workspace, cuDNN): same bits run to run, "
                                       "slower"))
+    sums: str = key(choice("how client contributions meet: exact (integer sums on a fixed-point grid, 8 bytes a "
+                           "parameter: the same bits for any shard split) | float (float64 sums: a few percent "
+                           "faster, the bits depend on the split)", ("exact", "float")))
     memory_budget_gb: float | None = key(number("GB (10^9 bytes) a batched training or evaluation step may use",
                                                 lo=0, lo_open=True, null="half the device's free memory"))
     reference_timeout_s: float | None = key(number("each exact solve (w*; all clients' F_k* together) gives up "

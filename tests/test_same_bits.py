@@ -16,7 +16,7 @@ import torch
 
 from fedharness.config.load import load_settings
 from fedharness.contracts import Callback
-from fedharness.core.exact_sum import ExactSum
+from limb_sum import LimbSum
 from fedharness.runs.execute import execute
 
 SMALL = ["dataset.num_clients=30", "algorithm.clients_per_round=10", "eval_every=250", "rounds=1000",
@@ -63,11 +63,11 @@ def test_exact_sums_do_not_depend_on_grouping_or_order():
     terms = torch.as_tensor(rng.normal(size=(60, 3)) * 10.0 ** rng.integers(-40, 40, size=(60, 3)))
     terms[30:] = -terms[:30] * (1 + 1e-9)  # near-cancellation, as in SCAFFOLD's controls
     index = torch.zeros(60, dtype=torch.int64)
-    whole = ExactSum.zeros((1, 3)).add_rows(index, terms).value()
+    whole = LimbSum.zeros((1, 3)).add_rows(index, terms).value()
     for trial in range(5):
         perm = torch.as_tensor(rng.permutation(60))
         cuts = sorted(rng.choice(np.arange(1, 60), size=trial + 1, replace=False))
-        parts = [ExactSum.zeros((1, 3)).add_rows(index[p], terms[p]) for p in np.split(perm.numpy(), cuts)]
+        parts = [LimbSum.zeros((1, 3)).add_rows(index[p], terms[p]) for p in np.split(perm.numpy(), cuts)]
         total = parts.pop()
         for part in parts[::-1]:
             total.add(part)
@@ -81,9 +81,9 @@ def test_many_terms_in_one_row_stay_exact():
     rng = np.random.default_rng(1)
     terms = torch.as_tensor(rng.normal(size=(12000, 2)) * 1e30)
     index = torch.zeros(12000, dtype=torch.int64)
-    total = ExactSum.zeros((1, 2)).add_rows(index, terms).value()
-    halves = ExactSum.zeros((1, 2)).add_rows(index[7000:], terms[7000:])
-    assert torch.equal(ExactSum.zeros((1, 2)).add_rows(index[:7000], terms[:7000]).add(halves).value(), total)
+    total = LimbSum.zeros((1, 2)).add_rows(index, terms).value()
+    halves = LimbSum.zeros((1, 2)).add_rows(index[7000:], terms[7000:])
+    assert torch.equal(LimbSum.zeros((1, 2)).add_rows(index[:7000], terms[:7000]).add(halves).value(), total)
     np.testing.assert_allclose(total[0].numpy(), [math.fsum(terms[:, j].tolist()) for j in range(2)], rtol=1e-15)
 
 
@@ -92,9 +92,9 @@ def test_a_term_beyond_the_limbs_saturates_the_same_way_in_any_order():
     terms = torch.tensor([[1e50, 1.0], [-3.0, 2.0 ** 141], [2.5, -1.0]], dtype=torch.float64)
     index = torch.zeros(3, dtype=torch.int64)
     for order in ([0, 1, 2], [2, 1, 0], [1, 0, 2]):
-        total = ExactSum.zeros((1, 2))
+        total = LimbSum.zeros((1, 2))
         for i in order:
-            total.add(ExactSum.zeros((1, 2)).add_rows(index[[i]], terms[[i]]))
+            total.add(LimbSum.zeros((1, 2)).add_rows(index[[i]], terms[[i]]))
         assert total.value().tolist() == [[math.inf, math.inf]]
 
 

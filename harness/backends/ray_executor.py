@@ -3,11 +3,12 @@
 Each shard actor owns a fixed, cost-balanced set of clients (cost n_k x expected
 local steps), builds its own data from the run's settings (generated from the seed, or
 read from `data_dir` on its node), keeps its clients' state (SCAFFOLD control
-variates) and returns per-replica float64 partial sums. The model goes out once
+variates) and returns per-replica exact partial sums (core/exact_sum.py: 8 bytes a parameter and replica, the
+grid rebuilt by the driver from x). The model goes out once
 per round through the object store: one `ray.put(x)` whose reference every shard
 receives. The sampled clients, their local steps and minibatches come from
 streams keyed by (seed, replica, round, client), so the trajectory equals the
-inline one up to float reassociation of the shard sums.
+inline one bit for bit (with `sums: float`, up to float reassociation of the shard sums).
 
 Faults: a shard whose actor dies (process killed, node lost) is started again in
 its reserved bundle, rebuilds its data, gets its clients' state as of the last
@@ -58,7 +59,7 @@ class ShardActor:
         except ConfigError as err:  # e.g. data_dir missing on this node: reported by ready(), with the node
             self.error = (err.key, err.value, err.allowed)
             return
-        self.shard = ClientShard(problem, algorithm.solver, owned)
+        self.shard = ClientShard(problem, algorithm.solver, owned, settings.sums == "exact")
         self.device = problem.device
 
     def ready(self) -> dict:
@@ -72,7 +73,7 @@ class ShardActor:
         dev = self.device
         plan = dataclasses.replace(plan, server_ctx={k: v.to(dev) for k, v in plan.server_ctx.items()})
         result = self.shard.train(x.to(dev), plan)
-        return result.to("cpu"), bool(self.shard.client_state)
+        return result.reply(), bool(self.shard.client_state)  # the sums' words: the driver builds the grids
 
     def get_state(self) -> dict:
         return self.shard.get_state()
@@ -223,7 +224,7 @@ class RayExecutor:
         x_ref = ray.put(x.detach().cpu())  # once per round; every shard gets the reference
         plan_ref = ray.put(dataclasses.replace(plan, server_ctx={k: v.cpu() for k, v in plan.server_ctx.items()}))
         results = self._call_all("train", x_ref, plan_ref)
-        total = ShardResult.zeros(x.detach().cpu())
+        total = ShardResult.zeros(x.detach().cpu(), plan, self.settings.sums == "exact")
         stateful = False
         for result, has_state in results:  # exact sums: the same bits in any order, and as one shard
             total.add(result)

@@ -1,136 +1,210 @@
-"""Sums whose bits do not depend on the order of the terms: where client contributions meet.
+"""Sums whose bits do not depend on the order of the terms: where client contributions meet, 8 bytes a parameter.
 
-Floating-point addition is not associative, so a sum over clients that shards compute in pieces, in
-whatever order their clients come, changes in its last bits with the number of shards; over thousands of
-rounds (SCAFFOLD's control variates subtract nearly equal quantities) the third digit moves. Here each
-term is first rounded to a fixed grid, g = 2^-GRID_EXP, and written exactly as LIMBS integers of
-LIMB_BITS bits (held in float64, which represents such integers exactly):
+Floating-point addition is not associative, so a sum over clients that shards compute in pieces, in whatever
+order their clients come, changes in its last bits with the number of shards; over thousands of rounds
+(SCAFFOLD's control variates subtract nearly equal quantities) the third digit moves. Here every term is
+rounded to a fixed-point grid and added as an integer held in a float64 word, below 2^53 where float64 addition
+is exact: so partial sums from any split into shards, added in any order, are the same integers, and `value`
+turns them into the same float64 bits.
 
-    x ~ sum_i l_i 2^(LIMB_BITS i) g,   0 <= l_i < 2^LIMB_BITS for i < LIMBS - 1, the top limb signed,
+The grid. A term's rounding may depend only on the term and on what every shard knows before it converts
+anything: the round's model x (or, for a solver's sum such as SCAFFOLD's "control", the server tensor that sum
+updates) and the round's clients per replica K. Each (replica, block of BLOCK coordinates) gets the step
 
-so |x| < 2^(LIMBS LIMB_BITS - GRID_EXP) = 2^140 (beyond float32's range) and every term's rounding depends on
-that term alone. Integer addition is exact and associative, so partial sums from any split into shards, added
-in any order, are the same integers, and `from_limbs` turns them into the same float64 bits. A float64 limb
-sum stays exact for MAX_TERMS = 2^13 terms per element (carries are normalised before that, and a row takes
-at most that many terms in a round). A term that is not finite or too large for the limbs (|x| >= 2^140 ~
-1.4e42: a diverged run) goes into a float64 `overflow` sum as an infinity of its sign (NaN stays NaN), so that
-sum only ever holds inf, -inf, NaN or zeros, whose sum is order-independent too (NaN if any NaN or both
-infinities, else the infinity): a float64 run whose client update reaches 2^140 is diverged.
+    g = 2^(e + MARGIN_BITS - L),   e = max(FLOOR_EXP, the exponent of max |reference| over the block),
+    L = 53 - bitlength(K),
 
-The cost is elementwise work on every term (a dozen passes), in blocks small enough that the temporaries are
-reused rather than freshly mapped: see docs/performance.md for what it adds to a round.
+so a term below 2^MARGIN_BITS times the block's largest reference value is an integer of |n| < 2^L, and K of
+them add up below 2^53 (the `low` word: the 8 bytes a parameter a shard's reply carries). The grid is a
+function of x, which every shard receives and every checkpoint holds, so a resume and a restarted shard convert
+exactly as before, and there is no state to agree on.
 
-Rounding to g = 2^-100 changes a term only where |x| < 2^-47 (a float64 below that has bits finer than g),
-by at most g / 2 = 2^-101 absolute.
+Precision kept (tests/test_compact_sums.py; docs/performance.md, Exact sums): a term moves by at most g / 2, a
+round's sum by at most K g / 2 < 2^(e + MARGIN_BITS + 2 bitlength(K) - 54): 2^-43 of the block's largest
+reference value for K = 10. Measured against float64 sums of the same terms, 30 rounds: W1's delta and
+SCAFFOLD's delta and control variates within 3e-14 of the block's largest reference value (1e-13 of the largest
+sum). It degrades (a) for coordinates far smaller than the largest reference value of their block (the error is
+absolute, relative to the block), (b) with K (each doubling costs two bits), (c) for references below
+2^FLOOR_EXP (~1e-6, and zero), whose step is that of 2^FLOOR_EXP (finer: the first round from a zero start).
+
+Larger terms, still exact and split-independent: a term of |n| >= 2^L (an update above 2^MARGIN_BITS times the
+model's scale: the first round from a zero start) is split exactly into n = high 2^L + low, and the reply carries
+a second word, `high`, in that round; one of |n| >= 2^(2L) (2^L times the block's reference: a diverged run), or
+not finite, goes into a float64 `overflow` sum as an infinity of its sign (NaN stays NaN), whose sum is
+order-independent too.
+
+`FloatSum` is the `sums: float` alternative: plain float64 index_add, whose bits depend on the split.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-LIMB_BITS = 40
-LIMBS = 6
-GRID_EXP = 100
-MAX_TERMS = 2 ** (53 - LIMB_BITS)  # terms per element whose limbs a float64 sums exactly (8192)
-_LIMB = float(2 ** LIMB_BITS)
-_TOP = 2.0 ** (LIMBS * LIMB_BITS - GRID_EXP)  # terms at or above this (in magnitude) overflow the limbs
-_UNITS = torch.tensor([2.0 ** (-LIMB_BITS * i) for i in range(LIMBS)], dtype=torch.float64)
-_BLOCK = 1 << 14  # elements converted at once: small temporaries are reused, large ones cost page faults
+BLOCK = 1024  # coordinates sharing one grid step
+MARGIN_BITS = 2  # a term up to 2^MARGIN_BITS times its block's largest reference value fits the low word
+FLOOR_EXP = -20  # references below 2^FLOOR_EXP (and zero) get the step of 2^FLOOR_EXP
+WORD_BITS = 53  # a sum of words stays an integer a float64 holds exactly
+_CHUNK = 1 << 16  # elements converted at once: small temporaries are reused, large ones cost page faults
 
 
-def to_limbs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A float tensor [...] as limbs [LIMBS, ...] (float64 integers, least significant first: each in
-    [0, 2^LIMB_BITS) but the top one, which carries the sign) and its overflow terms (None: there are none)."""
-    x = x.double()
-    overflow = None
-    if x.numel() and not bool(x.abs().max() < _TOP):  # NaN compares False: the slow path
-        fits = torch.isfinite(x) & (x.abs() < _TOP)
-        overflow = torch.where(fits, torch.zeros_like(x), x * math.inf)  # +-inf (NaN stays NaN)
-        x = torch.where(fits, x, torch.zeros_like(x))
-    a = torch.round(x * 2.0 ** GRID_EXP)  # exact: a power of 2; |a| < 2^240 with at most 53 significant bits
-    # q_i = floor(a / 2^(LIMB_BITS i)) for all limbs at once, then limb_i = q_i - 2^LIMB_BITS q_(i+1). Every
-    # step is exact: each q_i and each difference is an integer a float64 holds.
-    q = torch.floor(a * _UNITS.to(a.device).view(-1, *([1] * a.dim())))
-    q[:-1] -= q[1:] * _LIMB
-    return q, overflow
+@dataclass
+class Grid:
+    """The fixed-point step of each element of a [R, dim] sum: terms are rounded to integers n = round(x scale)."""
+
+    scale: torch.Tensor  # [R, dim] float64 powers of two: 1 / g
+    low_bits: int  # L: terms of |n| < 2^L go in the low word, K of them stay below 2^53
+    high_bits: int  # |high| < 2^high_bits, so K high words stay below 2^53 too
+
+    @classmethod
+    def of(cls, reference: torch.Tensor, terms: int) -> "Grid":
+        """The grid of a sum over at most `terms` terms per element that updates `reference` [R, dim]."""
+        rows, dim = reference.shape
+        head = max(1, int(terms)).bit_length()
+        low_bits = WORD_BITS - head
+        ref = reference.detach().abs()
+        if dim <= BLOCK:
+            ref = ref.amax(-1, keepdim=True)
+        else:
+            ref = F.pad(ref, (0, -dim % BLOCK)).view(rows, -1, BLOCK).amax(-1)
+        ref = torch.nan_to_num(ref.double(), nan=0.0, posinf=0.0)
+        e = torch.frexp(ref).exponent.clamp_min(FLOOR_EXP)  # max |reference| < 2^e (frexp(0) gives 0)
+        e = torch.where(ref > 0, e, torch.full_like(e, FLOOR_EXP))
+        scale = torch.exp2((low_bits - MARGIN_BITS - e).double())  # [R, blocks]
+        scale = scale[:, :, None].expand(-1, -1, BLOCK).reshape(rows, -1)[:, :dim]
+        return cls(scale, low_bits, WORD_BITS - head)
+
+    def to(self, device: torch.device | str) -> "Grid":
+        return Grid(self.scale.to(device), self.low_bits, self.high_bits)
 
 
-def normalize(limbs: torch.Tensor) -> torch.Tensor:
-    """The same integer with every limb but the top one in [0, 2^LIMB_BITS): its one representation."""
-    limbs = limbs.clone()
-    for i in range(LIMBS - 1):
-        carry = torch.floor(limbs[i] / _LIMB)
-        limbs[i] -= carry * _LIMB
-        limbs[i + 1] += carry
-    return limbs
+class Grids:
+    """The grid of each of a round's sums, built on first use from what the sum updates: "delta" from the model
+    x, a solver's sum from the server tensor of its name in the round's context (SCAFFOLD's "control"), any
+    other from zeros (the FLOOR_EXP step). Every shard and the driver build the same grids."""
 
+    def __init__(self, x: torch.Tensor, ctx: dict[str, torch.Tensor], terms: int):
+        self.x, self.ctx, self.terms = x, ctx, int(terms)
+        self.built: dict[str, Grid] = {}
 
-def from_limbs(limbs: torch.Tensor, overflow: torch.Tensor) -> torch.Tensor:
-    """float64 of a limb sum, from its one representation, so equal integer sums give equal bits."""
-    limbs = normalize(limbs)
-    value = limbs[LIMBS - 1]
-    for i in reversed(range(LIMBS - 1)):
-        value = value * _LIMB + limbs[i]
-    return value * 2.0 ** -GRID_EXP + overflow
+    def __getitem__(self, name: str) -> Grid:
+        if name not in self.built:
+            ref = self.x if name == "delta" else self.ctx.get(name)
+            if ref is None or tuple(ref.shape) != tuple(self.x.shape):
+                ref = torch.zeros_like(self.x)
+            self.built[name] = Grid.of(ref.to(self.x.device), self.terms)
+        return self.built[name]
+
+    def to(self, device: torch.device | str) -> "Grids":
+        moved = Grids(self.x.to(device), self.ctx, self.terms)
+        moved.built = {name: grid.to(device) for name, grid in self.built.items()}
+        return moved
 
 
 @dataclass
 class ExactSum:
-    """A sum over terms of shape [rows, *shape] (rows: replicas), exact and order-independent.
+    """A sum over terms of shape [R, dim] (R: replicas) on a Grid, exact and order-independent.
 
-    `add_rows(index, terms)` adds terms[j] into row index[j]; `add(other)` merges another partial sum
-    (another shard's); `value()` is the float64 sum. Both kinds of addition commute bit for bit. Each limb is
-    a float64 integer sum, exact for up to MAX_TERMS terms per element: carries are normalised before that.
+    `add_rows(index, terms, grid)` adds terms[j] into row index[j]; `add(other)` merges another partial sum
+    (another shard's, on the same grid); `value(grid)` is the float64 sum. Both kinds of addition commute bit
+    for bit. The words are the whole reply: the grid is not sent, every side builds it from x.
     """
 
-    limbs: torch.Tensor  # [LIMBS, rows, *shape] float64 integers
-    overflow: torch.Tensor  # [rows, *shape] float64: inf/nan terms only
-    terms: int = 0  # terms added since the last normalisation (a bound on any element's count)
+    low: torch.Tensor  # [R, dim] float64 integers (exact: below 2^53)
+    high: torch.Tensor | None = None  # [R, dim] float64 integers, in units of 2^L steps; None: no term needed it
+    overflow: torch.Tensor | None = None  # [R, dim] float64: +-inf/nan terms only; None: there were none
 
     @classmethod
     def zeros(cls, shape: tuple[int, ...], device: torch.device | str = "cpu") -> "ExactSum":
-        return cls(torch.zeros((LIMBS, *shape), dtype=torch.float64, device=device),
-                   torch.zeros(shape, dtype=torch.float64, device=device))
+        return cls(torch.zeros(shape, dtype=torch.float64, device=device))
 
-    def add_rows(self, index: torch.Tensor, terms: torch.Tensor) -> "ExactSum":
-        step = MAX_TERMS // 2  # more terms at once could pass the exact range of one limb sum
-        if len(index) > step:
-            for start in range(0, len(index), step):
-                self.add_rows(index[start:start + step], terms[start:start + step])
+    def add_rows(self, index: torch.Tensor, terms: torch.Tensor, grid: Grid) -> "ExactSum":
+        """terms [n, dim] (float64) into rows index [n], each rounded on its own to the grid."""
+        if not terms.numel():
             return self
-        flat, limbs, overflow = terms.reshape(len(index), -1), self.limbs.flatten(2), self.overflow.flatten(1)
-        cols = max(1, min(flat.shape[1], _BLOCK))
-        rows = max(1, _BLOCK // cols)  # blocks of about _BLOCK elements over rows too: 640 clients of W1's
-        for first in range(0, len(index), rows):  # 64 replicas converted at once took 2.8x as long
-            block = slice(first, first + rows)
-            for start in range(0, flat.shape[1], cols):
-                part = slice(start, start + cols)
-                add, over = to_limbs(flat[block, part])
-                limbs[:, :, part].index_add_(1, index[block], add)
-                if over is not None:
-                    overflow[:, part].index_add_(0, index[block], over)
-        return self._counted(len(index))
-
-    def add(self, other: "ExactSum") -> "ExactSum":
-        self.limbs += other.limbs.to(self.limbs.device)
-        self.overflow += other.overflow.to(self.overflow.device)
-        return self._counted(other.terms)
-
-    def _counted(self, added: int) -> "ExactSum":
-        self.terms += added
-        if self.terms > MAX_TERMS // 2:
-            self.limbs, self.terms = normalize(self.limbs), 1  # normalised limbs hold less than one term's worth
+        one_row = grid.scale.shape[0] == 1  # one replica: the scale broadcasts, no gather
+        cols = max(1, min(terms.shape[1], _CHUNK // len(index)))
+        for start in range(0, terms.shape[1], cols):
+            part = slice(start, start + cols)
+            scale = grid.scale[:, part] if one_row else grid.scale[index, part]
+            n = torch.mul(terms[:, part], scale).round_()
+            least, most = torch.aminmax(n)
+            if -2.0 ** grid.low_bits < least.item() and most.item() < 2.0 ** grid.low_bits:
+                self.low[:, part].index_add_(0, index, n)  # integers below 2^53: exact in any order
+            else:  # NaN compares False: here too
+                self._add_wide(index, part, terms[:, part], n, grid)
         return self
 
-    def value(self) -> torch.Tensor:
-        return from_limbs(self.limbs, self.overflow)
+    def _add_wide(self, index: torch.Tensor, part: slice, terms: torch.Tensor, n: torch.Tensor, grid: Grid) -> None:
+        """Terms beyond the low word: n = high 2^L + low exactly; beyond the high word (or not finite): overflow."""
+        fits = torch.isfinite(n) & (n.abs() < 2.0 ** (grid.low_bits + grid.high_bits))
+        if not bool(fits.all()):
+            if self.overflow is None:
+                self.overflow = torch.zeros(self.low.shape, dtype=torch.float64, device=self.low.device)
+            inf = torch.where(fits, torch.zeros_like(terms), terms * float("inf"))  # +-inf (NaN stays NaN)
+            self.overflow[:, part].index_add_(0, index, inf)
+            n = torch.where(fits, n, torch.zeros_like(n))
+        high = torch.round(n * 2.0 ** -grid.low_bits)  # exact: a power of two, then an integer
+        low = n - high * 2.0 ** grid.low_bits  # exact: an integer of at most 2^(L-1)
+        if self.high is None:
+            self.high = torch.zeros_like(self.low)
+        self.high[:, part].index_add_(0, index, high)
+        self.low[:, part].index_add_(0, index, low)
+
+    def add(self, other: "ExactSum") -> "ExactSum":
+        self.low += other.low.to(self.low.device)
+        self.high = _plus(self.high, other.high)
+        self.overflow = _plus(self.overflow, other.overflow)
+        return self
+
+    def value(self, grid: Grid) -> torch.Tensor:
+        """float64 of the integer sum, a function of the integers alone: equal sums give equal bits."""
+        total = self.low if self.high is None else self.high * 2.0 ** grid.low_bits + self.low
+        total = total / grid.scale  # exact: a power of two
+        return total if self.overflow is None else total + self.overflow
 
     def to(self, device: torch.device | str) -> "ExactSum":
-        return ExactSum(self.limbs.to(device), self.overflow.to(device), self.terms)
+        move = (lambda t: None if t is None else t.to(device))
+        return ExactSum(self.low.to(device), move(self.high), move(self.overflow))
 
     @property
     def nbytes(self) -> int:
-        return self.limbs.numel() * 8 + self.overflow.numel() * 8
+        return sum(t.numel() * t.element_size() for t in (self.low, self.high, self.overflow) if t is not None)
+
+
+def _plus(mine: torch.Tensor | None, other: torch.Tensor | None) -> torch.Tensor | None:
+    if other is None:
+        return mine
+    other = other.to(mine.device) if mine is not None else other
+    return other.clone() if mine is None else mine.add_(other)
+
+
+@dataclass
+class FloatSum:
+    """`sums: float`: float64 index_add, the bits depending on the order of the additions (the shard split)."""
+
+    total: torch.Tensor  # [R, dim] float64
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, ...], device: torch.device | str = "cpu") -> "FloatSum":
+        return cls(torch.zeros(shape, dtype=torch.float64, device=device))
+
+    def add_rows(self, index: torch.Tensor, terms: torch.Tensor, grid: Grid | None) -> "FloatSum":
+        self.total.index_add_(0, index, terms)
+        return self
+
+    def add(self, other: "FloatSum") -> "FloatSum":
+        self.total += other.total.to(self.total.device)
+        return self
+
+    def value(self, grid: Grid | None) -> torch.Tensor:
+        return self.total
+
+    def to(self, device: torch.device | str) -> "FloatSum":
+        return FloatSum(self.total.to(device))
+
+    @property
+    def nbytes(self) -> int:
+        return self.total.numel() * 8

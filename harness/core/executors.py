@@ -18,7 +18,7 @@ import torch
 
 from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, buffer_dim, load_client_buffers, local_buffers, \
     take_buffers
-from fedharness.core.exact_sum import ExactSum
+from fedharness.core.exact_sum import ExactSum, FloatSum, Grids
 from fedharness.contracts import ClientKeys, ClientState, LocalSolver, Problem, ServerContext, SolverState
 from fedharness.errors import require
 
@@ -65,23 +65,30 @@ class UpdateChunk:
 
 @dataclass
 class ShardResult:
-    """A round's client contributions, summed exactly (core/exact_sum.py): the weighted deltas sum_k c_k Delta_k
-    under "delta" and a solver's per-client sums (SCAFFOLD's "control") under their names, each [R, dim]. Adding
-    shards' results, in any grouping and order, gives the same bits, so a round does not depend on how the
-    clients are split into shards. `delta` and `extras` read the sums as float64."""
+    """A round's client contributions: the weighted deltas sum_k c_k Delta_k under "delta" and a solver's
+    per-client sums (SCAFFOLD's "control") under their names, each [R, dim]. With exact sums (the default;
+    core/exact_sum.py) adding shards' results, in any grouping and order, gives the same bits, so a round does not
+    depend on how the clients are split into shards; with float sums (`sums: float`) it does. `delta` and
+    `extras` read the sums as float64. `grids` is where the exact sums' grids come from (x and the server's
+    tensors): every side builds them, so `reply()`, what a Ray shard sends, carries the sums' words only."""
 
-    sums: dict[str, ExactSum]
+    shape: tuple[int, int]  # [R, dim]
+    device: torch.device | str = "cpu"
+    sums: dict[str, ExactSum | FloatSum] = field(default_factory=dict)
     updates: list[UpdateChunk] = field(default_factory=list)  # plan.send_updates: every entry's Delta_k
+    grids: Grids | None = None  # None: float sums, or a reply (added into a result that has them)
+    exact: bool = True
 
     @classmethod
-    def zeros(cls, x: torch.Tensor) -> "ShardResult":
-        return cls({"delta": ExactSum.zeros(tuple(x.shape), x.device)})
+    def zeros(cls, x: torch.Tensor, plan: RoundPlan, exact: bool = True) -> "ShardResult":
+        grids = Grids(x, plan.server_ctx, plan.clients.shape[1]) if exact else None
+        return cls((x.shape[0], x.shape[1]), x.device, grids=grids, exact=exact)
 
     def add_rows(self, name: str, index: torch.Tensor, terms: torch.Tensor) -> None:
         """terms[j] (float64) into replica index[j] of sum `name`."""
         if name not in self.sums:
-            self.sums[name] = ExactSum.zeros(tuple(self.sums["delta"].overflow.shape), terms.device)
-        self.sums[name].add_rows(index, terms)
+            self.sums[name] = (ExactSum if self.exact else FloatSum).zeros(self.shape, terms.device)
+        self.sums[name].add_rows(index, terms, self.grids[name] if self.exact else None)
 
     def add(self, other: "ShardResult") -> "ShardResult":
         for name, part in other.sums.items():
@@ -89,16 +96,27 @@ class ShardResult:
         self.updates.extend(other.updates)
         return self
 
+    def reply(self) -> "ShardResult":
+        """What a shard sends: the sums' words on the CPU and the updates, without the grids."""
+        return ShardResult(self.shape, "cpu", {name: part.to("cpu") for name, part in self.sums.items()},
+                           self.updates, None, self.exact)
+
     def to(self, device: torch.device | str) -> "ShardResult":
-        return ShardResult({name: part.to(device) for name, part in self.sums.items()}, self.updates)
+        return ShardResult(self.shape, device, {name: part.to(device) for name, part in self.sums.items()},
+                           self.updates, None if self.grids is None else self.grids.to(device), self.exact)
+
+    def _value(self, name: str) -> torch.Tensor:
+        return self.sums[name].value(self.grids[name] if self.exact else None)
 
     @property
     def delta(self) -> torch.Tensor:
-        return self.sums["delta"].value()
+        if "delta" not in self.sums:  # no client contributed (or the updates were sent instead)
+            return torch.zeros(self.shape, dtype=torch.float64, device=self.device)
+        return self._value("delta")
 
     @property
     def extras(self) -> dict[str, torch.Tensor]:
-        return {name: part.value() for name, part in self.sums.items() if name != "delta"}
+        return {name: self._value(name) for name in self.sums if name != "delta"}
 
     @property
     def nbytes(self) -> int:
@@ -136,8 +154,8 @@ class ClientShard:
     sorted entries and their sums are added in entry order, so chunking does not change the result.
     """
 
-    def __init__(self, problem: Problem, solver: LocalSolver, owned: tuple[int, int]):
-        self.problem, self.solver = problem, solver
+    def __init__(self, problem: Problem, solver: LocalSolver, owned: tuple[int, int], exact_sums: bool = True):
+        self.problem, self.solver, self.exact_sums = problem, solver, exact_sums  # sums: exact | float
         self.lo, self.hi = owned  # clients lo..hi-1 are this shard's: O(1) whatever N is
         self.client_state: dict[tuple[int, int], ClientState] = {}  # (replica, client) -> e.g. SCAFFOLD's c_i
         self.budget = problem.memory_budget
@@ -164,7 +182,7 @@ class ClientShard:
         return self.train_entries(x, plan, self.entries(plan), self.problem.grad)
 
     def train_entries(self, x: torch.Tensor, plan: RoundPlan, e: Entries, grad_fn) -> ShardResult:
-        result = ShardResult.zeros(x)
+        result = ShardResult.zeros(x, plan, self.exact_sums)
         if len(e.clients) == 0:
             return result
         # longest first: the clients still training at any step are a prefix, trained as one smaller batch
@@ -263,9 +281,9 @@ def shard_of(ranges: list[tuple[int, int]], client: int) -> int:
 class InlineExecutor:
     """Shards in the driver process: the embedded default."""
 
-    def __init__(self, problem, solver, num_shards: int = 1):
+    def __init__(self, problem, solver, num_shards: int = 1, exact_sums: bool = True):
         # one process: the split only decides whose state is whose, so equal counts do
-        self.shards = [ClientShard(problem, solver, owned) for owned in
+        self.shards = [ClientShard(problem, solver, owned, exact_sums) for owned in
                        balanced_ranges(lambda k: np.ones(len(k)), problem.num_clients, num_shards)]
 
     def local_updates(self, x: torch.Tensor, plan: RoundPlan) -> ShardResult:
@@ -291,13 +309,13 @@ class InlineExecutor:
 class LoopExecutor(InlineExecutor):
     """The slow path: one client at a time, gradients by plain autograd. Kept to check the fast path."""
 
-    def __init__(self, problem, solver, num_shards: int = 1):
-        super().__init__(problem, solver, 1)
+    def __init__(self, problem, solver, num_shards: int = 1, exact_sums: bool = True):
+        super().__init__(problem, solver, 1, exact_sums)
 
     def local_updates(self, x: torch.Tensor, plan: RoundPlan) -> ShardResult:
         shard = self.shards[0]
         entries = shard.entries(plan)
-        total = ShardResult.zeros(x)
+        total = ShardResult.zeros(x, plan, shard.exact_sums)
         for i in range(len(entries.clients)):
             total.add(shard.train_entries(x, plan, entries.take(slice(i, i + 1)), shard.problem.loop_grad))
         return total

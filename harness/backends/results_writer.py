@@ -17,6 +17,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
+from fedharness.results import layout
 from fedharness.results.store import ResultsStore
 
 # Several tasks write at once (one per busy CPU of the cluster); the store's writes are independent objects
@@ -90,7 +91,7 @@ def start_writer(store: ResultsStore) -> DriverStore:
                                               max_concurrency=WRITER_THREADS, max_restarts=0)
     writer = actor.remote(store)
     remote = DriverStore(store.url, writer)
-    remote.exists("runs")  # started and answering before any task is sent (a start failure surfaces here)
+    remote.exists(layout.RUNS)  # started and answering before any task is sent (a start failure surfaces here)
     return remote
 
 

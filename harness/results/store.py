@@ -2,7 +2,8 @@
 
 Everything fedharness records under a `results_dir` (runs/, rounds/, trials/, checkpoints/, sweep manifests) goes
 through one `ResultsStore`, addressed by keys: POSIX paths relative to the results directory, such as
-`runs/run_id=X/run.parquet`. A write is whole or nothing: a reader (or a crash) never sees half an object.
+`runs/run_id=X/run.parquet` (harness/results/layout.py names them). A write is whole or nothing: a reader (or a
+crash) never sees half an object.
 
 * `FileStore`: a local folder (temporary name, fsync, rename).
 * `ArrowStore`: an object store (`s3://bucket/prefix`, `gs://bucket/prefix`) through pyarrow's file systems (one
@@ -23,6 +24,7 @@ from urllib.parse import urlsplit
 
 from fedharness.errors import ConfigError, require
 from fedharness.base.files import atomic_write
+from fedharness.results import layout
 
 OBJECT_STORES = ("s3", "gs")  # URL schemes results_dir takes besides a folder
 
@@ -133,8 +135,9 @@ def _scheme(results_dir: str) -> str | None:
     return scheme.lower() if sep and scheme.isalnum() else None
 
 
-def _object_store(url: str) -> ArrowStore:
-    """s3://bucket/prefix or gs://bucket/prefix; the URL holds no credentials, query or fragment."""
+def _object_root(url: str) -> tuple[str, str]:
+    """s3://bucket/prefix or gs://bucket/prefix as (scheme, bucket/prefix); the URL holds no credentials, query
+    or fragment."""
     parts = urlsplit(url)
     allowed = f"a folder, or an object store as {' or '.join(f'{s}://bucket/prefix' for s in OBJECT_STORES)}"
     require(parts.scheme in OBJECT_STORES, "results_dir", url, allowed)
@@ -142,9 +145,7 @@ def _object_store(url: str) -> ArrowStore:
             f"{parts.path}", "a URL without credentials: they come from the standard environment variables or "
             "files (docs/cluster.md)")
     require(bool(parts.netloc) and not parts.query and not parts.fragment, "results_dir", url, allowed)
-    root = parts.netloc + ("/" + parts.path.strip("/") if parts.path.strip("/") else "")
-    filesystem = _s3_filesystem() if parts.scheme == "s3" else _gcs_filesystem()
-    return ArrowStore(f"{parts.scheme}://{root}", filesystem, root)
+    return parts.scheme, parts.netloc + ("/" + parts.path.strip("/") if parts.path.strip("/") else "")
 
 
 def _s3_filesystem():
@@ -176,11 +177,26 @@ def _gcs_filesystem():
     return GcsFileSystem()
 
 
+def store_url(results_dir: str | Path) -> str:
+    """The url of the store `results_dir` names (an absolute path, or the object store's URL), checked as
+    open_store checks it, without opening it."""
+    text = str(results_dir)
+    if _scheme(text) is None:
+        return str(Path(results_dir).absolute())
+    scheme, root = _object_root(text)
+    return f"{scheme}://{root}"
+
+
 def open_store(results_dir: str | Path) -> ResultsStore:
     """The store a `results_dir` names: an object store for an s3:// or gs:// URL, else a local folder
-    (relative to the working directory). A URL of another scheme, or holding credentials, is a ConfigError."""
+    (relative to the working directory). A URL of another scheme, or holding credentials, is a ConfigError.
+    A command opens it once and hands it down (fedharness.runs.lifecycle.open_results)."""
     text = str(results_dir)
-    return FileStore(results_dir) if _scheme(text) is None else _object_store(text)
+    if _scheme(text) is None:
+        return FileStore(results_dir)
+    scheme, root = _object_root(text)
+    filesystem = _s3_filesystem() if scheme == "s3" else _gcs_filesystem()
+    return ArrowStore(f"{scheme}://{root}", filesystem, root)
 
 
 def check_writable(store: ResultsStore) -> None:
@@ -189,7 +205,7 @@ def check_writable(store: ResultsStore) -> None:
     folder is checked by the config's rules, harness/config/schema.py, without creating anything.)"""
     if not isinstance(store, ArrowStore):
         return
-    key = f".fedharness-probe-{uuid.uuid4().hex}"
+    key = layout.probe_key(uuid.uuid4().hex)
     try:
         store.write(key, b"")
         store.delete(key)

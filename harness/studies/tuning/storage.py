@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from fedharness.errors import ConfigError, require
+from fedharness.results import layout
 from fedharness.sinks.masking import mask_secrets
 from fedharness.studies.tuning.spec import TuneSpec
 
@@ -29,7 +30,7 @@ def check_reachable(spec: TuneSpec) -> None:
         return
     import sqlalchemy
 
-    if spec.storage == "sqlite:///" + str(Path(spec.results_dir) / "optuna.db"):
+    if spec.storage == "sqlite:///" + str(Path(spec.results_dir) / layout.OPTUNA_DB):
         Path(spec.results_dir).mkdir(parents=True, exist_ok=True)
     try:
         engine = sqlalchemy.create_engine(spec.storage, **_engine_kwargs(spec.storage))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedharness.contracts import Aggregator, Coefficients, WeightStats, part, part_names
+from fedharness.contracts import Aggregator, Coefficients, WeightStats
+from fedharness.registry.groups import part, part_names
 from fedharness.keys import Key, choice, number
 
 KEYS: dict[str, Key] = {  # harness/config/schema.py's rules add: tau_eff_value set when tau_eff=fixed

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedharness.contracts import LocalWork, part, part_names
+from fedharness.contracts import LocalWork
+from fedharness.registry.groups import part, part_names
 from fedharness.base import streams
 from fedharness.keys import Key, boolean, choice, integer, number
 

@@ -6,7 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
-from fedharness.contracts import LocalWork, part
+from fedharness.contracts import LocalWork
+from fedharness.registry.groups import part
 from fedharness.keys import Key, _is_int, _is_list
 
 KEYS: dict[str, Key] = {  # harness/config/schema.py's rules add: one entry per client when local_work=per_client

@@ -1,6 +1,6 @@
 """The registry: every part an algorithm is composed of, by name, and how a config builds it.
 
-A part registers itself beside its class (`fedharness.contracts.part`); a named algorithm
+A part registers itself beside its class (`fedharness.registry.groups.part`); a named algorithm
 (`conf/algorithm/<name>.yaml`) is a choice of parts and their keys. A part's constructor signature is its
 schema: `build_algorithm` calls each selected part with the `algorithm` keys its parameters name (declared once,
 in the KEYS of the module that uses them; harness/config/schema.py has checked every value) and the CONTEXT values
@@ -14,9 +14,11 @@ from typing import Any, Callable, Mapping
 
 from fedharness.algorithms import (aggregators, local_work, local_work_fixed, robust, samplers, schedules, server,
                                    solvers)
-from fedharness.contracts import CONTEXT, PART_KEYS, PARTS, PROTOCOLS, Algorithm, Problem, key_parameters
 from fedharness.algorithms import series
+from fedharness.contracts import Algorithm, Problem
 from fedharness.errors import ConfigError
+from fedharness.registry.binding import key_parameters
+from fedharness.registry.groups import CONTEXT, PARTS, PROTOCOLS
 from fedharness.keys import Key, integer
 
 KEYS: dict[str, Key] = {"batch_size": integer("minibatch size b", lo=1)}  # the Algorithm's own
@@ -44,7 +46,7 @@ BUILTIN_PARTS: dict[str, frozenset[str]] = {kind: frozenset(reg) for kind, reg i
 def undeclared(factory: Callable[..., Any], keys: Mapping[str, Key] | None = None) -> list[str]:
     """The parameters of a part's constructor that are neither a declared key (built-in or in `keys`) nor
     CONTEXT: the builder could not fill them."""
-    known = {*BUILTIN_KEYS, *(keys or {}), *PART_KEYS.get(factory, {}), *CONTEXT}
+    known = {*BUILTIN_KEYS, *(keys or {}), *CONTEXT}
     return [p.name for p in key_parameters(factory) if p.name not in known]
 
 
@@ -62,8 +64,8 @@ def user_keys() -> dict[str, tuple[Key, Any]]:
     """The keys the user's parts registered now declare, with their constructors' defaults (None: required)."""
     found: dict[str, tuple[Key, Any]] = {}
     for registry in PARTS.values():
-        for factory in registry.values():
-            declared = PART_KEYS.get(factory, {})
+        for name, factory in registry.items():
+            declared = registry.option_keys.get(name, {})
             for p in key_parameters(factory):
                 if p.name in declared:
                     found[p.name] = (declared[p.name], None if p.default is inspect.Parameter.empty else p.default)
@@ -79,23 +81,13 @@ def algorithm_keys() -> dict[str, Key]:
 def build(factory: Callable[..., Any], acfg: Mapping[str, Any], context: Mapping[str, Any]) -> Any:
     """`factory` called with the CONTEXT values and `algorithm` keys its parameters name (absent keys: the
     parameter's default)."""
-    kwargs = {}
-    for p in key_parameters(factory):
-        if p.name in context:
-            kwargs[p.name] = context[p.name]
-        elif p.name in acfg:
-            kwargs[p.name] = acfg[p.name]
-        elif p.default is inspect.Parameter.empty:
-            raise ConfigError(f"algorithm.{p.name}", None, f"a value (its part has no default): +algorithm.{p.name}=...")
-    return factory(**kwargs)
+    return factory(**PARTS["sampler"].arguments(factory, acfg, context))  # every kind binds the one section alike
 
 
 def build_part(kind: str, acfg: Mapping[str, Any], context: Mapping[str, Any]) -> Any:
     """The part `acfg[kind]` names, checked against its Protocol (a user's part may lack a member)."""
-    registry, name = PARTS[kind], acfg[kind]
-    if name not in registry:
-        raise ConfigError(f"algorithm.{kind}", name, registry.keys())
-    built = build(registry[name], acfg, context)
+    name = acfg[kind]
+    built = PARTS[kind].build(name, acfg, context)
     protocol = PROTOCOLS[kind]
     if not isinstance(built, protocol):
         raise ConfigError(f"algorithm.{kind}", name, f"the part it builds lacks a member of {protocol.__name__} "

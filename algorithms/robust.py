@@ -13,7 +13,8 @@ import torch
 import numpy as np
 
 from fedharness.algorithms.aggregators import WeightedAverage
-from fedharness.contracts import Coefficients, UpdateAggregator, WeightStats, part
+from fedharness.contracts import Coefficients, UpdateAggregator, WeightStats
+from fedharness.registry.groups import part
 from fedharness.keys import Key, integer, number
 
 KEYS: dict[str, Key] = {

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedharness.contracts import Sampler, Selection, part, part_names
+from fedharness.contracts import Sampler, Selection
+from fedharness.registry.groups import part, part_names
 from fedharness.base import streams
 from fedharness.keys import Key, choice, integer, number
 from fedharness.problems.population import draw_by_weight

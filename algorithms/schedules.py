@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedharness.contracts import Problem, Schedule, part, part_names
+from fedharness.contracts import ExactSolve, Problem, Schedule
+from fedharness.registry.groups import part, part_names
 from fedharness.errors import ConfigError
 from fedharness.keys import Key, _is_list, _is_real, choice, number
 
@@ -105,7 +106,7 @@ def estimate_smoothness(problem: Problem, iters: int = 300, tol: float = 1e-7) -
       uniform predictions, so this is the relevant curvature for the first rounds.
     Raises ConfigError where mu does not exist (non-convex models, l2 = 0).
     """
-    hessians = problem.hessians()
+    hessians = problem.hessians() if isinstance(problem, ExactSolve) else None
     if hessians is not None:
         eig = np.linalg.eigvalsh(hessians)
         return float(eig.max()), float(eig.min())

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedharness.contracts import AdamState, MomentumState, ServerOptimizer, ServerState, part, part_names
+from fedharness.contracts import AdamState, MomentumState, ServerOptimizer, ServerState
+from fedharness.registry.groups import part, part_names
 from fedharness.keys import Key, choice, number
 
 _RATE = {"lo": 0, "hi": 1, "hi_open": True}

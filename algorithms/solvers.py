@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedharness.contracts import ClientState, ControlVariate, LocalSolver, ServerContext, SolverState, WeightStats, \
-    part, part_names
+from fedharness.contracts import ClientState, ControlVariate, LocalSolver, ServerContext, SolverState, WeightStats
+from fedharness.registry.groups import part, part_names
 from fedharness.keys import Key, boolean, choice, number
 
 KEYS: dict[str, Key] = {

@@ -5,10 +5,11 @@ part may leave out has its default here: a part gets the defaults by subclassing
 (`class MySolver(LocalSolver)`); a class that does not must have every member itself, and the registry refuses
 it, naming what is missing, when it builds the part.
 
-A part registers itself beside its class with `part(kind, name)`. Its constructor's signature is its schema:
-the builder (fedharness.algorithms.registry) calls it with the `algorithm` keys its parameters name, each
-declared once, with its type, range and doc (fedharness.keys), in the module of the part that uses it (a
-module's `KEYS`; a user's part declares its own when it is registered), plus the CONTEXT values it asks for.
+A part registers itself beside its class (`fedharness.registry.groups.part`); the registries and the signature
+binding that builds parts from their keys are fedharness.registry's. This module holds the contracts only.
+
+A capability a problem may have is its own Protocol (ExactSolve, ClosedForm), checked with isinstance by the
+code that needs it (harness/references/), never probed member by member.
 
 The state a stateful part keeps between rounds is a mapping of named tensors (a TypedDict below), so a
 checkpoint saves it by name, as plain data.
@@ -16,15 +17,14 @@ checkpoint saves it by name, as plain data.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, TypedDict, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
 import torch
 
-from fedharness.keys import Key
+if TYPE_CHECKING:  # annotations only: the executors live in core, above this module
+    from fedharness.core.executors import RoundPlan, ShardResult
 
 # --- what the parts hand each other ------------------------------------------------------------------------
 
@@ -222,7 +222,6 @@ class Problem(Protocol):
     device: torch.device
     memory_budget: int | None = None  # bytes one batched step may use (memory_budget_gb); None: no bound
     objective: Model | None = None  # the model and loss of a data problem; None: an analytic objective
-    exact_reference: bool = True  # False: F is never built whole, so there is no exact w*, F*
 
     def init_params(self, replicas: int, seed: int) -> torch.Tensor: ...
 
@@ -244,12 +243,21 @@ class Problem(Protocol):
     def objective_value(self, w: torch.Tensor) -> torch.Tensor:
         """F(w) per replica, float64."""
 
+    def data_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The samples and labels of `split` (train | test) as the model takes them; None: the problem has none."""
+        return None
+
+
+@runtime_checkable
+class ExactSolve(Protocol):
+    """A problem whose global objective F is built whole, so harness/references/ can solve for the exact w*, F*
+    (and each client's F_k*). A problem without it (lazily generated clients) has no exact reference."""
+
     def objective_and_grad(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Exact global objective F and its gradient at w [R, dim] (used by the reference solver)."""
 
-    def with_dtype(self, dtype: torch.dtype) -> Problem:
+    def with_dtype(self, dtype: torch.dtype) -> ExactSolve:
         """The same problem in another dtype (the reference solver runs in float64)."""
-        raise TypeError(f"{type(self).__name__} cannot be rebuilt in another dtype")
 
     def hessians(self) -> np.ndarray | None:
         """The clients' constant Hessians A_k [N, dim, dim] of a quadratic objective; None: not quadratic."""
@@ -259,9 +267,25 @@ class Problem(Protocol):
         """Every client's F_k* in closed form; None: none known (harness/references/closed_forms.py may solve for it)."""
         return None
 
-    def data_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The samples and labels of `split` (train | test) as the model takes them; None: the problem has none."""
-        return None
+
+@runtime_checkable
+class ClosedForm(ExactSolve, Protocol):
+    """An exactly solvable problem whose optimum is known in closed form (the quadratics): no Newton solve."""
+
+    def optimum(self) -> np.ndarray:
+        """w* [dim], float64."""
+
+    def hessian_sum(self) -> np.ndarray:
+        """sum_k p_k A_k [dim, dim]: F is strongly convex iff it is positive definite."""
+
+
+@runtime_checkable
+class Reference(Protocol):
+    """The exact optimum of a problem's F (harness/references/solve.py solves for it, in float64)."""
+
+    w_star: np.ndarray  # float64 [dim]
+    f_star: float
+    grad_norm: float  # ||grad F(w*)||: how exact the solve is
 
 
 # --- the parts --------------------------------------------------------------------------------------------
@@ -397,35 +421,22 @@ class Algorithm:
     batch_size: int
 
 
-# --- registering parts --------------------------------------------------------------------------------------
+@runtime_checkable
+class Executor(Protocol):
+    """Where the sampled clients train (harness/core/executors.py's inline and loop executors,
+    harness/backends/ray_executor.py's Ray shards): the engine hands it a round's plan and reads exact sums back."""
 
-PROTOCOLS: dict[str, type] = {"sampler": Sampler, "local_work": LocalWork, "lr_schedule": Schedule,
-                              "solver": LocalSolver, "aggregator": Aggregator, "server_optimizer": ServerOptimizer}
-PARTS: dict[str, dict[str, Callable[..., Any]]] = {kind: {} for kind in PROTOCOLS}  # kind -> name -> factory
-CONTEXT = ("problem", "num_clients", "rounds")  # what a constructor may ask for besides its keys
-PART_KEYS: dict[Callable[..., Any], dict[str, Key]] = {}  # the keys a user's part declared when registered
+    def local_updates(self, x: torch.Tensor, plan: RoundPlan) -> ShardResult:
+        """Train the plan's clients from the server models x [R, dim]; the shards' reduced sums."""
 
+    def get_state(self) -> dict:
+        """The clients' persistent state (SCAFFOLD's c_i), for a checkpoint."""
 
-def part(kind: str, name: str, **bound: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Class (or function) decorator: `algorithm.<kind>=name` builds it. `bound` fixes arguments for this name
-    (e.g. nesterov=True), which then are not config keys."""
-    def register(factory: Callable[..., Any]) -> Callable[..., Any]:
-        PARTS[kind][name] = functools.partial(factory, **bound) if bound else factory
-        return factory
+    def set_state(self, client_state: dict) -> None:
+        """Restore `get_state`'s state (resuming a run)."""
 
-    return register
-
-
-def key_parameters(factory: Callable[..., Any]) -> list[inspect.Parameter]:
-    """The parameters the builder fills, by name, from the config keys and CONTEXT (not those bound by `part`)."""
-    bound = factory.keywords if isinstance(factory, functools.partial) else {}
-    return [p for p in inspect.signature(factory).parameters.values()
-            if p.name not in bound and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-
-
-def part_names(kind: str) -> Callable[[], tuple[str, ...]]:
-    """The names registered for `kind` when called (a `choice` key lists the live registry)."""
-    return lambda: tuple(PARTS[kind])
+    def close(self) -> None:
+        """Release the shards (Ray actors); the executor is not used again."""
 
 
 # --- a user's metrics and callbacks -------------------------------------------------------------------------
@@ -467,9 +478,6 @@ class Metric:
             raise ValueError(f"metric {self.name!r} returned shape {out.shape}; it must return one number per "
                              f"replica, shape ({w.shape[0]},)")
         return out
-
-
-METRICS: dict[str, Metric] = {}  # name -> Metric, filled by fedharness.register_metric
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Bring your own model, data set, partitioner or algorithm part, without editing fedharness (docs/extending.md).
 
-Registration adds to the same registries `fedharness list`, validation and the builders use. Two ways in,
-one mechanism: a call from Python (`fedharness.register_model(...)`), or a `_target_` in a config file,
+Registration adds to the same registries (fedharness.registry.groups) the built-ins register themselves in and
+`fedharness list`, validation and the builders read, through the same `Registry.add`. Two ways in, one mechanism: a call from Python (`fedharness.register_model(...)`), or a `_target_` in a config file,
 which names the factory by its dotted import path and is registered when the config is loaded (also in
 every Ray worker, since the config travels with the job). What is registered from Python reaches Ray workers
 too: fedharness.registry.plugins carries `user_registrations()` with the work and `restore`s them there.
@@ -16,15 +16,16 @@ from typing import Any, Callable
 
 from hydra.core.config_store import ConfigStore
 
-from fedharness.algorithms.registry import BUILTIN_KEYS, PARTS, undeclared
-from fedharness.contracts import METRICS, PART_KEYS, ROUND_COLUMNS, Metric
-from fedharness.keys import Key
+import fedharness.partitions  # noqa: F401  (the built-in partitioners, registered before _BUILTIN is taken)
+import fedharness.problems  # noqa: F401  (the built-in data sets and models)
+from fedharness.algorithms.registry import BUILTIN_KEYS, undeclared
+from fedharness.contracts import ROUND_COLUMNS, Metric
 from fedharness.errors import ConfigError, require
-from fedharness.problems import DATASETS, MODELS
-from fedharness.problems.nets import NETS
-from fedharness.problems.user import USER_DATASETS
-from fedharness.partitions import PARTITIONERS
+from fedharness.keys import Key
+from fedharness.registry.binding import Registry
+from fedharness.registry.groups import DATASETS, METRICS, MODELS, PARTITIONERS, PARTS
 
+GROUPS: dict[str, Registry] = {"model": MODELS, "dataset": DATASETS, "partition": PARTITIONERS}
 _BUILTIN = {"model": set(MODELS), "dataset": set(DATASETS), "partition": {"auto", *PARTITIONERS},
             **{kind: set(reg) for kind, reg in PARTS.items()}}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
@@ -44,23 +45,10 @@ def _store(group: str, name: str, node: dict[str, Any]) -> None:
     _NODES[(group, name)] = node  # carried to Ray workers with the factory (fedharness.registry.plugins)
 
 
-def _add_model(name: str, factory: Callable[..., Any]) -> None:
-    _check("model", name, factory)
-    NETS[name] = factory
-    if name not in MODELS:
-        MODELS.append(name)
-
-
-def _add_dataset(name: str, factory: Callable[..., Any]) -> None:
-    _check("dataset", name, factory)
-    USER_DATASETS[name] = factory
-    if name not in DATASETS:
-        DATASETS.append(name)
-
-
-def _add_partitioner(name: str, fn: Callable[..., Any]) -> None:
-    _check("partition", name, fn)
-    PARTITIONERS[name] = fn
+def _add(group: str, name: str, factory: Callable[..., Any]) -> None:
+    """A user's model, data set or partitioner: its keys are its factory's own, passed to it unchecked."""
+    _check(group, name, factory)
+    GROUPS[group].add(name, factory)
 
 
 def register_model(name: str, factory: Callable[..., Any], l2: float = 0.0, buffers: str = "average",
@@ -68,21 +56,21 @@ def register_model(name: str, factory: Callable[..., Any], l2: float = 0.0, buff
     """`factory(in_shape, num_classes, **params) -> nn.Module` (a module class fits); `defaults` are its params,
     settable as `model.KEY=V`. Any module: BatchNorm's buffers are averaged (`buffers=local`: kept per client),
     nn.Dropout draws from the run's streams (docs/extending.md)."""
-    _add_model(name, factory)
+    _add("model", name, factory)
     _store("model", name, {"l2": l2, "buffers": buffers, **defaults})
 
 
 def register_dataset(name: str, factory: Callable[..., Any], num_clients: int = 10, **defaults: Any) -> None:
     """`factory(seed, **params) -> (train, test)`, each an (x, y) pair of arrays or a torch Dataset, test
     may be None; `defaults` are its params, settable as `dataset.KEY=V`. Any partitioner splits it."""
-    _add_dataset(name, factory)
+    _add("dataset", name, factory)
     _store("dataset", name, {"num_clients": num_clients, "data_seed": None, **defaults})
 
 
 def register_partitioner(name: str, fn: Callable[..., Any], **defaults: Any) -> None:
     """`fn(labels, num_clients, rng, *, **params) -> list of index arrays`, params keyword-only, as the
     built-ins in partitions/core.py; `defaults` are its params, settable as `partition.KEY=V`."""
-    _add_partitioner(name, fn)
+    _add("partition", name, fn)
     _store("partition", name, defaults)
 
 
@@ -98,15 +86,14 @@ def register_part(kind: str, name: str, factory: Callable[..., Any] | None = Non
         return lambda f: register_part(kind, name, f, keys=keys, **bound) or f
     require(kind in PARTS, "kind", kind, PARTS.keys())
     _check(kind, name, factory)
-    declared = {**PART_KEYS.get(factory, {}), **(keys or {})}  # a class registered again keeps its keys
+    declared = {**PARTS[kind].option_keys.get(name, {}), **(keys or {})}  # registered again, it keeps its keys
     taken = sorted(declared.keys() & BUILTIN_KEYS.keys())
     require(not taken, kind, name, f"it declares built-in keys again ({', '.join(taken)}); use them undeclared")
     built = functools.partial(factory, **bound) if bound else factory
     missing = undeclared(built, declared)
     require(not missing, kind, name, f"its parameters {', '.join(missing)} are not declared keys: declare them, "
             f"e.g. register_part(..., keys={{'{missing[0] if missing else ''}': number('what it is', lo=0)}})")
-    PART_KEYS[factory] = PART_KEYS[built] = declared
-    PARTS[kind][name] = built
+    PARTS[kind].add(name, built, declared)
     return None
 
 
@@ -138,10 +125,10 @@ def import_target(key: str, path: Any) -> Any:
 def register_targets(cfg: dict[str, Any]) -> None:
     """Register every `_target_` of a config: `model`, `dataset` and `partition` name one factory each
     (registered under the section's `name`); `algorithm._target_` maps part kinds to factories."""
-    for section, add in (("model", _add_model), ("dataset", _add_dataset), ("partition", _add_partitioner)):
-        sub = cfg.get(section) or {}
-        if "_target_" in sub:
-            add(sub["name"], import_target(f"{section}._target_", sub["_target_"]))
+    for group in GROUPS:
+        section = cfg.get(group) or {}
+        if "_target_" in section:
+            _add(group, section["name"], import_target(f"{group}._target_", section["_target_"]))
     acfg = cfg.get("algorithm") or {}
     targets = acfg.get("_target_") or {}
     require(isinstance(targets, dict), "algorithm._target_", targets,
@@ -152,14 +139,13 @@ def register_targets(cfg: dict[str, Any]) -> None:
 
 
 def user_registrations() -> list[tuple[str, str, Any, Any]]:
-    """Every registration of a user's part held now, however it was made (a register_* call, `contracts.part`,
+    """Every registration of a user's part held now, however it was made (a register_* call, `groups.part`,
     a `_target_`, an entry point): (kind, name, factory, extra), extra being a model's, data set's or
     partitioner's config defaults (None without), a part's declared keys, or a metric's split and direction.
     fedharness.registry.plugins carries these to Ray workers; `restore` puts one back."""
     out = [(group, name, factory, _NODES.get((group, name)))
-           for group, registry in (("model", NETS), ("dataset", USER_DATASETS), ("partition", PARTITIONERS))
-           for name, factory in registry.items() if name not in _BUILTIN[group]]
-    out += [(kind, name, factory, PART_KEYS.get(factory))
+           for group, registry in GROUPS.items() for name, factory in registry.items() if name not in _BUILTIN[group]]
+    out += [(kind, name, factory, registry.option_keys.get(name))
             for kind, registry in PARTS.items() for name, factory in registry.items() if name not in _BUILTIN[kind]]
     out += [("metric", m.name, m.fn, {"split": m.split, "maximize": m.maximize}) for m in METRICS.values()]
     return out
@@ -170,14 +156,11 @@ def restore(kind: str, name: str, factory: Any, extra: Any) -> None:
     if kind == "metric":
         register_metric(name, factory, **extra)
         return
-    add = {"model": _add_model, "dataset": _add_dataset, "partition": _add_partitioner}.get(kind)
-    if add is not None:
-        add(name, factory)
+    if kind in GROUPS:
+        _add(kind, name, factory)
         if extra is not None:
             _store(kind, name, extra)
         return
     require(kind in PARTS, "kind", kind, PARTS.keys())
     _check(kind, name, factory)
-    if extra is not None:
-        PART_KEYS[factory] = extra
-    PARTS[kind][name] = factory
+    PARTS[kind].add(name, factory, extra)

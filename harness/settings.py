@@ -174,7 +174,8 @@ class RunSettings:
                           "one of: cpu, cuda, cuda:N", "cpu | cuda | cuda:N"))
     progress: bool = key(boolean("show a progress bar on stderr"))
     metrics: tuple[str, ...] = key(Key(lambda v: _is_list(v, lambda m: isinstance(m, str)) and len(set(v)) == len(v),
-                                       "a list of distinct metric names (fedharness.register_metric)", "your own metrics (fedharness.register_metric), computed at "
+                                       "a list of distinct metric names (fedharness.register_metric)",
+                                       "your own metrics (fedharness.register_metric), computed at "
                                        "every evaluation, each a column of the rounds/ table"))
     threads: int | None = key(integer("torch threads; null: from the work of one local step, dim x clients per "
                                       "round x batch x replicas: one thread per 2^20 of it, at least 1, at most "

@@ -16,23 +16,10 @@ from typing import Any, Callable
 import numpy as np
 
 from fedharness.errors import ConfigError, require
-from fedharness.keys import Key
-from fedharness.partitions.core import KEYS, classes_per_client, dirichlet, iid, natural, powerlaw, shards
+from fedharness.partitions import core  # noqa: F401  (the built-ins register themselves there)
+from fedharness.registry.groups import PARTITIONERS
 
-PARTITIONERS: dict[str, Callable[..., list[np.ndarray]]] = {
-    "iid": iid,
-    "classes_per_client": classes_per_client,
-    "shards": shards,
-    "dirichlet": dirichlet,
-    "powerlaw": powerlaw,
-    "natural": natural,
-}
-
-# Each option's `partition.KEY`s (declared beside the partitioners, in core.py); `auto` is iid or natural. A user's
-# registered partitioner has none declared: `partition` checks only that its parameters exist.
-PARTITION_KEYS: dict[str, dict[str, Key]] = {"auto": {}, **KEYS}
-
-__all__ = ["PARTITIONERS", "PARTITION_KEYS", "partition"]
+__all__ = ["PARTITIONERS", "partition"]
 
 
 def _check_params(name: str, fn: Callable[..., Any], params: dict[str, Any]) -> None:

@@ -10,8 +10,8 @@ same seed gives the same split. Callers normally go through
 `fedharness.partitions.partition`, which validates the name, the labels, the number of
 clients and the parameter names before calling one of these.
 
-Each partitioner's parameters are config keys (`partition.KEY`), declared in KEYS beside it for the schema and
-the help. The partitioners are also called directly (`partition(...)`), so they check their parameters
+Each partitioner registers itself beside its definition (fedharness.registry.groups.PARTITIONERS), with its
+parameters' config keys (`partition.KEY`) for the schema and the help. The partitioners are also called directly (`partition(...)`), so they check their parameters
 themselves, with bounds that depend on the data. Parameter errors are `ConfigError`s keyed `partition.<param>`.
 """
 
@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from fedharness.errors import ConfigError, require
-from fedharness.keys import Key, boolean, integer, number
+from fedharness.keys import boolean, integer, number
+from fedharness.registry.groups import PARTITIONERS
 
 # Resampling budget for `dirichlet`'s min_size constraint: enough for any
 # reasonable setting, small enough that an infeasible one fails fast.
 DIRICHLET_MAX_TRIES = 1000
-KEYS: dict[str, dict[str, Key]] = {}  # each partitioner's config keys, declared beside it
 
 
 # --------------------------------------------------------------------------
@@ -90,7 +90,7 @@ def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[
     return _finish(np.array_split(perm, num_clients))
 
 
-KEYS["iid"] = {}
+PARTITIONERS.add("iid", iid, {})
 
 
 def classes_per_client(
@@ -148,7 +148,8 @@ def classes_per_client(
     return _finish([np.concatenate(g) for g in groups])
 
 
-KEYS["classes_per_client"] = {"classes": integer("distinct labels per client", lo=1)}
+PARTITIONERS.add("classes_per_client", classes_per_client,
+                 {"classes": integer("distinct labels per client", lo=1)})
 
 
 def shards(
@@ -174,7 +175,8 @@ def shards(
     return _finish([np.concatenate([pieces[s] for s in row]) for row in dealt])
 
 
-KEYS["shards"] = {"shards_per_client": integer("label-sorted shards dealt to each client", lo=1)}
+PARTITIONERS.add("shards", shards,
+                 {"shards_per_client": integer("label-sorted shards dealt to each client", lo=1)})
 
 
 def _dirichlet_draw(
@@ -217,8 +219,9 @@ def dirichlet(
     )
 
 
-KEYS["dirichlet"] = {"alpha": number("Dir(alpha) label proportions; small is skewed", lo=0, lo_open=True),
-                     "min_size": integer("redraw until every client has this many samples", lo=1)}
+PARTITIONERS.add("dirichlet", dirichlet,
+                 {"alpha": number("Dir(alpha) label proportions; small is skewed", lo=0, lo_open=True),
+                  "min_size": integer("redraw until every client has this many samples", lo=1)})
 
 
 def _powerlaw_sizes(
@@ -263,9 +266,10 @@ def powerlaw(
     return _finish(_split_by_sizes(order, sizes))
 
 
-KEYS["powerlaw"] = {"exponent": number("client sizes proportional to rank^-exponent", lo=0, lo_open=True),
-                    "min_size": integer("samples every client gets first", lo=1),
-                    "label_sorted": boolean("deal in label-sorted order (label skew too)")}
+PARTITIONERS.add("powerlaw", powerlaw,
+                 {"exponent": number("client sizes proportional to rank^-exponent", lo=0, lo_open=True),
+                  "min_size": integer("samples every client gets first", lo=1),
+                  "label_sorted": boolean("deal in label-sorted order (label skew too)")})
 
 
 def natural(
@@ -298,4 +302,4 @@ def natural(
     return _finish(_split_by_sizes(order, np.bincount(inverse, minlength=num_clients)))
 
 
-KEYS["natural"] = {}  # client_ids come from the generated data set, not from the config
+PARTITIONERS.add("natural", natural, {})  # client_ids come from the generated data set, not from the config

@@ -24,9 +24,9 @@ from fedharness.backends.ray_executor import RayExecutor
 from fedharness.base import streams
 from fedharness.core.executors import InlineExecutor
 from fedharness.assembly.build import build_parts
-from fedharness.problems import MODELS
 from fedharness.problems.module_state import DropoutSite, draw_masks
-from fedharness.problems.nets import NETS, build_net
+from fedharness.problems import MODELS
+from fedharness.problems.nets import build_net
 from fedharness.runs.execute import execute
 from ray_support import max_rel_diff, read_rounds, trajectory
 
@@ -63,14 +63,13 @@ class BNDropNet(nn.Module):
 @pytest.fixture
 def bn_net():
     """`bn_drop` registered for the test, the registries restored afterwards."""
-    saved, models = dict(NETS), list(MODELS)
+    saved = dict(MODELS)
     repo = ConfigStore.instance().repo
     stored = set(repo.get("model", {}))
     fedharness.register_model("bn_drop", BNDropNet, p=0.3, functional=False)
     yield "bn_drop"
-    NETS.clear()
-    NETS.update(saved)
-    MODELS[:] = models
+    MODELS.clear()
+    MODELS.update(saved)
     for name in set(repo.get("model", {})) - stored:
         del repo["model"][name]
 

@@ -15,8 +15,6 @@ from hydra.core.config_store import ConfigStore
 import fedharness
 from fedharness.algorithms.registry import PARTS
 from fedharness.problems import DATASETS, MODELS
-from fedharness.problems.nets import NETS
-from fedharness.problems.user import USER_DATASETS
 from fedharness.partitions import PARTITIONERS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,8 +37,7 @@ def mypkg(tmp_path, monkeypatch):
     write_example(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    saved = [(reg, dict(reg)) for reg in (NETS, USER_DATASETS, PARTITIONERS, *PARTS.values())]
-    lists = [(lst, list(lst)) for lst in (MODELS, DATASETS)]
+    saved = [(reg, dict(reg)) for reg in (MODELS, DATASETS, PARTITIONERS, *PARTS.values())]
     repo = ConfigStore.instance().repo
     stored = {g: set(repo.get(g, {})) for g in ("model", "dataset", "partition")}
     import mypkg.data
@@ -51,8 +48,6 @@ def mypkg(tmp_path, monkeypatch):
     for reg, old in saved:
         reg.clear()
         reg.update(old)
-    for lst, old in lists:
-        lst[:] = old
     for g, old in stored.items():
         for name in set(repo.get(g, {})) - old:
             del repo[g][name]

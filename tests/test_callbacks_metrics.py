@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fedharness
-from fedharness.contracts import METRICS
+from fedharness.registry.groups import METRICS
 
 
 @pytest.fixture(autouse=True)

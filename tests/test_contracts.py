@@ -20,7 +20,7 @@ from fedharness.algorithms import aggregators, local_work, local_work_fixed, reg
 from fedharness.cli import main
 from fedharness.config.compose import defaults
 from fedharness.config.load import load_config
-from fedharness.contracts import PARTS, PROTOCOLS
+from fedharness.registry.groups import PARTS, PROTOCOLS
 from fedharness.algorithms import series
 from fedharness.errors import ConfigError
 from fedharness.problems.data import DataProblem
@@ -170,3 +170,41 @@ def test_a_part_with_an_undeclared_parameter_is_refused():
     with pytest.raises(ConfigError, match="built-in keys"):
         fedharness.register_part("aggregator", "sloppy", Sloppy, keys={"mu": schema.number("x"),
                                                                        "strength": schema.number("y")})
+
+
+def test_executors_references_and_exact_solve_capabilities_satisfy_their_protocols():
+    from fedharness.backends.ray_executor import RayExecutor
+    from fedharness.core.executors import InlineExecutor, LoopExecutor
+    from fedharness.references.solve import Reference, solve_reference
+
+    members = ("local_updates", "get_state", "set_state", "close")
+    for cls in (InlineExecutor, LoopExecutor, RayExecutor):
+        assert all(callable(getattr(cls, m, None)) for m in members), cls
+    problem = _quadratic()
+    assert isinstance(problem, contracts.ClosedForm) and isinstance(solve_reference(problem), contracts.Reference)
+    x, y = np.random.default_rng(1).normal(size=(40, 5)), np.arange(40) % 3
+    data = DataProblem(SoftmaxRegression((5,), 3, 0.01), x, y, np.split(np.arange(40), 4), None, None, 4)
+    lazy = LazySyntheticProblem(SoftmaxRegression((60,), 10, 0.0), 5, 1.0, 1.0, 0, 20, 4, torch.float32, "cpu",
+                                1.0, 2)
+    assert isinstance(data, contracts.ExactSolve) and not isinstance(data, contracts.ClosedForm)
+    assert not isinstance(lazy, contracts.ExactSolve)  # F over lazily generated clients is never built whole
+    assert isinstance(Reference(np.zeros(2), 0.0, 0.0), contracts.Reference)
+
+
+def test_contracts_hold_contracts_only():
+    registries = [name for name, value in vars(contracts).items() if isinstance(value, dict) and name.isupper()]
+    assert registries == []  # PARTS, METRICS, ...: fedharness.registry.groups
+
+
+def test_data_sets_models_and_partitioners_are_built_by_signature_binding():
+    from fedharness.registry.groups import DATASETS, MODELS
+
+    assert set(DATASETS.declared("blobs")) == {"num_clients", "data_seed", "variant", "dim", "samples_per_client",
+                                               "std", "shift"}
+    model = MODELS.build("logreg", {"l2": 0.5}, {"in_shape": (4,), "num_classes": 3})
+    assert isinstance(model, SoftmaxRegression) and model.l2 == 0.5
+    with pytest.raises(ConfigError, match="dataset.nope"):
+        DATASETS.build("blobs", {"num_clients": 2, "variant": "noisy", "dim": 2, "samples_per_client": 4,
+                                 "shift": 0.0, "nope": 1}, {"seed": 0})
+    with pytest.raises(ConfigError, match="dataset.variant"):
+        DATASETS.build("blobs", {"dim": 2, "samples_per_client": 4, "shift": 0.0, "num_clients": 2}, {"seed": 0})

@@ -147,16 +147,14 @@ def user_net():
 
     import fedharness
     from fedharness.problems import MODELS
-    from fedharness.problems.nets import NETS
 
-    nets, models = dict(NETS), list(MODELS)
+    models = dict(MODELS)
     repo = ConfigStore.instance().repo
     stored = set(repo.get("model", {}))
     fedharness.register_model("mlp_threads", Mlp, hidden=16)
     yield
-    NETS.clear()
-    NETS.update(nets)
-    MODELS[:] = models
+    MODELS.clear()
+    MODELS.update(models)
     for name in set(repo.get("model", {})) - stored:
         del repo["model"][name]
 

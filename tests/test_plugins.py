@@ -25,11 +25,9 @@ from hydra.core.config_store import ConfigStore
 
 import fedharness
 from fedharness.algorithms.registry import PARTS
-from fedharness.contracts import METRICS
-from fedharness.keys import number
 from fedharness.problems import DATASETS, MODELS
-from fedharness.problems.nets import NETS
-from fedharness.problems.user import USER_DATASETS
+from fedharness.registry.groups import METRICS
+from fedharness.keys import number
 from fedharness.studies.sweep import run_sweep, spec_from_dict
 from ray_support import read_rounds
 
@@ -44,7 +42,8 @@ import torch
 from torch import nn
 
 from fedharness.algorithms.solvers import LocalSGD
-from fedharness.contracts import Aggregator, Coefficients, part
+from fedharness.contracts import Aggregator, Coefficients
+from fedharness.registry.groups import part
 
 
 class TanhNet(nn.Module):
@@ -105,8 +104,7 @@ def user_parts(tmp_path_factory, local_ray):
     folder = tmp_path_factory.mktemp("user_code")
     name = f"plugin_user_{uuid.uuid4().hex[:8]}"
     (folder / f"{name}.py").write_text(USER_CODE)
-    saved = [(reg, dict(reg)) for reg in (NETS, USER_DATASETS, METRICS, *PARTS.values())]
-    lists = [(lst, list(lst)) for lst in (MODELS, DATASETS)]
+    saved = [(reg, dict(reg)) for reg in (MODELS, DATASETS, METRICS, *PARTS.values())]
     sys.path.insert(0, str(folder))
     module = importlib.import_module(name)
     fedharness.register_model("plug_net", module.TanhNet, hidden=6)
@@ -119,8 +117,6 @@ def user_parts(tmp_path_factory, local_ray):
     for reg, old in saved:
         reg.clear()
         reg.update(old)
-    for lst, old in lists:
-        lst[:] = old
     repo = ConfigStore.instance().repo
     for group, option in (("model", "plug_net"), ("dataset", "plug_blobs")):
         repo.get(group, {}).pop(f"{option}.yaml", None)

@@ -15,6 +15,7 @@ import pandas as pd
 from fedharness import cli
 from fedharness.config.load import load_config
 from fedharness.problems import build_problem
+from fedharness.settings import RunSettings
 from fedharness.studies.tuning.spec import build_spec
 
 
@@ -23,7 +24,7 @@ from fedharness.studies.tuning.spec import build_spec
 def analytic_step() -> float:
     spec = build_spec(["tune=quadratic_lr"], probe=False)
     cfg = load_config(list(spec.run_overrides))
-    problem = build_problem(cfg, cfg["algorithm"]["batch_size"])
+    problem = build_problem(RunSettings.from_config(cfg), cfg["algorithm"]["batch_size"])
     H = np.einsum("n,nde->de", problem.weights, problem.A_np)
     lam = np.linalg.eigvalsh(H)
     return 2.0 / (lam.min() + lam.max())
@@ -33,7 +34,7 @@ def test_finite_horizon_optimum_is_the_analytic_step():
     """The claim the tuning test relies on, checked by direct GD on the same instance."""
     spec = build_spec(["tune=quadratic_lr"], probe=False)
     cfg = load_config(list(spec.run_overrides))
-    problem = build_problem(cfg, 1)
+    problem = build_problem(RunSettings.from_config(cfg), 1)
     H = np.einsum("n,nde->de", problem.weights, problem.A_np)
     w_star = problem.optimum()
 

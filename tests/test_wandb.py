@@ -174,7 +174,8 @@ def test_per_replica_series_and_other_series_are_prefixed(run_config, offline, t
 def test_a_user_metric_reaches_the_history_and_the_summary(run_config, offline, tmp_path, monkeypatch):
     import numpy as np
 
-    from fedharness.contracts import METRICS, Metric
+    from fedharness.contracts import Metric
+    from fedharness.registry.groups import METRICS
 
     monkeypatch.setitem(METRICS, "sq_norm", Metric("sq_norm", lambda w, s: (w.double() ** 2).sum(1)))
     execute(run_config("dataset=quadratic", "rounds=4", "eval_every=2", "replicas=3", "metrics=[sq_norm]",

@@ -18,7 +18,7 @@ def build_parts(settings: RunSettings):
     """Problem and algorithm of the settings; Ray shards call this too, so they build exactly what the driver has."""
     load_entry_points()  # installed packages' parts, also in a fresh Ray worker
     register_targets(settings.config)  # a user's `_target_` parts, also in a fresh Ray worker
-    problem = build_problem(settings.config, settings.algorithm.batch_size)
+    problem = build_problem(settings, settings.algorithm.batch_size)
     algorithm = algorithm_for(settings, problem)
     require_fits_budget(problem, algorithm.solver)  # memory_budget_gb, before any reference solve or file
     return problem, algorithm

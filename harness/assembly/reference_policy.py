@@ -15,6 +15,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from fedharness.contracts import ExactSolve
 from fedharness.references.closed_forms import client_minima
 from fedharness.errors import ConfigError, require
 from fedharness.base.progress import progress_bar
@@ -50,7 +51,7 @@ def _unavailable(run: RunSettings, problem) -> str | None:
     """Why no exact reference can be solved for at all (non-convex, or F never built)."""
     if not problem.convex:
         return f"model={run.model.name} is not convex"
-    if not problem.exact_reference:
+    if not isinstance(problem, ExactSolve):
         return f"dataset={run.dataset.name} never builds the full objective F"
     return None
 

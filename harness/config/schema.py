@@ -1,7 +1,7 @@
 """Every run-config key, each with its type, what is allowed and a one-line doc, and the checks of a config.
 
 Each key is declared once, beside the code that uses it (run-level keys: harness/settings.py; a group option's:
-beside its part, see GROUP_KEYS and algorithm_keys below); defaults live in the YAML under conf/
+beside its part, see GROUPS and algorithm_keys below); defaults live in the YAML under conf/
 (`fedharness.config.compose.defaults()` reads them). `validate(cfg)` checks a composed config against the declarations and
 raises the first ConfigError, naming the key, the value and what is allowed. A new key is one line where its part
 declares its keys; a rule that ties keys together is one small function in RULES. Part names and a user's parts'
@@ -24,24 +24,17 @@ from fedharness.errors import ConfigError, require
 
 from fedharness.keys import Key, _is_int, _is_list, _is_real, anything, boolean, choice, integer, number, text  # noqa: F401
 from fedharness.config.memory import check_memory
-from fedharness.partitions import PARTITION_KEYS, PARTITIONERS
-from fedharness.problems import DATASET_KEYS, DATASETS, MODEL_KEYS, MODELS
+import fedharness.partitions  # noqa: F401  (the built-in partitioners register themselves)
+import fedharness.problems  # noqa: F401  (the built-in data sets and models)
+from fedharness.registry.groups import DATASETS, METRICS, MODELS, PARTITIONERS
 from fedharness.settings import RunSettings, keys_of, sections_of
 from fedharness.results.store import open_store
 
 
 # --- registries, read when a config is checked (parts can be registered at run time) -----------------------
 
-def _datasets() -> tuple[str, ...]:
-    return tuple(DATASETS)
-
-
-def _models() -> tuple[str, ...]:
-    return tuple(MODELS)
-
-
 def _partitions() -> tuple[str, ...]:
-    return ("auto", *PARTITIONERS)
+    return ("auto", *PARTITIONERS)  # auto: natural where the data has owners, else iid
 
 
 # --- the keys ---------------------------------------------------------------------------------------------
@@ -50,18 +43,12 @@ def _partitions() -> tuple[str, ...]:
 TOP: dict[str, Key] = keys_of(RunSettings)
 SECTIONS: dict[str, dict[str, Key]] = {name: keys_of(cls) for name, cls in sections_of(RunSettings).items()}
 
-# The keys of each group's options are declared beside the code that uses them: a dataset's in its module under
-# harness/problems/ (problems.DATASET_KEYS), a partition's beside its partitioner (partitions.PARTITION_KEYS), a
-# model's in problems.MODEL_KEYS, and the algorithm's beside its parts (algorithms/*.py, core/series.py; a user's
-# part declares its own when registered): algorithms.registry.algorithm_keys() collects them.
-GROUP_KEYS: dict[str, dict[str, dict[str, Key]]] = {
-    "dataset": DATASET_KEYS, "partition": PARTITION_KEYS, "model": MODEL_KEYS,
-}
-
-
-def declare(group: str, option: str, keys: dict[str, Key]) -> None:
-    """Declare the keys (besides `name`) of a newly registered option of `dataset`, `partition` or `model`."""
-    GROUP_KEYS[group][option] = keys
+# The keys of each group's options are declared beside the code that uses them, where it registers itself: a
+# dataset's in its module under harness/problems/, a partition's beside its partitioner (partitions/core.py), a
+# model's beside it (problems/objectives.py, problems/nets.py), all kept by their registries
+# (fedharness.registry.groups); the algorithm's beside its parts (algorithms/*.py; a user's part declares its own
+# when registered): algorithms.registry.algorithm_keys() collects them.
+GROUPS = {"dataset": DATASETS, "partition": PARTITIONERS, "model": MODELS}
 
 
 def group_keys(group: str, option: str) -> dict[str, Key] | None:
@@ -70,12 +57,14 @@ def group_keys(group: str, option: str) -> dict[str, Key] | None:
     name = {"name": text(name_doc)}
     if group == "algorithm":
         return {**name, **algorithm_keys()}
-    keys = GROUP_KEYS.get(group, {}).get(option)
+    if (group, option) == ("partition", "auto"):
+        return name
+    keys = GROUPS[group].declared(option) if group in GROUPS else None
     return None if keys is None else {**name, **keys}
 
 
 GROUP_NAMES: dict[str, Callable[[], tuple[str, ...]]] = {
-    "dataset": _datasets, "partition": _partitions, "model": _models,
+    "dataset": DATASETS.names, "partition": _partitions, "model": MODELS.names,
 }
 
 
@@ -122,6 +111,13 @@ def check_keys(cfg: dict[str, Any]) -> None:
 LABELLED_PARTITIONS = ("iid", "classes_per_client", "shards", "dirichlet", "powerlaw")
 ANALYTIC = ("quadratic", "quadratic_lazy", "li_toy")
 WITHOUT_REPLACEMENT = ("scheme_ii", "scheme_ii_transformed", "original", "yang_s2")
+
+
+def metrics_registered(cfg: dict[str, Any]) -> None:
+    metrics = cfg.get("metrics") or []
+    names = ", ".join(METRICS) or "none yet"
+    require(all(m in METRICS for m in metrics), "metrics", metrics,
+            f"a list of distinct registered metrics (fedharness.register_metric; registered: {names})")
 
 
 def model_fits_dataset(cfg: dict[str, Any]) -> None:
@@ -233,7 +229,7 @@ def results_dir_writable(cfg: dict[str, Any]) -> None:
 
 
 RULES: tuple[Callable[[dict[str, Any]], None], ...] = (
-    model_fits_dataset, partition_fits_dataset, ray_keys_need_ray, shards_within_clients, sampled_within_clients,
+    metrics_registered, model_fits_dataset, partition_fits_dataset, ray_keys_need_ray, shards_within_clients, sampled_within_clients,
     ranges_ordered, per_client_steps, device_available, results_dir_writable,
 )
 

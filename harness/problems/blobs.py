@@ -22,6 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from fedharness.keys import Key, choice, integer, number
+from fedharness.problems.pooled import PooledData
+from fedharness.registry.groups import DATASETS
 
 DEFAULT_STD = {"noisy": 2.0, "heterogeneous": 0.3}
 KEYS: dict[str, Key] = {  # dataset=blobs's, besides num_clients and data_seed
@@ -62,3 +64,11 @@ def generate(num_clients: int, variant: str, dim: int, samples_per_client: int, 
         owner = rng.permutation(owner)
     return (x.astype(np.float32), y.astype(np.int64), owner, np.concatenate(xts).astype(np.float32),
             np.concatenate(yts).astype(np.int64))
+
+
+@DATASETS.register("blobs", KEYS)
+def pooled(num_clients: int, variant: str, dim: int, samples_per_client: int, shift: float, seed: int,
+           std: float | None = None) -> PooledData:
+    """`dataset=blobs`: Mangold et al.'s noisy / heterogeneous logistic-regression data."""
+    x, y, owner, x_test, y_test = generate(num_clients, variant, dim, samples_per_client, std, shift, seed)
+    return PooledData(x, y, x_test, y_test, owner)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedharness.contracts import ClientKeys, Evaluation, Model, Problem
+from fedharness.contracts import ClientKeys, Evaluation, ExactSolve, Model, Problem
 from fedharness.base import streams
 from fedharness.errors import require
 
@@ -47,7 +47,7 @@ def batches_from_index(objective: Model, keys: ClientKeys, index: np.ndarray, st
                         chunk_steps=chunk, seeds=seeds)
 
 
-class DataProblem(Problem):
+class DataProblem(Problem, ExactSolve):
     """Clients own contiguous slices of one training array; the test set is pooled.
 
     `memory_budget` (bytes, None: no limit; build_problem passes memory_budget_gb's) bounds the

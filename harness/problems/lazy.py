@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Callable
 
 import numpy as np
 import torch
@@ -28,6 +28,7 @@ from fedharness.keys import Key, integer, number
 from fedharness.problems import synthetic
 from fedharness.problems.data import DataProblem, RoundBatches, batches_from_index, minibatch_samples
 from fedharness.problems.population import ClientSizes, ClientWeights
+from fedharness.registry.groups import DATASETS
 
 PARAMS_BYTES = 8 * (synthetic.FEATURES * (synthetic.CLASSES + 1) + synthetic.CLASSES)  # one ClientParams
 KEYS: dict[str, Key] = {  # dataset=synthetic_lazy's, besides synthetic's
@@ -62,7 +63,7 @@ class LazyBatches:
 
 class LazySyntheticProblem(Problem):
     convex = True
-    exact_reference = False  # F over N lazily generated clients is never built
+    exact_reference = False  # F over N lazily generated clients is never built: it is no ExactSolve
     sample_numel = synthetic.FEATURES + 1  # features plus the linear models' bias column
 
     def __init__(self, objective: Model, num_clients: int, alpha: float, beta: float, seed: int, size: int | None,
@@ -145,19 +146,16 @@ class LazySyntheticProblem(Problem):
     def objective_value(self, w: torch.Tensor) -> torch.Tensor:
         return self.eval_problem().objective_value(w)
 
-    def objective_and_grad(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.eval_problem().objective_and_grad(w)
-
     def evaluate(self, w: torch.Tensor) -> Evaluation:
         return self.eval_problem().evaluate(w)
 
 
-def build_lazy_synthetic(cfg: dict[str, Any], batch_size: int, make_objective, data_seed: int,
-                         dtype: torch.dtype, memory_budget: int | None = None) -> LazySyntheticProblem:
-    """`make_objective(in_shape, num_classes)` is the model the config names (problems.build_problem's); the
-    schema has checked the keys (and that the partition is auto or natural)."""
-    dcfg = cfg["dataset"]
-    objective = make_objective((synthetic.FEATURES,), synthetic.CLASSES)
-    return LazySyntheticProblem(objective, dcfg["num_clients"], dcfg["alpha"], dcfg["beta"], data_seed,
-                                dcfg["samples_per_client"], batch_size, dtype, cfg["device"], dcfg["cache_mb"],
-                                dcfg["eval_clients"], memory_budget)
+@DATASETS.register("synthetic_lazy", KEYS)
+def build_lazy_synthetic(model: Callable[[tuple[int, ...], int], Model], num_clients: int, alpha: float, beta: float,
+                         samples_per_client: int | None, cache_mb: float, eval_clients: int, seed: int,
+                         batch_size: int, dtype: torch.dtype, device: str,
+                         memory_budget: int | None) -> LazySyntheticProblem:
+    """`dataset=synthetic_lazy`: `dataset=synthetic`'s clients, generated when sampled; `model(in_shape,
+    num_classes)` builds the model the config names (problems.build_problem's)."""
+    return LazySyntheticProblem(model((synthetic.FEATURES,), synthetic.CLASSES), num_clients, alpha, beta, seed,
+                                samples_per_client, batch_size, dtype, device, cache_mb, eval_clients, memory_budget)

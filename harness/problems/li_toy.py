@@ -19,6 +19,7 @@ import torch
 
 from fedharness.keys import Key, integer, number
 from fedharness.problems.quadratic import QuadraticProblem
+from fedharness.registry.groups import DATASETS
 
 KEYS: dict[str, Key] = {  # dataset=li_toy's
     "num_clients": integer("N, the number of clients", lo=2),
@@ -47,6 +48,7 @@ def li_toy_matrices(num_clients: int, block: int) -> tuple[np.ndarray, np.ndarra
     return A, b
 
 
+@DATASETS.register("li_toy", KEYS)
 class LiToyProblem(QuadraticProblem):
     def __init__(self, num_clients: int = 5, block: int = 4, mu: float = 2e-4, noise: float = 0.0,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",

@@ -28,6 +28,8 @@ from typing import Callable
 import numpy as np
 
 from fedharness.errors import ConfigError
+from fedharness.problems.pooled import PooledData
+from fedharness.registry.groups import DATASETS
 from fedharness.base.extras import require_extra
 from fedharness.keys import Key, boolean, text
 
@@ -300,3 +302,12 @@ def load_pooled(name: str, data_dir: str, download: bool = False) -> Arrays:
     if name not in LOADERS:
         raise ConfigError("dataset", name, LOADERS.keys())
     return LOADERS[name](str(data_dir), download)
+
+
+def pooled(load: Callable[[str, bool], Arrays], data_dir: str = "data", download: bool = False) -> PooledData:
+    """A file data set (`dataset=mnist`, ...) read by its loader."""
+    return PooledData(*load(str(data_dir), bool(download)))
+
+
+for _name, _load in LOADERS.items():
+    DATASETS.add(_name, pooled, KEYS, load=_load)

@@ -17,13 +17,15 @@ masks come from the run's random streams. Parameter counts match the papers
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedharness.errors import ConfigError, require
+from fedharness.problems.objectives import BUFFERS, L2
+from fedharness.registry.groups import MODELS
 
 
 def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
@@ -216,17 +218,21 @@ NETS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "vgg11": _build_vgg11,
     "resnet18": _build_resnet18,
     "resnet18_bn": _build_resnet18_bn,
-}
+}  # the built-in nets; a model's factory returns an nn.Module, which problems.build_problem makes a NetObjective
+for _name, _build in NETS.items():  # their keys: l2, and buffers where BatchNorm keeps statistics
+    MODELS.add(_name, _build, {"l2": L2, "buffers": BUFFERS} if _name == "resnet18_bn" else {"l2": L2})
+
+
+def require_net(name: str, made: Any) -> nn.Module:
+    """What a net's factory returned, refused unless it is a torch nn.Module."""
+    require(isinstance(made, nn.Module), "model", name, f"its factory must return a torch nn.Module, got {type(made)}")
+    return made
 
 
 def build_net(name: str, in_shape: tuple[int, ...], num_classes: int, **params) -> nn.Module:
-    """Build the registered network `name` for inputs of shape `in_shape` (no batch dim); `params` are the
-    model config's other keys (built-in nets have none)."""
-    if name not in NETS:
-        raise ConfigError("model", name, NETS.keys())
-    net = NETS[name](tuple(in_shape), num_classes, **params)
-    require(isinstance(net, nn.Module), "model", name, f"its factory must return a torch nn.Module, got {type(net)}")
-    return net
+    """The registered network `name` (built-in or a user's) for inputs of shape `in_shape` (no batch dim);
+    `params` are the model config's own keys (built-in nets have none)."""
+    return require_net(name, MODELS.build(name, params, {"in_shape": tuple(in_shape), "num_classes": num_classes}))
 
 
 def count_params(model: nn.Module) -> int:

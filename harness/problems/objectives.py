@@ -20,6 +20,7 @@ from fedharness.contracts import Model
 from fedharness.errors import require
 from fedharness.keys import choice, number
 from fedharness.problems.module_state import ModuleLayout, draw_masks, dropout_sites, masked_dropout
+from fedharness.registry.groups import MODELS
 
 L2 = number("l2 weight: + l2 ||w||^2", lo=0)  # `model.l2`, the key of every model but the quadratic's
 BUFFERS = choice("a net's float buffers (BatchNorm statistics): average (weighted like the clients' updates) | "
@@ -119,6 +120,11 @@ class LinearRegression(SoftmaxRegression):
         loss = 0.5 * ((pred - target) ** 2).sum((-1, -2))
         return loss, (pred.argmax(-1) == y).sum(-1)
 
+
+# The linear models (`model=auto` is logreg for a data set; the analytic data sets are their own model).
+MODELS.add("auto", SoftmaxRegression, {"l2": L2})
+MODELS.add("logreg", SoftmaxRegression, {"l2": L2})
+MODELS.add("linreg", LinearRegression, {"l2": L2})
 
 ACTIVATION_FACTOR = 3  # a layer's output, kept for backward, its gradient, and workspace
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedharness.contracts import ClientKeys, Evaluation, Problem
+from fedharness.contracts import ClientKeys, ClosedForm, Evaluation, Problem
+from fedharness.errors import ConfigError
+from fedharness.registry.groups import DATASETS, MODELS
 from fedharness.base import streams
 from fedharness.keys import Key, choice, integer, number
 
@@ -20,7 +22,7 @@ KEYS: dict[str, Key] = {  # dataset=quadratic's, besides num_clients and data_se
 }
 
 
-class QuadraticProblem(Problem):
+class QuadraticProblem(Problem, ClosedForm):
     convex = True
 
     def __init__(self, A: np.ndarray, e: np.ndarray, weights: np.ndarray | None = None, noise: float = 0.0,
@@ -94,6 +96,13 @@ class QuadraticProblem(Problem):
         return np.linalg.solve(self.hessian_sum(), np.einsum("n,nde,ne->d", self.weights, self.A_np, self.e_np))
 
 
+@MODELS.register("quadratic", {})
+def own_model(in_shape: tuple[int, ...], num_classes: int) -> None:
+    """`model=quadratic`: the analytic data sets are their own model, so there is nothing to build."""
+    raise ConfigError("model", "quadratic", "only for the analytic data sets, which build no model")
+
+
+@DATASETS.register("quadratic", KEYS)
 def make_quadratic(num_clients: int, dim: int, spread: float, curvature: str, mu: float, L: float,
                    noise: float, seed: int, dtype: torch.dtype, device: str,
                    memory_budget: int | None = None) -> QuadraticProblem:

@@ -29,11 +29,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedharness.contracts import ClientKeys, Evaluation, Problem
+from fedharness.contracts import ClientKeys, ClosedForm, Evaluation, Problem
 from fedharness.base import streams
 from fedharness.keys import Key, integer, number
 from fedharness.problems.estimate import sample_clients, weighted_sum_estimate
 from fedharness.problems.population import ClientSizes, ClientWeights
+from fedharness.registry.groups import DATASETS
 
 KEYS: dict[str, Key] = {  # dataset=quadratic_lazy's, besides num_clients and data_seed (harness/config/schema.py: mu <= L)
     "dim": integer("dimension d", lo=1),
@@ -59,7 +60,7 @@ class PopulationBatches:
     noise: torch.Tensor | None
 
 
-class QuadraticPopulation(Problem):
+class QuadraticPopulation(Problem, ClosedForm):
     convex = True
 
     def __init__(self, num_clients: int, dim: int, spread: float, mu: float, L: float, curvature_spread: float,
@@ -164,3 +165,13 @@ class QuadraticPopulation(Problem):
         estimate, se = weighted_sum_estimate(self.weights[ids], self.client_losses(w, ids), self.num_clients)
         return Evaluation(train_loss=estimate, grad_norm_sq=grad_norm_sq, train_loss_se=se, exact_train_loss=value)
 
+
+
+@DATASETS.register("quadratic_lazy", KEYS)
+def population(num_clients: int, dim: int, spread: float, mu: float, L: float, curvature_spread: float, noise: float,
+               eval_clients: int, seed: int, run_seed: int, dtype: torch.dtype, device: str,
+               memory_budget: int | None) -> QuadraticPopulation:
+    """`dataset=quadratic_lazy`: clients generated when sampled; metrics estimated on clients drawn by the run's
+    seed."""
+    return QuadraticPopulation(num_clients, dim, spread, mu, L, curvature_spread, noise, seed, run_seed, eval_clients,
+                               dtype, device, memory_budget)

@@ -13,6 +13,8 @@ import numpy as np
 
 from fedharness.base import streams
 from fedharness.keys import Key, integer, number
+from fedharness.problems.pooled import PooledData
+from fedharness.registry.groups import DATASETS
 
 FEATURES, CLASSES = 60, 10
 TRAIN_FRACTION = 0.9
@@ -120,3 +122,10 @@ def generate(num_clients: int, alpha: float, beta: float, seed: int, size: int |
         xts.append(x[n_train:]), yts.append(y[n_train:])
     return (np.concatenate(xs), np.concatenate(ys), np.concatenate(owners),
             np.concatenate(xts), np.concatenate(yts))
+
+
+@DATASETS.register("synthetic", KEYS)
+def pooled(num_clients: int, alpha: float, beta: float, samples_per_client: int | None, seed: int) -> PooledData:
+    """`dataset=synthetic`: every client's samples generated and stored, each sample's owner kept."""
+    x, y, owner, x_test, y_test = generate(num_clients, alpha, beta, seed, samples_per_client)
+    return PooledData(x, y, x_test, y_test, owner)

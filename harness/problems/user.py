@@ -1,16 +1,14 @@
-"""A user's data set: a factory returning (train, test), each (x, y) arrays or a torch Dataset, made arrays once."""
+"""A user's data set: its factory returns (train, test), each (x, y) arrays or a torch Dataset, made arrays once."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from fedharness.errors import require
-
-USER_DATASETS: dict[str, Callable[..., Any]] = {}  # filled by fedharness.extend.register_dataset
-OWN_KEYS = ("name", "num_clients", "data_seed", "_target_")  # read by the harness; the rest go to the factory
+from fedharness.problems.pooled import PooledData
 
 
 def _arrays(name: str, part: str, data: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -32,13 +30,12 @@ def _arrays(name: str, part: str, data: Any) -> tuple[np.ndarray, np.ndarray]:
     return (x if np.issubdtype(x.dtype, np.floating) else x.astype(np.float32)), y.astype(np.int64, copy=False)
 
 
-def load_user_dataset(name: str, dcfg: dict[str, Any], seed: int):
-    """(x, y, x_test, y_test) of a registered data set; the config's own keys are the factory's keyword arguments."""
-    out = USER_DATASETS[name](seed=seed, **{k: v for k, v in dcfg.items() if k not in OWN_KEYS})
+def user_pooled(name: str, out: Any) -> PooledData:
+    """The pooled arrays of what a user's data set factory returned (registry.groups.DATASETS built it)."""
     require(isinstance(out, (tuple, list)) and len(out) == 2, "dataset", name,
             "its factory must return (train, test), each an (x, y) pair of arrays or a torch Dataset "
             "(test may be None)")
     train, test = out
     x, y = _arrays(name, "train", train)
     xt, yt = (None, None) if test is None else _arrays(name, "test", test)
-    return x, y, xt, yt
+    return PooledData(x, y, xt, yt)

@@ -9,12 +9,14 @@ from typing import Callable
 import numpy as np
 import torch
 
+from fedharness.contracts import ClosedForm, ExactSolve, Problem
+
 # progress(newton_iteration, cg_iteration, ||grad F||), called as the solve goes
 SolveProgress = Callable[[int, int, float], None]
 
 
 @dataclass
-class Reference:
+class Reference:  # a fedharness.contracts.Reference
     w_star: np.ndarray  # float64 [dim]
     f_star: float
     grad_norm: float
@@ -24,16 +26,16 @@ class SolveFailed(RuntimeError):
     """The solve did not reach ||grad F|| < tol (within its iterations or its time bound)."""
 
 
-def optimum_doubt(problem) -> str | None:
+def optimum_doubt(problem: Problem) -> str | None:
     """Why the minimiser of F may not exist or not be unique; None when F is strongly convex for sure."""
-    if hasattr(problem, "optimum"):  # quadratics: strongly convex iff sum p_i A_i is positive definite
+    if isinstance(problem, ClosedForm):  # quadratics: strongly convex iff sum p_i A_i is positive definite
         lowest = float(np.linalg.eigvalsh(problem.hessian_sum())[0])
         return None if lowest > 0 else f"the Hessian sum p_i A_i is singular (lowest eigenvalue {lowest:.3g})"
-    l2 = getattr(getattr(problem, "objective", None), "l2", 0.0)
+    l2 = 0.0 if problem.objective is None else problem.objective.l2
     return None if l2 > 0 else f"model.l2={l2:g} (the optimum may not exist)"
 
 
-def solve_reference(problem, tol: float = 1e-9, max_iter: int = 100, timeout_s: float | None = None,
+def solve_reference(problem: ExactSolve, tol: float = 1e-9, max_iter: int = 100, timeout_s: float | None = None,
                     progress: SolveProgress | None = None) -> Reference:
     """Minimise the global objective in float64 until ||grad F|| < tol; SolveFailed if it does not get there.
 
@@ -42,7 +44,7 @@ def solve_reference(problem, tol: float = 1e-9, max_iter: int = 100, timeout_s: 
     given up after `timeout_s` seconds (None: no bound).
     """
     p64 = problem.with_dtype(torch.float64)
-    if hasattr(p64, "optimum"):
+    if isinstance(p64, ClosedForm):
         w = torch.as_tensor(p64.optimum(), dtype=torch.float64).unsqueeze(0)
     else:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s

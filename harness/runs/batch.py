@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from fedharness.algorithms.solvers import PER_COPY, LocalSGD
-from fedharness.contracts import METRICS
+from fedharness.registry.groups import METRICS
 from fedharness.core.engine import NetworkModel
 from fedharness.core.slots import BatchedEngine, SlotEnd, SlotSet
 from fedharness.errors import ConfigError, require

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from fedharness.references.closed_forms import heterogeneity
-from fedharness.contracts import METRICS, Callback, callback_name
+from fedharness.contracts import Callback, callback_name
+from fedharness.registry.groups import METRICS
 from fedharness.core.checkpoint import Checkpointer, checkpointed, load_resume, restore_rows
 from fedharness.core.engine import Engine, NetworkModel, RunOutcome
 from fedharness.core.executors import InlineExecutor, LoopExecutor

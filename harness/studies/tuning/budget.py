@@ -27,6 +27,7 @@ from fedharness.core.engine import Engine, NetworkModel
 from fedharness.algorithms.series import build_series
 from fedharness.errors import ConfigError, require
 from fedharness.problems import build_problem
+from fedharness.settings import RunSettings
 
 KINDS = ("local_steps", "rounds", "grad_evals", "bytes")
 MAX_ROUNDS = 1_000_000  # a budget that needs more rounds than this is a typo, not a study
@@ -81,7 +82,7 @@ def problem_for(cfg: dict[str, Any]):
                      + [cfg["algorithm"]["batch_size"]], sort_keys=True, default=str)
     if key not in _PROBLEMS:
         _PROBLEMS.clear()  # keep one: problems can hold whole datasets
-        _PROBLEMS[key] = build_problem(cfg, cfg["algorithm"]["batch_size"])
+        _PROBLEMS[key] = build_problem(RunSettings.from_config(cfg), cfg["algorithm"]["batch_size"])
     return _PROBLEMS[key]
 
 

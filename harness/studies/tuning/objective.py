@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from fedharness.contracts import METRICS as USER_METRICS
+from fedharness.registry.groups import METRICS as USER_METRICS
 from fedharness.errors import require
 
 METRICS = ("train_loss", "subopt", "dist_to_opt", "grad_norm_sq", "test_loss", "test_acc")

@@ -1,0 +1,16 @@
+"""A data set's samples pooled, as a data set's factory returns them, before a partitioner splits them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PooledData:
+    x: np.ndarray  # training samples
+    y: np.ndarray  # their int64 labels
+    x_test: np.ndarray | None
+    y_test: np.ndarray | None
+    owner: np.ndarray | None = None  # each training sample's own client (generated data: partition=natural)

@@ -1,0 +1,43 @@
+"""The registries: one per group, filled by the built-ins beside their definitions and by a user's registrations
+(fedharness.extend) through the same `Registry.add`.
+
+* `PARTS[kind]`: the algorithm parts of each kind (sampler, local_work, ...). A part's constructor is called with
+  the `algorithm` keys its parameters name (one shared section; the built-ins' keys are their modules' `KEYS`,
+  a user's part declares its own) and the CONTEXT values it asks for (fedharness.algorithms.registry).
+* `DATASETS`, `MODELS`, `PARTITIONERS`: the options of `dataset=`, `model=` and `partition=`, each called with
+  its own section's keys and the context its builder offers (fedharness.problems.build_problem).
+* `METRICS`: a user's metrics by name (fedharness.register_metric).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from fedharness.contracts import (Aggregator, LocalSolver, LocalWork, Metric, Sampler, Schedule, ServerOptimizer)
+from fedharness.keys import integer
+from fedharness.registry.binding import Registry
+
+PROTOCOLS: dict[str, type] = {"sampler": Sampler, "local_work": LocalWork, "lr_schedule": Schedule,
+                              "solver": LocalSolver, "aggregator": Aggregator, "server_optimizer": ServerOptimizer}
+PARTS: dict[str, Registry] = {kind: Registry(f"algorithm.{kind}", section="algorithm", shared=True)
+                              for kind in PROTOCOLS}
+CONTEXT = ("problem", "num_clients", "rounds")  # what a part's constructor may ask for besides its keys
+
+# Every data set's keys besides its own: the harness reads them (the clients to split into, the data's seed).
+DATASETS = Registry("dataset", common={"num_clients": integer("N, the number of clients", lo=1),
+                                       "data_seed": integer("seed of the data", lo=0, null="use the run's seed")})
+MODELS = Registry("model", reserved=("l2", "buffers"))  # l2, buffers: the harness's NetObjective reads them
+PARTITIONERS = Registry("partition")
+
+METRICS: dict[str, Metric] = {}  # name -> Metric, filled by fedharness.register_metric
+
+
+def part(kind: str, name: str, **bound: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Class (or function) decorator beside a part: `algorithm.<kind>=name` builds it. `bound` fixes arguments
+    for this name (e.g. nesterov=True), which then are not config keys."""
+    return PARTS[kind].register(name, **bound)
+
+
+def part_names(kind: str) -> Callable[[], tuple[str, ...]]:
+    """The names registered for `kind` when called (a `choice` key lists the live registry)."""
+    return PARTS[kind].names

@@ -4,6 +4,11 @@ Each receives one replica's updates [n, dim] float64, one row per sampled client
 client id, and their weights c_k (the sum of the client's draws' q_k, as FedAvg gives them). Median, trimmed
 mean and Krum treat every returned client alike, as the Byzantine-robust literature does (scheme I's draws,
 proportional to p_k, carry the data weights); the clipped mean keeps FedAvg's weights.
+
+Each also reads its updates a coordinate chunk at a time (`aggregate_columns`, base/columns.py), so the driver
+aggregates within memory_budget_gb: median and trimmed mean per chunk; Krum's distances and the clipped mean's
+norms accumulated unit by unit, then a second pass for the average. A column's sums add rows one after the other
+(`_row_sum`), so the result has the same bits at any chunk width, and `aggregate` is the one-chunk case.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import torch
 import numpy as np
 
 from fedharness.algorithms.aggregators import WeightedAverage
+from fedharness.base.columns import UpdateColumns
 from fedharness.contracts import Coefficients, UpdateAggregator, WeightStats
 from fedharness.registry.groups import part
 from fedharness.keys import Key, integer, number
@@ -31,6 +37,15 @@ def _sorted(updates: torch.Tensor) -> torch.Tensor:
     return torch.sort(updates, dim=0).values
 
 
+def _row_sum(rows: torch.Tensor) -> torch.Tensor:
+    """Sum over rows, one row after the other: elementwise additions, so a column's bits do not depend on how
+    many columns are summed beside it (torch's reductions change their order with the width)."""
+    total = rows[0].clone()
+    for row in rows[1:]:
+        total += row
+    return total
+
+
 class FedAvgWeights(UpdateAggregator):
     """Hands `aggregate` FedAvg's weights q_k, and records FedAvg's diagnostics of them (tau_eff, chi2, slowdown:
     the local work's, whatever the rule then does with the updates)."""
@@ -44,7 +59,14 @@ class CoordinateMedian(FedAvgWeights):
     """Coordinate-wise median (Yin et al. 2018); an even count takes the mean of the two middle values."""
 
     def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        s, n = _sorted(updates), len(updates)
+        return self.aggregate_columns(UpdateColumns.whole(updates), weights)
+
+    def aggregate_columns(self, updates: UpdateColumns, weights: torch.Tensor) -> torch.Tensor:
+        return updates.map(self._median)
+
+    @staticmethod
+    def _median(chunk: torch.Tensor) -> torch.Tensor:
+        s, n = _sorted(chunk), len(chunk)
         return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
@@ -57,9 +79,12 @@ class TrimmedMean(FedAvgWeights):
         self.trim = float(trim)
 
     def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        n = len(updates)
+        return self.aggregate_columns(UpdateColumns.whole(updates), weights)
+
+    def aggregate_columns(self, updates: UpdateColumns, weights: torch.Tensor) -> torch.Tensor:
+        n = updates.n
         cut = int(self.trim * n)  # trim < 0.5, so at least one value is left
-        return _sorted(updates)[cut:n - cut].mean(0)
+        return updates.map(lambda chunk: _row_sum(_sorted(chunk)[cut:n - cut]) / (n - 2 * cut))
 
 
 @part("aggregator", "krum")
@@ -75,15 +100,20 @@ class Krum(FedAvgWeights):
         self.f, self.m = int(byzantine), int(krum_select)
 
     def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        n = len(updates)
+        return self.aggregate_columns(UpdateColumns.whole(updates), weights)
+
+    def aggregate_columns(self, updates: UpdateColumns, weights: torch.Tensor) -> torch.Tensor:
+        n = updates.n
         near = min(max(1, n - self.f - 2), n - 1)  # n = 1: no other update, score 0
-        gram = updates @ updates.T
+        gram = torch.zeros(n, n, dtype=torch.float64, device=updates.device)
+        for unit in updates.units():  # the distances accumulate unit by unit: the same bits at any chunk width
+            gram += unit @ unit.T
         sq = gram.diagonal()
         dist = (sq[:, None] + sq[None, :] - 2 * gram).clamp_min(0)
         dist.fill_diagonal_(float("inf"))  # an update is not its own neighbour
         scores = torch.sort(dist, dim=1).values[:, :near].sum(1)
         best = torch.argsort(scores, stable=True)[:self.m]
-        return updates[best].mean(0)
+        return updates.map(lambda chunk: _row_sum(chunk[best]) / len(best))
 
 
 @part("aggregator", "clipped_mean")
@@ -94,6 +124,12 @@ class ClippedMean(FedAvgWeights):
         self.clip_norm = float(clip_norm)
 
     def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        norms = updates.norm(dim=1)
+        return self.aggregate_columns(UpdateColumns.whole(updates), weights)
+
+    def aggregate_columns(self, updates: UpdateColumns, weights: torch.Tensor) -> torch.Tensor:
+        norms = torch.zeros(updates.n, dtype=torch.float64, device=updates.device)
+        for unit in updates.units():  # unit by unit (hypot of the norms so far and the unit's): any chunk width
+            norms = torch.hypot(norms, unit.norm(dim=1))
         scale = (self.clip_norm / norms.clamp_min(torch.finfo(norms.dtype).tiny)).clamp(max=1.0)
-        return (weights * scale) @ updates
+        factor = (weights.to(norms) * scale)[:, None]
+        return updates.map(lambda chunk: _row_sum(factor * chunk))  # products, then sums: no fused multiply-add

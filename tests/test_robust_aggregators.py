@@ -18,7 +18,9 @@ import fedharness
 from fedharness.algorithms.registry import PARTS
 from fedharness.algorithms.robust import ClippedMean, CoordinateMedian, Krum, TrimmedMean
 from fedharness.contracts import UpdateAggregator
+from fedharness.base.columns import UNIT, WORKING_BYTES, UpdateColumns
 from fedharness.core.engine import Engine
+from fedharness.core.updates import aggregate_updates
 from fedharness.core.executors import InlineExecutor, LoopExecutor, RoundPlan, entry_bytes
 from fedharness.assembly.build import build_parts
 from ray_support import max_rel_diff, trajectory
@@ -202,6 +204,45 @@ def test_updates_travel_in_budgeted_chunks_only_for_an_update_aggregator(run_con
         weights = np.bincount(inverse, weights=plan.coef[r])
         want = sum(w * by_client[(r, int(k))].double() for k, w in zip(ids, weights))
         assert rel(reduced.delta[r], want) < 1e-12
+
+
+# --- the driver's side within memory_budget_gb: coordinate chunks, the same bits ---------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_known_updates_in_chunks_give_the_bits_of_one_chunk(name):
+    _, part, rule = RULES[name]
+    rng = np.random.default_rng(1)
+    u = torch.as_tensor(rng.normal(size=(7, 3 * UNIT + 123)) * 10.0 ** rng.integers(-3, 3, size=(7, 1)))
+    u[2] += 50.0  # a Byzantine client far away
+    w = torch.as_tensor(rng.uniform(0.1, 1.0, 7))
+    whole = part.aggregate(u, w)
+    assert rel(whole, rule(u.numpy(), w.numpy())) < 1e-12
+    for units in (1, 2, 3):
+        rows = list(u.float() if units == 3 else u)  # the model's dtype on the way, float64 in the chunks
+        budget = units * UNIT * 7 * WORKING_BYTES
+        chunked = part.aggregate_columns(UpdateColumns.within(rows, budget, "cpu"), w)
+        assert UpdateColumns.within(rows, budget, "cpu").width == units * UNIT
+        want = whole if units < 3 else part.aggregate(u.float().double(), w)
+        assert torch.equal(chunked, want), (name, units)
+
+
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_a_budget_below_one_rounds_updates_gives_the_bits_of_no_budget(run_config, name):
+    cfg = run_config(*RULES[name][0], *BASE, "model=2nn")
+    problem, algorithm = build_parts(cfg)
+    problem.memory_budget = None
+    engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver, 2), rounds=1, seed=cfg.seed,
+                    replicas=cfg.replicas, eval_every=1)
+    x = engine.initial_state().x
+    plan, _ = engine.plan_round(0)
+    updates = engine.executor.local_updates(x, plan).updates
+    rows = sum(len(c.clients) for c in updates)
+    budget = 2 * UNIT * 8 * WORKING_BYTES  # 8 clients or fewer: chunks of 2 units or more of 54,209 coordinates
+    assert budget < rows * problem.dim * 8 and problem.dim > 6 * 2 * UNIT  # below one round's float64 updates
+    unbounded = aggregate_updates(algorithm.aggregator, plan, updates, x, None)
+    bounded = aggregate_updates(algorithm.aggregator, plan, updates, x, budget)
+    assert unbounded.abs().max() > 0 and torch.equal(bounded, unbounded)
 
 
 # --- a user's rule, as docs/extending.md writes it -----------------------------------------------------------

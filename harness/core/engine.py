@@ -121,7 +121,8 @@ class Engine:
         plan.server_ctx = state.server_ctx
         result = self.executor.local_updates(state.x, plan)
         if plan.send_updates:
-            delta = aggregate_updates(self.alg.aggregator, plan, result.updates, state.x)
+            delta = aggregate_updates(self.alg.aggregator, plan, result.updates, state.x,
+                                      self.problem.memory_budget)
         else:
             delta = result.delta
         first = plan.step_lrs[..., 0]  # the round's first step size: [] or, in a batch of slots, [R]

@@ -2,7 +2,9 @@
 
 The shards send each trained (replica, client) entry's Delta_k (core/executors.py, RoundPlan.send_updates) in
 whatever order and grouping their shards and chunks gave; here they are put in one order, by (replica, client),
-so the aggregate never depends on the number of shards, their chunks or the executor.
+so the aggregate never depends on the number of shards, their chunks or the executor. An aggregator that reads
+coordinate chunks (base/columns.py ColumnAggregator: the built-in robust rules) gets the rows as they came,
+without a float64 copy of them all, in chunks that fit the memory budget; any other gets the [n, dim] matrix.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedharness.base.columns import ColumnAggregator, UpdateColumns
 from fedharness.contracts import UpdateAggregator
 from fedharness.core.executors import RoundPlan, UpdateChunk
 
@@ -23,9 +26,9 @@ def client_rows(plan: RoundPlan, r: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def aggregate_updates(aggregator: UpdateAggregator, plan: RoundPlan, chunks: list[UpdateChunk],
-                      x: torch.Tensor) -> torch.Tensor:
+                      x: torch.Tensor, budget: int | None = None) -> torch.Tensor:
     """Delta [R, dim] float64 on x's device: `aggregator.aggregate` of each replica's rows; 0 for a replica none of
-    whose draws returned (dropout)."""
+    whose draws returned (dropout). `budget`: bytes the aggregation's working memory may use (None: no bound)."""
     R, dim = x.shape
     out = torch.zeros(R, dim, dtype=torch.float64, device=x.device)
     where = {(int(r), int(k)): (c, i) for c, chunk in enumerate(chunks)  # no concatenated copy of every update
@@ -37,7 +40,10 @@ def aggregate_updates(aggregator: UpdateAggregator, plan: RoundPlan, chunks: lis
         missing = [int(k) for k in ids if (r, int(k)) not in where]
         if missing:  # a shard lost an entry: a bug, never a silently smaller sample
             raise RuntimeError(f"round {plan.round}: no update came back for replica {r}, clients {missing}")
-        rows = torch.stack([chunks[c].delta[i] for c, i in (where[(r, int(k))] for k in ids)])
+        rows = [chunks[c].delta[i] for c, i in (where[(r, int(k))] for k in ids)]
         w = torch.as_tensor(weights, dtype=torch.float64, device=x.device)
-        out[r] = aggregator.aggregate(rows.to(device=x.device, dtype=torch.float64), w)
+        if isinstance(aggregator, ColumnAggregator):
+            out[r] = aggregator.aggregate_columns(UpdateColumns.within(rows, budget, x.device), w)
+        else:
+            out[r] = aggregator.aggregate(torch.stack(rows).to(device=x.device, dtype=torch.float64), w)
     return out

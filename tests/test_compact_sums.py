@@ -1,8 +1,11 @@
-"""The compact exact sums (harness/core/exact_sum.py) against float64 sums of the same terms: on W1 and on
-SCAFFOLD's control variates, each round's sums agree to the documented precision (2^-40 of the largest
-value of the tensor each sum updates, per block), and any split of the terms gives the same bits."""
+"""The compact exact sums (harness/core/exact_sum.py) against float64 sums of the same terms: on W1, on
+SCAFFOLD's control variates and on the CNN (float32, MNIST-shaped images), each round's sums agree to the
+documented precision (2^-40 of the largest value of the tensor each sum updates, per block), and any split of
+the terms gives the same bits."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,10 +16,13 @@ from fedharness.config.load import load_settings
 from fedharness.core.engine import Engine
 from fedharness.core.exact_sum import BLOCK, ExactSum, Grid
 from fedharness.core.executors import InlineExecutor
+from fakes import fake_mnist
 
 W1 = ["dataset.samples_per_client=200", "dataset.num_clients=100", "algorithm.clients_per_round=10",
       "algorithm.local_steps=20", "algorithm.batch_size=24", "algorithm.client_lr=0.05"]
-WORKLOADS = {"w1": W1, "scaffold": [*W1, "algorithm=scaffold", "dtype=float64"]}
+WORKLOADS = {"w1": W1, "scaffold": [*W1, "algorithm=scaffold", "dtype=float64"],
+             "cnn": ["dataset=mnist", "dataset.num_clients=6", "model=cnn", "algorithm.clients_per_round=3",
+                     "algorithm.local_steps=2", "algorithm.batch_size=8", "algorithm.client_lr=0.05"]}
 TOLERANCE = 2.0 ** -40  # of the block's largest reference value: the bound K^2 2^(e + 2 - 54) for K <= 16
 
 
@@ -27,9 +33,18 @@ def block_max(reference: torch.Tensor) -> torch.Tensor:
     return ref.repeat_interleave(BLOCK, dim=1)[:, :reference.shape[1]]
 
 
-@pytest.mark.parametrize("workload", ["w1", "scaffold"])
-def test_compact_sums_match_float64_sums_to_the_documented_precision(workload):
-    cfg = load_settings([*WORKLOADS[workload], "progress=false", "threads=1"])
+def workload_settings(workload: str, folder: Path):
+    """The settings of a workload; the CNN's MNIST-shaped images are written to `folder` first."""
+    data = []
+    if workload == "cnn":
+        fake_mnist(folder / "mnist" / "MNIST" / "raw", 120, 20, gz=False)
+        data = [f"dataset.data_dir={folder / 'mnist'}"]
+    return load_settings([*WORKLOADS[workload], *data, "progress=false", "threads=1"])
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_compact_sums_match_float64_sums_to_the_documented_precision(workload, tmp_path):
+    cfg = workload_settings(workload, tmp_path)
     problem, algorithm = build_parts(cfg)
     exact, floats = InlineExecutor(problem, algorithm.solver), InlineExecutor(problem, algorithm.solver, 1, False)
     engine = Engine(problem, algorithm, exact, rounds=10, seed=0, replicas=1, eval_every=10**9)

@@ -38,6 +38,7 @@ order-independent too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -54,7 +55,7 @@ _CHUNK = 1 << 16  # elements converted at once: small temporaries are reused, la
 class Grid:
     """The fixed-point step of each element of a [R, dim] sum: terms are rounded to integers n = round(x scale)."""
 
-    scale: torch.Tensor  # [R, dim] float64 powers of two: 1 / g
+    scale: torch.Tensor  # [R, dim] float64 powers of two: 1 / g; [R, 1] when dim <= BLOCK (one block)
     low_bits: int  # L: terms of |n| < 2^L go in the low word, K of them stay below 2^53
     high_bits: int  # |high| < 2^high_bits, so K high words stay below 2^53 too
 
@@ -65,10 +66,10 @@ class Grid:
         head = max(1, int(terms)).bit_length()
         low_bits = WORD_BITS - head
         ref = reference.detach().abs()
-        if dim <= BLOCK:
-            ref = ref.amax(-1, keepdim=True)
-        else:
-            ref = F.pad(ref, (0, -dim % BLOCK)).view(rows, -1, BLOCK).amax(-1)
+        if dim <= BLOCK:  # one block a row: R exponents worked out on the host, a few ops instead of a dozen
+            steps = [[2.0 ** (low_bits - MARGIN_BITS - _exponent(v))] for v in ref.amax(-1).tolist()]
+            return cls(torch.tensor(steps, dtype=torch.float64, device=ref.device), low_bits, WORD_BITS - head)
+        ref = F.pad(ref, (0, -dim % BLOCK)).view(rows, -1, BLOCK).amax(-1)
         ref = torch.nan_to_num(ref.double(), nan=0.0, posinf=0.0)
         e = torch.frexp(ref).exponent.clamp_min(FLOOR_EXP)  # max |reference| < 2^e (frexp(0) gives 0)
         e = torch.where(ref > 0, e, torch.full_like(e, FLOOR_EXP))
@@ -76,8 +77,19 @@ class Grid:
         scale = scale[:, :, None].expand(-1, -1, BLOCK).reshape(rows, -1)[:, :dim]
         return cls(scale, low_bits, WORD_BITS - head)
 
+    def columns(self, part: slice) -> torch.Tensor:
+        """The scale of columns `part`: [R, width], or [R, 1] for a one-block grid (it broadcasts)."""
+        return self.scale if self.scale.shape[1] == 1 else self.scale[:, part]
+
     def to(self, device: torch.device | str) -> "Grid":
         return Grid(self.scale.to(device), self.low_bits, self.high_bits)
+
+
+def _exponent(largest: float) -> int:
+    """e with largest < 2^e, at least FLOOR_EXP; FLOOR_EXP for 0 and for what is not finite (Grid.of's rule)."""
+    if not (math.isfinite(largest) and largest > 0):
+        return FLOOR_EXP
+    return max(FLOOR_EXP, math.frexp(largest)[1])
 
 
 class Grids:
@@ -125,14 +137,16 @@ class ExactSum:
         if not terms.numel():
             return self
         one_row = grid.scale.shape[0] == 1  # one replica: the scale broadcasts, no gather
-        cols = max(1, min(terms.shape[1], _CHUNK // len(index)))
-        for start in range(0, terms.shape[1], cols):
+        dim = terms.shape[1]
+        cols = max(1, min(dim, _CHUNK // len(index)))
+        for start in range(0, dim, cols):
             part = slice(start, start + cols)
-            scale = grid.scale[:, part] if one_row else grid.scale[index, part]
-            n = torch.mul(terms[:, part], scale).round_()
+            whole = cols == dim  # one pass (small models): no column views
+            scale = grid.columns(part) if one_row else grid.columns(part)[index]
+            n = torch.mul(terms if whole else terms[:, part], scale).round_()
             least, most = torch.aminmax(n)
             if -2.0 ** grid.low_bits < least.item() and most.item() < 2.0 ** grid.low_bits:
-                self.low[:, part].index_add_(0, index, n)  # integers below 2^53: exact in any order
+                (self.low if whole else self.low[:, part]).index_add_(0, index, n)  # below 2^53: exact in any order
             else:  # NaN compares False: here too
                 self._add_wide(index, part, terms[:, part], n, grid)
         return self

@@ -99,7 +99,7 @@ COMPARED = ["train_loss", "test_loss", "test_acc", "grad_norm_sq", "plug_norm"]
 @pytest.fixture(scope="module")
 def user_parts(tmp_path_factory, local_ray):
     """The user's module (imported after Ray started, from a folder only the driver has): its model, data set,
-    solver (with a key of its own) and metric registered from Python, its aggregator by `contracts.part` as it
+    solver (with a key of its own) and metric registered from Python, its aggregator by `registry.groups.part` as it
     is imported; the registries restored afterwards."""
     folder = tmp_path_factory.mktemp("user_code")
     name = f"plugin_user_{uuid.uuid4().hex[:8]}"

@@ -1,9 +1,10 @@
 """Bring your own model, data set, partitioner or algorithm part, without editing fedharness (docs/extending.md).
 
 Registration adds to the same registries (fedharness.registry.groups) the built-ins register themselves in and
-`fedharness list`, validation and the builders read, through the same `Registry.add`. Two ways in, one mechanism: a call from Python (`fedharness.register_model(...)`), or a `_target_` in a config file,
-which names the factory by its dotted import path and is registered when the config is loaded (also in
-every Ray worker, since the config travels with the job). What is registered from Python reaches Ray workers
+`fedharness list`, validation and the builders read, through the same `Registry.add`. Two ways in, one
+mechanism: a call from Python (`fedharness.register_model(...)`), or a `_target_` in a config file, which names
+the factory by its dotted import path and is registered when the config is loaded (also in every Ray worker,
+since the config travels with the job). What is registered from Python reaches Ray workers
 too: fedharness.registry.plugins carries `user_registrations()` with the work and `restore`s them there.
 """
 

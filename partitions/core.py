@@ -11,8 +11,8 @@ same seed gives the same split. Callers normally go through
 clients and the parameter names before calling one of these.
 
 Each partitioner registers itself beside its definition (fedharness.registry.groups.PARTITIONERS), with its
-parameters' config keys (`partition.KEY`) for the schema and the help. The partitioners are also called directly (`partition(...)`), so they check their parameters
-themselves, with bounds that depend on the data. Parameter errors are `ConfigError`s keyed `partition.<param>`.
+parameters' config keys (`partition.KEY`) for the schema and the help. The partitioners are also called
+directly (`partition(...)`), so they check their parameters themselves, with bounds that depend on the data. Parameter errors are `ConfigError`s keyed `partition.<param>`.
 """
 
 from __future__ import annotations

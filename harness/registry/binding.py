@@ -31,8 +31,8 @@ def takes_extra(factory: Callable[..., Any]) -> bool:
 
 
 class Registry(dict):
-    """The options of one group, name -> factory; `option_keys[name]`: the keys that option declared (besides `common`,
-    the keys every option of the group has). An option without declared keys is built with its section unchecked.
+    """The options of one group, name -> factory; `option_keys[name]`: the keys that option declared (besides
+    `common`, the keys every option of the group has). An option without declared keys is built unchecked.
 
     `shared`: the options read one shared section (the `algorithm` keys), so a key one part does not name is
     another part's, never an error or a `**params` argument."""
@@ -91,7 +91,8 @@ class Registry(dict):
         rest = {k: v for k, v in values.items() if k not in kwargs and k not in self.reserved}
         if takes_extra(factory):
             return {**kwargs, **rest}
-        for key, value in rest.items():
+        if rest:
+            key, value = next(iter(rest.items()))
             raise ConfigError(f"{self.section}.{key}", value, "not a parameter of its factory; its parameters: "
                               + (", ".join(p.name for p in key_parameters(factory)) or "none"))
         return kwargs

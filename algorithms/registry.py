@@ -99,10 +99,8 @@ def build_algorithm(acfg: Mapping[str, Any], problem: Problem, rounds: int | Non
     """The Algorithm of the validated `algorithm` section; `rounds`: the run's (step_decay needs it)."""
     context = {"problem": problem, "num_clients": problem.num_clients, **({} if rounds is None else {"rounds": rounds})}
     parts = {kind: build_part(kind, acfg, context) for kind in PARTS}
-    return Algorithm(
-        name=acfg["name"],
-        sampler=build(samplers.with_dropout, acfg, {"inner": parts["sampler"]}),
-        local_work=build(local_work.with_min, acfg, {"inner": parts["local_work"]}),
-        schedule=parts["lr_schedule"], solver=parts["solver"], aggregator=parts["aggregator"],
-        server=parts["server_optimizer"], batch_size=acfg["batch_size"],
-    )
+    built = {"sampler": build(samplers.with_dropout, acfg, {"inner": parts["sampler"]}),
+             "local_work": build(local_work.with_min, acfg, {"inner": parts["local_work"]}),
+             "schedule": parts["lr_schedule"], "solver": parts["solver"], "aggregator": parts["aggregator"],
+             "server": parts["server_optimizer"]}
+    return build(Algorithm, acfg, built)  # and its own keys: name, batch_size

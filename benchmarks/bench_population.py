@@ -45,9 +45,10 @@ def overrides(n: int, sizes: str) -> list[str]:
 
 
 def _engine(cfg, problem, algorithm, executor):
-    from fedharness.core.engine import Engine
+    from fedharness.algorithms.series import build_series
+    from fedharness.runs.execute import Prepared, build_engine
 
-    return Engine(problem, algorithm, executor, rounds=cfg.rounds, seed=cfg.seed, replicas=1, eval_every=10**9)
+    return build_engine(Prepared(cfg, problem, algorithm, None, *build_series(1)), executor)
 
 
 def case_child(n: int, sizes: str, executor: str, rounds: int) -> dict:

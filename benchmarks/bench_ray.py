@@ -64,9 +64,10 @@ def peak_rss_bytes() -> int:
 
 
 def _engine(cfg, problem, algorithm, executor):
-    from fedharness.core.engine import Engine
+    from fedharness.algorithms.series import build_series
+    from fedharness.runs.execute import Prepared, build_engine
 
-    return Engine(problem, algorithm, executor, rounds=cfg.rounds, seed=cfg.seed, replicas=1, eval_every=10**9)
+    return build_engine(Prepared(cfg, problem, algorithm, None, *build_series(1)), executor)
 
 
 def paired_rounds(variants: dict, rounds: int, warmup: int) -> dict[str, list[float]]:

@@ -38,13 +38,13 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedharness.config.load import load_settings
-from fedharness.core.engine import Engine
 from fedharness.core.executors import InlineExecutor, LoopExecutor
 from fedharness.problems.data import DataProblem
 from fedharness.problems.nets import build_net
 from fedharness.problems.objectives import NetObjective
 from fedharness.assembly.build import algorithm_for
-from fedharness.runs.execute import prepare
+from fedharness.algorithms.series import build_series
+from fedharness.runs.execute import Prepared, build_engine, prepare
 from fedharness.core import kernels
 from fedharness.base.runtime import apply_runtime, memory_budget_bytes
 from fedharness.settings import RunSettings
@@ -116,11 +116,11 @@ def flops_per_client_step(problem, batch: int) -> float:
     return float(counter.get_total_flops())
 
 
-def time_rounds(problem, algorithm, executor_cls, rounds: int, device: str,
+def time_rounds(cfg: RunSettings, problem, algorithm, executor_cls, rounds: int, device: str,
                 replicas: int) -> tuple[float, np.ndarray]:
     """Seconds per round after one untimed round, and the timed rounds' tau [rounds, K] (replica 0's)."""
-    engine = Engine(problem, algorithm, executor_cls(problem, algorithm.solver), rounds=rounds + 1, seed=0,
-                    replicas=replicas, eval_every=10**9)
+    run = Prepared(cfg.replace(seed=0, replicas=replicas), problem, algorithm, None, *build_series(replicas))
+    engine = build_engine(run, executor_cls(problem, algorithm.solver))
     state = engine.step(engine.initial_state())
     tau = np.stack([engine.plan_round(r)[0].tau[0] for r in range(1, rounds + 1)])
     kernels.synchronize(device)
@@ -146,9 +146,9 @@ def measure(name: str, args) -> dict:
     kernel, kernel_ms = choose_kernel(problem, args, problem.num_clients)
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    fast, tau = time_rounds(problem, algorithm, InlineExecutor, args.rounds, args.device, args.replicas)
+    fast, tau = time_rounds(cfg, problem, algorithm, InlineExecutor, args.rounds, args.device, args.replicas)
     peak_gb = torch.cuda.max_memory_allocated() / 1e9 if args.device.startswith("cuda") else None
-    slow, _ = time_rounds(problem, algorithm, LoopExecutor, args.loop_rounds, args.device, args.replicas)
+    slow, _ = time_rounds(cfg, problem, algorithm, LoopExecutor, args.loop_rounds, args.device, args.replicas)
     steps = args.replicas * tau.sum(1).mean()  # client steps per round (full participation, every replica)
     return {"workload": name, "kernel": kernel, "kernel_ms": kernel_ms, "clients": int(tau.shape[1]),
             "replicas": args.replicas, "peak_gb": peak_gb, "budget_gb": problem.memory_budget / 1e9,

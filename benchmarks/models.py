@@ -21,9 +21,10 @@ import torch
 
 import fedharness
 from fedharness.config.load import load_settings
-from fedharness.core.engine import Engine
-from fedharness.core.executors import InlineExecutor
+from fedharness.algorithms.series import build_series
 from fedharness.assembly.build import build_parts
+from fedharness.core.executors import InlineExecutor
+from fedharness.runs.execute import Prepared, build_engine
 
 SMOKE = ["dataset=noise_images", "dataset.num_clients=10", "algorithm.clients_per_round=5",
          "algorithm.local_steps=2", "algorithm.batch_size=8", "algorithm.client_lr=0.05", "progress=false"]
@@ -38,9 +39,9 @@ def noise_images(seed: int, n: int = 400, size: int = 16):
 
 def ms_per_round(model: str, kernel: str, rounds: int) -> float:
     cfg = load_settings([*SMOKE, f"model={model}", f"kernel={kernel}"])
-    problem, algorithm = build_parts(cfg)
-    engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver), rounds=rounds + 1, seed=0,
-                    replicas=1, eval_every=10**9)
+    problem, algorithm = build_parts(cfg)  # not prepare_run: the process's threads stay the benchmark's
+    engine = build_engine(Prepared(cfg, problem, algorithm, None, *build_series(cfg.replicas)),
+                          InlineExecutor(problem, algorithm.solver))
     state = engine.step(engine.initial_state())  # warm-up round, not timed
     start = time.perf_counter()
     for _ in range(rounds):

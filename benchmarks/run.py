@@ -18,9 +18,8 @@ from pathlib import Path
 import torch
 
 from fedharness.config.load import load_settings
-from fedharness.core.engine import Engine
 from fedharness.core.executors import InlineExecutor, LoopExecutor
-from fedharness.runs.execute import prepare
+from fedharness.runs.execute import build_engine, prepare_run
 
 W1 = ["dataset.samples_per_client=200", "dataset.num_clients=100", "algorithm.clients_per_round=10",
       "algorithm.local_steps=20", "algorithm.batch_size=24", "algorithm.client_lr=0.05"]
@@ -28,9 +27,8 @@ W1 = ["dataset.samples_per_client=200", "dataset.num_clients=100", "algorithm.cl
 
 def seconds_per_round(executor_cls, replicas: int, rounds: int) -> float:
     cfg = load_settings([*W1, f"replicas={replicas}"])
-    problem, algorithm, _ = prepare(cfg)
-    engine = Engine(problem, algorithm, executor_cls(problem, algorithm.solver), rounds=rounds + 1,
-                    seed=0, replicas=replicas, eval_every=10**9)
+    run = prepare_run(cfg)
+    engine = build_engine(run, executor_cls(run.problem, run.algorithm.solver))
     state = engine.step(engine.initial_state())  # warm-up round, not timed
     start = time.perf_counter()
     for _ in range(rounds):

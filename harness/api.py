@@ -109,7 +109,7 @@ def run(overrides: Overrides = None, callbacks: Sequence[Callback] = (), **kwarg
     mark_lost_runs(store)  # rows a killed process left `running`
     bar = ProgressBar(settings.rounds, settings.progress)
     try:
-        result = execute(settings, progress=bar, callbacks=callbacks, store=store)
+        result = execute(settings, callbacks=callbacks, hooks=[bar], store=store)
     except OSError as err:
         raise_for_results_write(settings.results_dir, err)
         raise

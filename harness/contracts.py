@@ -26,6 +26,9 @@ import torch
 if TYPE_CHECKING:  # annotations only: the executors live in core, above this module
     from fedharness.core.executors import RoundPlan, ShardResult
 
+if TYPE_CHECKING:
+    from fedharness.core.engine import RunOutcome
+
 # --- what the parts hand each other ------------------------------------------------------------------------
 
 
@@ -483,25 +486,32 @@ class Metric:
 @dataclass(frozen=True)
 class RoundContext:
     """Where a run stands, as a callback sees it: after round `round` of `rounds`, the server models x [R, dim],
-    and the rows evaluated at this round (empty between evaluations)."""
+    the rows evaluated at this round (empty between evaluations), and the run's whole state
+    (fedharness.core.engine.RunState: what a checkpoint saves)."""
 
     round: int
     rounds: int
     x: torch.Tensor
     rows: list[dict]
+    state: Any = None
 
 
 class Callback(Protocol):
-    """Hooks into a run (`fedharness.run(..., callbacks=[...])`), called in the driver. A hook that returns True
-    stops the run after this round: it ends with status `stopped`, its rows so far recorded. Subclass it and
-    override what you need; the others do nothing."""
+    """Hooks into a run, called in the driver: a user's (`fedharness.run(..., callbacks=[...])`) and the harness's
+    own observers (the Parquet and W&B sinks, the progress bar, the checkpointer, the Optuna reporter), in one
+    list. A hook that returns True stops the run after this round: it ends with status `stopped`, its rows so far
+    recorded. Subclass it and override what you need; the others do nothing."""
 
     def on_round_end(self, context: RoundContext) -> bool | None:
-        """After every round, before its evaluation."""
+        """After every round, before its evaluation (not after a round whose models are no longer finite)."""
         return None
 
     def on_evaluation(self, context: RoundContext) -> bool | None:
         """After every evaluated round, with its rows (one per replica and series)."""
+        return None
+
+    def on_end(self, outcome: "RunOutcome") -> None:
+        """Once, when the run ends: its status, rounds done, rows, last state and the error that ended it (if any)."""
         return None
 
 

@@ -11,7 +11,8 @@ import math
 import pyarrow.parquet as pq
 import pytest
 
-from fedharness.runs.batch import Slot, batch_key, batchable, execute_batch
+from fedharness.runs.batch import Slot, batch_key, batchable
+from fedharness.runs.execute import execute_batch
 from fedharness.config.load import load_settings
 from fedharness.errors import ConfigError
 from fedharness.runs.execute import execute
@@ -222,7 +223,7 @@ def test_gradient_noise_is_each_clients_own_whatever_trains_beside_it(tmp_path):
 
 
 def test_an_error_of_the_batch_ends_every_slot_failed_and_recorded(tmp_path, monkeypatch):
-    from fedharness.core.slots import BatchedEngine
+    from fedharness.core.engine import BatchedEngine
 
     real = BatchedEngine.step
 
@@ -244,7 +245,7 @@ def test_an_error_of_the_batch_ends_every_slot_failed_and_recorded(tmp_path, mon
 def test_only_the_slots_due_at_a_round_are_evaluated_in_one_pass(tmp_path, monkeypatch):
     """eval_every 4 (two replicas) and 3: at rounds 3, 6, 9 only the second slot's row is evaluated, at 4, 8 only
     the first's two, at 0 and 12 all three, each time in one problem.evaluate; the rows stay the solo runs'."""
-    from fedharness.core.slots import BatchedEngine
+    from fedharness.core.engine import BatchedEngine
 
     seen, real = [], BatchedEngine._evaluate_series
     monkeypatch.setattr(BatchedEngine, "_evaluate_series", lambda self, state, x, series, replica_ids:

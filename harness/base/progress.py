@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any, TextIO
 
+from fedharness.contracts import Callback, RoundContext
+
 LOG_EVERY_S = 5.0  # a non-interactive stream gets at most one progress line this often
 
 
@@ -77,8 +79,9 @@ def progress_bar(desc: str, total: int | None = None, unit: str = "it", enabled:
                 bar_format=bar_format)
 
 
-class ProgressBar:
-    """A bar over rounds, opened at the first evaluation so errors print before any bar."""
+class ProgressBar(Callback):
+    """A bar over rounds, a hook of the run: opened at the first evaluation after the start, so errors print before
+    any bar."""
 
     def __init__(self, total: int, enabled: bool):
         self.total, self.enabled, self.bar = total, enabled, None
@@ -89,6 +92,10 @@ class ProgressBar:
         losses = [r["train_loss"] for r in rows if r["train_loss"] is not None]
         self.bar.set_postfix_str(f"train_loss={sum(losses) / max(len(losses), 1):.4g}", refresh=False)
         self.bar.update(rnd - self.bar.n)  # a live bar redraws at most every 0.1 s, and at close
+
+    def on_evaluation(self, context: RoundContext) -> None:
+        if context.round > 0:
+            self(context.round, context.rows)
 
     def close(self) -> None:
         if self.bar is not None:

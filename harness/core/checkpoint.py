@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from fedharness.contracts import Callback, RoundContext
 from fedharness.core.engine import RunState
 from fedharness.errors import ConfigError, require
 from fedharness.settings import RunSettings
@@ -50,13 +51,15 @@ def _plain(config: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(config, sort_keys=True, default=str))
 
 
-class Checkpointer:
-    """Saves a run's state every `checkpoint_every` rounds (the engine calls `save`)."""
+class Checkpointer(Callback):
+    """Saves a run's state every `checkpoint_every` rounds, a hook of the run (after the round's rows, so they land
+    in the part the checkpoint closes), not after the last round."""
 
     def __init__(self, settings: RunSettings, run_id: str, started: str, sink, executor):
         """`sink`: the run's ParquetSink; the checkpoint goes to the same results store."""
         self.prefix = checkpoint_prefix(run_id)
         self.sink, self.store, self.executor = sink, sink.store, executor
+        self.every, self.eval_every, self.rounds = settings.checkpoint_every, settings.eval_every, settings.rounds
         self.round: int | None = None  # the last round saved (a resumed run sets its checkpoint's)
         meta = f"{self.prefix}/meta.json"
         if not self.store.exists(meta):  # a resumed run keeps its original meta
@@ -64,6 +67,17 @@ class Checkpointer:
                                "config": _plain(settings.config)},
                               sort_keys=True, indent=1)
             self.store.write(meta, text.encode())
+
+    def _due(self, rnd: int) -> bool:
+        return 0 < rnd < self.rounds and rnd % self.every == 0
+
+    def on_round_end(self, context: RoundContext) -> None:
+        if self._due(context.round) and context.round % self.eval_every != 0:  # no rows this round
+            self.save(context.state)
+
+    def on_evaluation(self, context: RoundContext) -> None:
+        if self._due(context.round):
+            self.save(context.state)
 
     def save(self, state: RunState) -> None:
         part = self.sink.pending_part()  # the rows up to this round: in the state first, then in rounds/

@@ -1,18 +1,26 @@
-"""The round loop: sample, train locally (on an executor), aggregate, step the server, evaluate, record."""
+"""The round loop: sample, train locally (on an executor), aggregate, step the server, evaluate, tell the hooks.
+
+One loop for every run: a batch of slots (harness/core/slots.py) on the replica axis, a solo run being a batch of
+one slot with its own parts. Each slot has its hooks (harness/contracts.py Callback: the sinks, the progress bar,
+the checkpointer, the Optuna reporter, a user's callbacks). A slot that diverges, finishes its rounds, is stopped
+by a hook or whose hook raises leaves the batch: its rows are cut out of every per-replica array, its hooks are
+told its RunOutcome, and the others go on as before. Series (averages, Richardson-Romberg's coupled replicas) and
+checkpoints are a solo run's (harness/runs/batch.py check_batch refuses them in a batch of several)."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from fedharness.contracts import (Algorithm, Callback, Coefficients, Metric, Problem, ReplicaLayout, RoundContext,
-                                  SeriesHook, ServerContext, ServerState, UpdateAggregator)
+from fedharness.contracts import (Algorithm, Callback, Coefficients, LocalSolver, Metric, Problem, ReplicaLayout,
+                                  RoundContext, SeriesHook, ServerContext, ServerState, UpdateAggregator)
 from fedharness.core.buffers import average_into, buffer_dim
 from fedharness.core.executors import RoundPlan
+from fedharness.core.slots import SlotSet, slot_algorithm
 from fedharness.core.updates import aggregate_updates
 
 
@@ -52,40 +60,66 @@ class RunState:
 
 @dataclass
 class RunOutcome:
+    """How a run (one slot of a batch) ended: ok, diverged, stopped, or what the exception that ended it maps to
+    (failed, pruned, interrupted); its last completed round, its evaluated rows and its last state."""
+
     status: str
     rounds_done: int
     rows: list[dict] = field(default_factory=list)
     state: RunState | None = None
+    error: BaseException | None = None
+
+
+def _failed(err: BaseException) -> str:
+    return "failed"
+
+
+def _overrides(hook: Callback, event: str) -> bool:
+    """Whether the hook does something at `event` (Callback's own members do nothing)."""
+    return getattr(type(hook), event, None) is not getattr(Callback, event)
 
 
 class Engine:
+    """The round loop, over a batch of slots: Engine itself is a run alone (a batch of one slot), BatchedEngine a
+    batch of several. `end_status(err)`: the status of a slot that an exception ended."""
+
     def __init__(self, problem: Problem, algorithm: Algorithm, executor, *, rounds: int, seed: int, replicas: int,
-                 eval_every: int, reference=None, on_rows=None, progress=None, layout: ReplicaLayout | None = None,
-                 series: list[SeriesHook] | None = None, network: NetworkModel | None = None, checkpoint=None,
-                 checkpoint_every: int = 0, metrics: Sequence[Metric] = (), callbacks: Sequence[Callback] = ()):
-        self.problem, self.alg, self.executor = problem, algorithm, executor
-        self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every  # checkpoint(state) after such rounds
+                 eval_every: int, layout: ReplicaLayout | None = None, series: list[SeriesHook] | None = None,
+                 hooks: Sequence[Callback] = (), **options):
+        """A solo run: one slot with `algorithm`'s own parts, its replica `layout` (Richardson-Romberg couples
+        replicas) and `series` (extra recorded iterates: Polyak averages, RR extrapolation). `options`:
+        reference, network, metrics, end_status."""
+        layout = layout or ReplicaLayout.seeds(replicas)
+        slots = SlotSet.solo(algorithm, seed, len(layout), rounds, eval_every)
+        self._start(problem, slots, algorithm, executor, layout, series or [], [list(hooks)], **options)
+
+    def _start(self, problem: Problem, slots: SlotSet, algorithm: Algorithm, executor, layout: ReplicaLayout,
+               series: list[SeriesHook], hooks: list[list[Callback]], *, trainer: LocalSolver | None = None,
+               reference=None, network: NetworkModel | None = None, metrics: Sequence[Metric] = (),
+               end_status: Callable[[BaseException], str] = _failed) -> None:
+        self.problem, self.alg, self.executor, self.reference = problem, algorithm, executor, reference
+        self.slots, self.trainer = slots, trainer
+        self.layout, self.stream_replicas, self.series = layout, layout.stream_ids, series
+        self.rounds, self.seed = int(slots.rounds.max()), int(slots.seeds[0])
         self.network = network or NetworkModel()
-        self.rounds, self.seed, self.eval_every = rounds, seed, eval_every
-        self.layout = layout or ReplicaLayout.seeds(replicas)
-        self.stream_replicas = self.layout.stream_ids
-        replicas = len(self.layout)
-        self.series = series or []  # extra recorded iterates, e.g. Polyak averages, RR extrapolation
-        self.reference = reference
-        self.metrics, self.callbacks = tuple(metrics), tuple(callbacks)  # a user's extra columns; hooks
-        self.on_rows = on_rows or (lambda rows, state: None)
-        self.progress = progress
+        self.metrics, self.end_status = tuple(metrics), end_status  # metrics: a user's extra columns
+        self.hooks = dict(zip(slots.ids, hooks))
+        self.round_hooks = {i: [h for h in hs if _overrides(h, "on_round_end")] for i, hs in self.hooks.items()}
         self.bytes_per_param = torch.finfo(problem.dtype).bits // 8
-        self._last_lr = np.full(replicas, np.nan)
+        self._last_lr = np.full(len(layout), np.nan)
         self._last_diag: Coefficients | None = None
+        self.rows: dict[int, list[dict]] = {i: [] for i in slots.ids}  # each slot's evaluated rows
+        self.outcomes: dict[int, RunOutcome] = {}
         self.rounds_done = 0  # the last completed round, also when an exception ends the run
 
     def initial_state(self) -> RunState:
         init_ids = self.layout.init_ids  # coupled replicas (Richardson-Romberg) start from the same point
         x = self.problem.init_params(int(init_ids.max()) + 1, self.seed)[torch.as_tensor(init_ids)]
-        zeros = {k: np.zeros(len(self.stream_replicas), dtype=np.int64)
-                 for k in ("local_steps", "grad_evals", "bytes_up", "bytes_down")}
-        zeros["sim_s"] = np.zeros(len(self.stream_replicas))  # simulated seconds (NetworkModel), float
+        return self._state_at_start(x)
+
+    def _state_at_start(self, x: torch.Tensor) -> RunState:
+        zeros = {k: np.zeros(len(x), dtype=np.int64) for k in ("local_steps", "grad_evals", "bytes_up", "bytes_down")}
+        zeros["sim_s"] = np.zeros(len(x))  # simulated seconds (NetworkModel), float
         ctx = self.alg.solver.init_server_ctx(x)
         return RunState(0, x, self.alg.server.init_state(x), zeros, ctx, [h.init_state(x) for h in self.series])
 
@@ -174,45 +208,199 @@ class Engine:
             rows.append({k: _finite_or_none(v) for k, v in row.items()})
         return rows
 
+
+    def evaluate_replicas(self, state: RunState, replicas: np.ndarray) -> list[dict]:
+        """evaluate's rows of these replicas (a run alone: all of them)."""
+        return self.evaluate(state)
+
     def run(self, state: RunState | None = None) -> RunOutcome:
+        """Train until every slot has ended, each one's RunOutcome told to its hooks (on_end). Returns the first
+        slot's (a solo run's); `outcomes` holds every slot's."""
         state = state or self.initial_state()
         self.rounds_done = state.round
         start = time.perf_counter() - state.wall_s
-        rows: list[dict] = []
         if state.round == 0:
-            rows = self.evaluate(state)
-            self.on_rows(rows, state)
-        status = "ok"
-        while state.round < self.rounds:
+            self._leave(state, self._evaluated(state, list(range(len(self.slots.ids))), set()))
+        while self.slots.ids:
             state = self.step(state)
             state.wall_s = time.perf_counter() - start
-            diverged = not bool(torch.isfinite(state.x).all())
-            context = RoundContext(state.round, self.rounds, state.x, [])
-            stop = any([bool(cb.on_round_end(context)) for cb in self.callbacks]) and not diverged
-            if diverged or stop or state.round % self.eval_every == 0 or state.round == self.rounds:
-                if diverged:
-                    status = "diverged"
-                    break
-                new = self.evaluate(state)
-                self.rounds_done = state.round  # set just before its rows go out, so the two agree
-                rows.extend(new)
-                self.on_rows(new, state)
-                if self.progress:
-                    self.progress(state.round, new)
-                if any(r["train_loss"] is None for r in new if r["series"] == "iterate"):
-                    status = "diverged"  # finite weights but an overflowing loss: stop here, rows kept
-                    break
-                context = RoundContext(state.round, self.rounds, state.x, new)
-                stop = any([bool(cb.on_evaluation(context)) for cb in self.callbacks]) or stop  # all are called
-            else:
-                self.rounds_done = state.round
-            if stop:
-                status = "stopped"  # by a callback, after this round's rows (evaluated, so the run ends recorded)
-                break
-            if self.checkpoint is not None and self.checkpoint_every and state.round < self.rounds \
-                    and state.round % self.checkpoint_every == 0:
-                self.checkpoint(state)  # after the round's rows, so they land in the part it closes
-        return RunOutcome(status, state.round - 1 if status == "diverged" else state.round, rows, state)
+            self._leave(state, self._round_ends(state))
+            self.rounds_done = state.round
+        return self.outcomes[0]
+
+    def _round_ends(self, state: RunState) -> dict[int, RunOutcome]:
+        """Tell the hooks the round ended, evaluate the slots due; which slots end and how (by position)."""
+        s, rnd = self.slots, state.round
+        finite = self._finite(state.x)
+        ends: dict[int, RunOutcome] = {}
+        due, stops = [], set()
+        for i in range(len(s.ids)):
+            if not finite[i]:
+                ends[i] = self._outcome(state, i, "diverged", rnd - 1)
+                continue
+            stop, err = self._tell(state, i, "on_round_end", [], self.round_hooks)
+            if err is not None:
+                ends[i] = self._outcome(state, i, self.end_status(err), rnd - 1, err)
+            elif stop or rnd % s.eval_every[i] == 0 or rnd == s.rounds[i]:
+                due.append(i)  # a stopping round is evaluated, so the run ends recorded
+                if stop:
+                    stops.add(i)
+        ends.update(self._evaluated(state, due, stops))
+        return ends
+
+    def _finite(self, x: torch.Tensor) -> list[bool]:
+        """Whether each slot's models are all finite."""
+        return [bool(torch.isfinite(x).all())]
+
+    def _evaluated(self, state: RunState, due: list[int], stops: set[int]) -> dict[int, RunOutcome]:
+        """Evaluate the due slots in one pass and hand each its rows; which of them end and how."""
+        if not due:
+            return {}
+        s, rnd = self.slots, state.round
+        rows = self.evaluate_replicas(state, s.kept_rows(due))
+        self.rounds_done = rnd  # set just before the rows go out, so the two agree
+        ends = {}
+        for i in due:
+            mine = self.slot_rows(rows, i)
+            self.rows[s.ids[i]].extend(mine)
+            stop, err = self._tell(state, i, "on_evaluation", mine, self.hooks)
+            if err is not None:  # a hook's failure or an Optuna prune ends this slot only
+                ends[i] = self._outcome(state, i, self.end_status(err), rnd, err)
+            elif rnd > 0 and any(r["train_loss"] is None for r in mine if r["series"] == "iterate"):
+                ends[i] = self._outcome(state, i, "diverged", rnd - 1)  # finite weights, overflowing loss; rows kept
+            elif stop or i in stops:
+                ends[i] = self._outcome(state, i, "stopped", rnd)
+            elif rnd == s.rounds[i]:
+                ends[i] = self._outcome(state, i, "ok", rnd)
+        return ends
+
+    def _tell(self, state: RunState, i: int, event: str, rows: list[dict],
+              hooks: dict[int, list[Callback]]) -> tuple[bool, Exception | None]:
+        """Call `event` on slot i's hooks (every one, also after one asked to stop): whether one asked to stop,
+        or the exception that ends the slot."""
+        listeners = hooks[self.slots.ids[i]]
+        if not listeners:
+            return False, None
+        mine = self.slot_state(state, i)  # the slot's models only, replicas numbered as in its solo run
+        context = RoundContext(state.round, int(self.slots.rounds[i]), mine.x, rows, mine)
+        try:
+            return any([bool(getattr(hook, event)(context)) for hook in listeners]), None
+        except Exception as err:
+            return False, err
+
+    def _outcome(self, state: RunState, i: int, status: str, rounds_done: int,
+                 error: BaseException | None = None) -> RunOutcome:
+        slot = self.slots.ids[i]
+        return RunOutcome(status, rounds_done, self.rows[slot], self.slot_state(state, i), error)
+
+    def slot_rows(self, rows: list[dict], i: int) -> list[dict]:
+        """Slot i's rows (a run alone: all)."""
+        return rows
+
+    def slot_state(self, state: RunState, i: int) -> RunState:
+        """Slot i's state (a run alone: the whole)."""
+        return state
+
+    def _end(self, slot: int, outcome: RunOutcome) -> None:
+        self.outcomes[slot] = outcome
+        for hook in self.hooks[slot]:
+            hook.on_end(outcome)
+
+    def abort(self, err: BaseException) -> None:
+        """End every slot still in the batch: an exception (or a signal) stopped the loop after rounds_done."""
+        for slot in self.slots.ids:
+            if slot not in self.outcomes:
+                self._end(slot, RunOutcome(self.end_status(err), self.rounds_done, self.rows[slot], None, err))
+
+    def _leave(self, state: RunState, ends: dict[int, RunOutcome]) -> None:
+        """Tell each ended slot's hooks its outcome; the others go on."""
+        if not ends:
+            return
+        for i, outcome in ends.items():
+            self._end(self.slots.ids[i], outcome)
+        self._keep(state, [i for i in range(len(self.slots.ids)) if i not in ends])
+
+    def _keep(self, state: RunState, kept: list[int]) -> None:
+        self.slots = self.slots.keep(kept)
+
+
+class BatchedEngine(Engine):
+    """The engine's loop over several slots: each slot's own parts plan its rows (harness/core/slots.py), the
+    executor trains them all with `trainer` (the slots' solver at each per-copy key's largest value). A slot that
+    leaves has its rows cut out of every per-replica array. `hooks[i]`: slot i's."""
+
+    def __init__(self, problem: Problem, slots: SlotSet, trainer: LocalSolver, executor, *,
+                 hooks: Sequence[Sequence[Callback]], **options):
+        self._start(problem, slots, slot_algorithm(slots, trainer), executor, slots.layout(), [],
+                    [list(h) for h in hooks], trainer=trainer, **options)
+
+    def initial_state(self) -> RunState:
+        s = self.slots
+        return self._state_at_start(torch.cat([self.problem.init_params(int(r), int(seed))
+                                               for r, seed in zip(s.replicas, s.seeds)]))
+
+    def plan_round(self, rnd: int) -> tuple[RoundPlan, Coefficients]:
+        plan, coefs = super().plan_round(rnd)
+        plan.seed = self.slots.per_row(self.slots.seeds)  # each replica's own streams
+        return plan, coefs
+
+    def evaluate_replicas(self, state: RunState, replicas: np.ndarray) -> list[dict]:
+        """evaluate's rows of these replicas only (those of the slots due this round), with one problem.evaluate
+        over their stacked models: slots with different eval_every seldom fall due together, and a replica's
+        evaluation does not depend on the others' rows."""
+        if len(replicas) == len(state.x):
+            return self.evaluate(state)
+        rows = self._evaluate_series(state, state.x[torch.as_tensor(replicas, device=state.x.device)], "iterate",
+                                     replicas)
+        for hook, hs in zip(self.series, state.series_state):
+            for name, (x, replica_ids) in hook.series(hs).items():
+                keep = np.flatnonzero(np.isin(replica_ids, replicas))  # rows slot_rows would give a due slot
+                if len(keep):
+                    rows.extend(self._evaluate_series(state, x[torch.as_tensor(keep, device=x.device)], name,
+                                                      np.asarray(replica_ids)[keep]))
+        return rows
+
+    def _finite(self, x: torch.Tensor) -> list[bool]:
+        finite = torch.isfinite(x).all(dim=1).cpu().numpy()
+        return [bool(finite[self.slots.rows(i)].all()) for i in range(len(self.slots.ids))]
+
+    def slot_rows(self, rows: list[dict], i: int) -> list[dict]:
+        """Slot i's rows of the batch's, its replicas renumbered from 0 and its own server lr."""
+        rng, server_lr = self.slots.rows(i), self.slots.algorithms[i].server.server_lr
+        return [{**r, "replica": r["replica"] - rng.start, "server_lr": server_lr}
+                for r in rows if rng.start <= r["replica"] < rng.stop]
+
+    def slot_state(self, state: RunState, i: int) -> RunState:
+        rows = self.slots.rows(i)
+        return RunState(state.round, state.x[rows], {k: v[rows] for k, v in state.server_state.items()},
+                        {k: v[rows] for k, v in state.counters.items()}, wall_s=state.wall_s)
+
+    def _keep(self, state: RunState, kept: list[int]) -> None:
+        rows = self.slots.kept_rows(kept) if kept else None
+        super()._keep(state, kept)
+        if kept:
+            self._keep_rows(state, rows)
+
+    def _keep_rows(self, state: RunState, rows: np.ndarray) -> None:
+        """The remaining slots' rows of every per-replica array (state, plan parts, executor's client state)."""
+        index = torch.as_tensor(rows, device=state.x.device)
+        client_state = self.executor.get_state()
+        self.alg = slot_algorithm(self.slots, self.trainer)
+        self.layout = self.slots.layout()
+        self.stream_replicas = self.layout.stream_ids
+        state.x = state.x[index]
+        state.server_state = {k: v[index] for k, v in state.server_state.items()}
+        state.server_ctx = {k: v[index] for k, v in state.server_ctx.items()}
+        state.counters = {k: v[rows] for k, v in state.counters.items()}
+        self._last_lr = self._last_lr[rows]
+        if self._last_diag is not None:
+            d = self._last_diag
+            self._last_diag = replace(d, coef=d.coef[rows], tau_eff=d.tau_eff[rows], chi2=d.chi2[rows],
+                                      slowdown=d.slowdown[rows])
+        if client_state:  # per (replica, client) state (SCAFFOLD's c_i, FedBN's buffers) follows its replica
+            new_row = {int(old): new for new, old in enumerate(rows)}
+            self.executor.set_state({(new_row[r], k): v for (r, k), v in client_state.items() if r in new_row})
+
 
 
 def _finite_or_none(v):

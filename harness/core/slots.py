@@ -1,5 +1,6 @@
 """A batch of slots: runs that differ only in batchable keys (step sizes, E, mu, momenta, schedules, seed, rounds),
-trained as one on the replica axis (harness/runs/batch.py records them).
+trained as one on the replica axis (harness/core/engine.py runs them; harness/runs/execute.py records them). A solo
+run is a batch of one slot, which keeps its own parts (the composites below are for two slots or more).
 
 Each slot keeps its own parts, built from its own settings, for everything the driver plans per round: the composite
 parts below call each slot's sampler, local work, schedule, solver statistics, aggregator and server optimizer on
@@ -12,16 +13,13 @@ rows are cut out of every per-replica array, and the others go on as before.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, replace
-from typing import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from fedharness.contracts import (Aggregator, Algorithm, Coefficients, LocalSolver, LocalWork, ReplicaLayout,
                                   Sampler, Schedule, Selection, ServerOptimizer, UpdateAggregator, WeightStats)
-from fedharness.core.engine import Engine, RunState
 
 
 def _cat(arrays) -> np.ndarray:
@@ -41,6 +39,12 @@ class SlotSet:
     rounds: np.ndarray
     eval_every: np.ndarray
     per_copy: dict[str, np.ndarray]
+
+    @classmethod
+    def solo(cls, algorithm: Algorithm, seed: int, replicas: int, rounds: int, eval_every: int) -> "SlotSet":
+        """One run alone: a batch of one slot."""
+        return cls([0], [algorithm], np.array([seed]), np.array([replicas]), np.array([rounds]),
+                   np.array([eval_every]), {})
 
     def __post_init__(self):
         ends = np.cumsum(self.replicas).tolist()
@@ -199,142 +203,3 @@ def slot_algorithm(slots: SlotSet, trainer: LocalSolver) -> Algorithm:
     aggregator = SlotUpdateAggregator if isinstance(first.aggregator, UpdateAggregator) else SlotAggregator
     return Algorithm(first.name, SlotSampler(slots), SlotLocalWork(slots), SlotSchedule(slots),
                      SlotSolver(slots, trainer), aggregator(slots), SlotServer(slots), first.batch_size)
-
-
-@dataclass
-class SlotEnd:
-    """How a slot left the batch."""
-
-    status: str  # ok | diverged | pruned | failed
-    rounds_done: int
-    error: BaseException | None = None
-
-
-class BatchedEngine(Engine):
-    """The engine's round over a SlotSet. `on_rows(slot_id, rows, state)` records a slot's evaluated rows (its
-    replicas numbered 0..r-1, as in its solo run; an exception ends that slot only); `on_end(slot_id, SlotEnd)`
-    is told when a slot leaves. The executor trains with `trainer` (the slots' solver at each per-copy key's
-    largest value)."""
-
-    def __init__(self, problem, slots: SlotSet, trainer: LocalSolver, executor, *, on_rows: Callable,
-                 on_end: Callable, end_status: Callable[[BaseException], str], **engine_args):
-        self.slots, self.trainer = slots, trainer
-        self.on_slot_rows, self.on_end, self.end_status = on_rows, on_end, end_status
-        super().__init__(problem, slot_algorithm(slots, trainer), executor, rounds=int(slots.rounds.max()),
-                         seed=int(slots.seeds[0]), replicas=int(slots.replicas.sum()),
-                         eval_every=int(slots.eval_every.min()), layout=slots.layout(), **engine_args)
-
-    def initial_state(self) -> RunState:
-        s = self.slots
-        x = torch.cat([self.problem.init_params(int(r), int(seed)) for r, seed in zip(s.replicas, s.seeds)])
-        R = len(x)
-        counters = {k: np.zeros(R, dtype=np.int64) for k in ("local_steps", "grad_evals", "bytes_up", "bytes_down")}
-        counters["sim_s"] = np.zeros(R)
-        return RunState(0, x, self.alg.server.init_state(x), counters, self.alg.solver.init_server_ctx(x), [])
-
-    def plan_round(self, rnd: int):
-        plan, coefs = super().plan_round(rnd)
-        plan.seed = self.slots.per_row(self.slots.seeds)  # each replica's own streams
-        return plan, coefs
-
-    def slot_rows(self, rows: list[dict], i: int) -> list[dict]:
-        """Slot i's rows of the batch's, its replicas renumbered from 0 and its own server lr."""
-        rng, server_lr = self.slots.rows(i), self.slots.algorithms[i].server.server_lr
-        return [{**r, "replica": r["replica"] - rng.start, "server_lr": server_lr}
-                for r in rows if rng.start <= r["replica"] < rng.stop]
-
-    def slot_state(self, state: RunState, i: int) -> RunState:
-        rows = self.slots.rows(i)
-        return RunState(state.round, state.x[rows], {k: v[rows] for k, v in state.server_state.items()},
-                        {k: v[rows] for k, v in state.counters.items()}, wall_s=state.wall_s)
-
-    def _deliver(self, state: RunState, i: int, rows: list[dict]) -> SlotEnd | None:
-        try:
-            self.on_slot_rows(self.slots.ids[i], rows, self.slot_state(state, i))
-        except Exception as err:  # an on_eval's prune or failure ends this slot only
-            return SlotEnd(self.end_status(err), state.round, err)
-        return None
-
-    def run(self, state: RunState | None = None) -> None:
-        """Train until every slot has left; each one's end goes to `on_end`."""
-        state = state or self.initial_state()
-        start = time.perf_counter()
-        rows = self.evaluate(state)
-        self._leave(state, {i: end for i in range(len(self.slots.ids))
-                            if (end := self._deliver(state, i, self.slot_rows(rows, i))) is not None})
-        while self.slots.ids:
-            state = self.step(state)
-            state.wall_s = time.perf_counter() - start
-            self.rounds_done = state.round  # where the slots still in the batch stand if an error ends it
-            self._leave(state, self._round_ends(state))
-
-    def evaluate_replicas(self, state: RunState, replicas: np.ndarray) -> list[dict]:
-        """Engine.evaluate's rows of these replicas only (those of the slots due this round), with one
-        problem.evaluate over their stacked models: slots with different eval_every seldom fall due together, and
-        a replica's evaluation does not depend on the others' rows."""
-        if len(replicas) == len(state.x):
-            return self.evaluate(state)
-        rows = self._evaluate_series(state, state.x[torch.as_tensor(replicas, device=state.x.device)], "iterate",
-                                     replicas)
-        for hook, hs in zip(self.series, state.series_state):
-            for name, (x, replica_ids) in hook.series(hs).items():
-                keep = np.flatnonzero(np.isin(replica_ids, replicas))  # rows slot_rows would give a due slot
-                if len(keep):
-                    rows.extend(self._evaluate_series(state, x[torch.as_tensor(keep, device=x.device)], name,
-                                                      np.asarray(replica_ids)[keep]))
-        return rows
-
-    def _round_ends(self, state: RunState) -> dict[int, SlotEnd]:
-        """Record the slots evaluated after this round; which slots leave and how (as their solo runs would end)."""
-        s, rnd = self.slots, state.round
-        finite = torch.isfinite(state.x).all(dim=1).cpu().numpy()
-        ends: dict[int, SlotEnd] = {}
-        due = []
-        for i in range(len(s.ids)):
-            if not finite[s.rows(i)].all():
-                ends[i] = SlotEnd("diverged", rnd - 1)
-            elif rnd % s.eval_every[i] == 0 or rnd == s.rounds[i]:
-                due.append(i)
-        if due:
-            rows = self.evaluate_replicas(state, s.kept_rows(due))
-            if self.progress:
-                self.progress(rnd, rows)
-            for i in due:
-                mine = self.slot_rows(rows, i)
-                end = self._deliver(state, i, mine)
-                if end is None and any(r["train_loss"] is None for r in mine if r["series"] == "iterate"):
-                    end = SlotEnd("diverged", rnd - 1)  # finite weights but an overflowing loss, rows kept
-                if end is None and rnd == s.rounds[i]:
-                    end = SlotEnd("ok", rnd)
-                if end is not None:
-                    ends[i] = end
-        return ends
-
-    def _leave(self, state: RunState, ends: dict[int, SlotEnd]) -> None:
-        """Tell each ended slot's end, then cut their rows out of the batch."""
-        if not ends:
-            return
-        for i, end in ends.items():
-            self.on_end(self.slots.ids[i], end)
-        kept = [i for i in range(len(self.slots.ids)) if i not in ends]
-        rows = self.slots.kept_rows(kept) if kept else np.zeros(0, dtype=np.int64)
-        index = torch.as_tensor(rows, device=state.x.device)
-        client_state = self.executor.get_state() if kept else {}
-        self.slots = self.slots.keep(kept)
-        if not kept:
-            return
-        self.alg = slot_algorithm(self.slots, self.trainer)
-        self.layout = self.slots.layout()
-        self.stream_replicas = self.layout.stream_ids
-        state.x = state.x[index]
-        state.server_state = {k: v[index] for k, v in state.server_state.items()}
-        state.server_ctx = {k: v[index] for k, v in state.server_ctx.items()}
-        state.counters = {k: v[rows] for k, v in state.counters.items()}
-        self._last_lr = self._last_lr[rows]
-        if self._last_diag is not None:
-            d = self._last_diag
-            self._last_diag = replace(d, coef=d.coef[rows], tau_eff=d.tau_eff[rows], chi2=d.chi2[rows],
-                                      slowdown=d.slowdown[rows])
-        if client_state:  # per (replica, client) state (SCAFFOLD's c_i, FedBN's buffers) follows its replica
-            new_row = {int(old): new for new, old in enumerate(rows)}
-            self.executor.set_state({(new_row[r], k): v for (r, k), v in client_state.items() if r in new_row})

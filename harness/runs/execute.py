@@ -1,44 +1,35 @@
-"""One run from its settings (harness/settings.py): build everything (validating), then train and record to
-Parquet."""
+"""Runs from their settings (harness/settings.py): build everything (validating), then train and record each run
+to its results store. One lifecycle for every run: a solo run, a batch of runs trained as one (harness/runs/batch.py),
+a sweep point, a tuning trial (`execute_runs`); each run recorded through its RunRecord (harness/runs/lifecycle.py)."""
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import os
-import platform
-import subprocess
-import sys
 import uuid
 from dataclasses import dataclass
-from functools import cache
-from importlib import metadata
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
-import torch
 
 from fedharness.references.closed_forms import heterogeneity
-from fedharness.contracts import Callback, callback_name
+from fedharness.contracts import Callback
 from fedharness.registry.groups import METRICS
-from fedharness.core.checkpoint import Checkpointer, checkpointed, load_resume, restore_rows
-from fedharness.core.engine import Engine, NetworkModel, RunOutcome
+from fedharness.core.checkpoint import checkpointed, load_resume
+from fedharness.core.engine import BatchedEngine, Engine, NetworkModel
 from fedharness.core.executors import InlineExecutor, LoopExecutor
 from fedharness.core.kernels import resolve_kernel
+from fedharness.core.slots import SlotSet
 from fedharness.algorithms.series import build_series
 from fedharness.base.extras import require_extra
-from fedharness.runs.lifecycle import RunInterrupted, interrupts_raised, process_start
-from fedharness.assembly.build import build_parts
+from fedharness.runs.batch import Slot, batch_settings, check_batch, per_copy_values
+from fedharness.runs.lifecycle import (EvalFunction, RunInterrupted, RunRecord, end_status, error_text,
+                                       interrupts_raised)
+from fedharness.assembly.build import algorithm_for, build_parts
 from fedharness.base.runtime import apply_runtime, auto_threads, step_work, use_threads
 from fedharness.assembly.reference_policy import run_client_minima, run_reference
+from fedharness.errors import require
 from fedharness.settings import RunSettings
-from fedharness.sinks.masking import mask_secrets
-from fedharness.sinks.parquet import ParquetSink
-from fedharness.sinks.wandb_sink import open_sink as open_wandb
 from fedharness.results.store import ResultsStore, open_store
-
-VERSIONED = ("fedharness", "torch", "numpy", "pyarrow", "ray", "optuna", "wandb", "hydra-core")
 
 
 @dataclass
@@ -47,32 +38,7 @@ class RunResult:
     status: str
     rows: list[dict]
     results_dir: str  # the results store's url: an absolute path or an object-store URL
-    error: str | None = None  # what ended a failed run (harness/runs/batch.py sets it; execute raises instead)
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-@cache  # once a process: its code is the checkout it imported, and `git` is a subprocess for each row otherwise
-def _git_sha() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-@cache  # the packages a process imported do not change under it; metadata lookups scan every installed one
-def _versions() -> str:
-    found = {}
-    for name in VERSIONED:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return json.dumps(found, sort_keys=True)
+    error: str | None = None  # what ended the run early (execute raises it instead)
 
 
 def new_run_id() -> str:
@@ -121,45 +87,13 @@ def prepare(settings: RunSettings):
     return run.problem, run.algorithm, run.reference
 
 
-def _exact_references(settings: RunSettings, problem, reference) -> dict:
+def exact_references(settings: RunSettings, problem, reference) -> dict:
     """F* and Li et al.'s heterogeneity Gamma = F* - sum p_k F_k* for the run row (null where not known)."""
     if reference is None:
         return {"f_star": None, "gamma_heterogeneity": None}
     minima = run_client_minima(settings, problem, reference)
     return {"f_star": reference.f_star,
             "gamma_heterogeneity": None if minima is None else heterogeneity(problem, reference.f_star, minima)}
-
-
-def _run_row(settings: RunSettings, status: str, rounds_done: int, started: str, error: str | None = None,
-             callbacks: Sequence[str] = ()) -> dict:
-    return {
-        "study": settings.study, "experiment": settings.experiment, "algorithm": settings.algorithm.name,
-        "dataset": settings.dataset.name, "partition": settings.partition.name, "model": settings.model.name,
-        "seed": settings.seed, "n_replicas": settings.replicas, "status": status, "rounds_done": rounds_done,
-        "config_json": json.dumps(mask_secrets(settings.config), sort_keys=True, default=str), "git_sha": _git_sha(),
-        "started_at": started, "finished_at": None if status == "running" else _now(),
-        "versions_json": _versions(), "host": platform.node(), "error": mask_secrets(error), "trial": settings.trial,
-        "pid": os.getpid(), "pid_start": process_start(os.getpid()),
-        "callbacks": json.dumps(list(callbacks)), "metrics": json.dumps(list(settings.metrics)),
-        "split_invariant": split_invariant(settings),
-    }
-
-
-def split_invariant(settings: RunSettings) -> bool:
-    """Whether the run's rows are the same bits for any split of its clients into shards, inline or on Ray
-    (docs/cluster.md): client contributions meet in exact sums everywhere, and on the CPU each client's own
-    computation does not depend on which clients share its batch (tests/test_same_bits.py). On CUDA that is not
-    verified (cuDNN and cuBLAS may pick kernels by batch shape), so a CUDA run does not claim it."""
-    return torch.device(settings.device).type == "cpu"
-
-
-def _end_status(err: BaseException) -> str:
-    """The status of a run an exception ended: interrupted (a signal), pruned (an Optuna prune raised from
-    on_eval; optuna is only looked up if the tuner already imported it), else failed."""
-    if isinstance(err, RunInterrupted):
-        return "interrupted"
-    optuna = sys.modules.get("optuna")
-    return "pruned" if optuna is not None and isinstance(err, optuna.TrialPruned) else "failed"
 
 
 def set_threads(settings: RunSettings, problem=None) -> None:
@@ -180,86 +114,113 @@ def threads_for(settings: RunSettings, problem) -> int:
     return auto_threads(step_work(problem.dim, clients, settings.algorithm.batch_size, settings.replicas))
 
 
-def execute(settings: RunSettings, progress=None, run_id: str | None = None, on_eval=None,
-            callbacks: Sequence[Callback] = (), store: ResultsStore | None = None) -> RunResult:
-    """Run one config (its settings: fedharness.config.load.load_settings) end to end. Raises ConfigError before
-    writing anything if the config is bad.
+def build_engine(run: Prepared, executor, hooks: Sequence[Sequence[Callback]] = ((),),
+                 slots: SlotSet | None = None) -> Engine:
+    """The engine of a prepared run: alone (its own parts, replica layout and series), or the batch `slots` (several
+    runs, trained with the prepared run's solver); `hooks[i]`: slot i's."""
+    options = dict(reference=run.reference, network=NetworkModel.of(run.settings.network),
+                   metrics=[METRICS[name] for name in run.settings.metrics], end_status=end_status)
+    if slots is not None:
+        return BatchedEngine(run.problem, slots, run.algorithm.solver, executor, hooks=hooks, **options)
+    s = run.settings
+    return Engine(run.problem, run.algorithm, executor, rounds=s.rounds, seed=s.seed, replicas=s.replicas,
+                  eval_every=s.eval_every, layout=run.layout, series=run.series, hooks=hooks[0], **options)
 
-    `progress(round, rows)` and `on_eval(rows, state)` are called after every evaluation;
-    an exception from `on_eval` ends the run with status failed (pruned for optuna.TrialPruned).
-    `callbacks` (harness/contracts.py Callback) see every round and evaluation; one returning True ends the run
-    with status stopped. The metrics the `metrics` key names are computed at every evaluation.
-    SIGINT/SIGTERM (in the main thread) raise RunInterrupted, telling where the run stood; status interrupted.
-    Either way the rounds so far are flushed and `rounds_done` is the last completed round.
-    `store` (harness/results/store.py) receives every object the run writes (rows, run row, checkpoints) and holds the
-    checkpoint a resumed run continues from; default: the store `settings.results_dir` names.
-    """
-    set_threads(settings)
-    store = open_store(settings.results_dir) if store is None else store
-    run = prepare_run(settings, store)
-    settings, problem, algorithm, reference = run.settings, run.problem, run.algorithm, run.reference
-    exact = _exact_references(settings, problem, reference)
-    network = NetworkModel.of(settings.network)  # sim_s per round
-    resumed = load_resume(settings, store) if settings.resume else None  # checked before any cluster or file
-    executor = build_executor(settings, problem, algorithm.solver)
-    run_id = resumed.run_id if resumed else (run_id or new_run_id())
-    sink = ParquetSink(store, run_id, extra_columns=settings.metrics)
-    started = resumed.started if resumed else _now()
-    names = [callback_name(cb) for cb in callbacks]
-    wb = open_wandb(settings, run_id)  # None unless wandb.enabled; offline without an API key
-    if resumed:
-        restore_rows(sink, run_id)  # the checkpoint's rows, if the process died before writing them
-        sink.drop_after(resumed.round)  # rows past the checkpoint are recomputed: each round lands once
 
-    def on_rows(rows, state):
-        sink.add_rounds(rows)
-        if wb is not None:
-            wb.log_rows(rows)
-        if on_eval is not None:
-            on_eval(rows, state)
+def slot_set(run: Prepared, settings: Sequence[RunSettings]) -> SlotSet | None:
+    """Several runs' slots, each with its own parts (None for one run: it trains alone). Raises ConfigError when a
+    per-copy solver key differs where the solver takes none."""
+    if len(settings) == 1:
+        return None
+    return SlotSet(list(range(len(settings))), [algorithm_for(s, run.problem) for s in settings],
+                   *(np.array([getattr(s, k) for s in settings]) for k in ("seed", "replicas", "rounds", "eval_every")),
+                   per_copy_values(settings, run.algorithm.solver))
 
-    ckpt = Checkpointer(settings, run_id, started, sink, executor) if settings.checkpoint_every else None
-    if ckpt is not None and resumed is not None and resumed.state is not None:
-        ckpt.round = resumed.round
-    engine = Engine(problem, algorithm, executor, rounds=settings.rounds, seed=settings.seed,
-                    replicas=settings.replicas, eval_every=settings.eval_every, reference=reference,
-                    on_rows=on_rows, progress=progress, layout=run.layout, series=run.series, network=network,
-                    checkpoint=ckpt.save if ckpt else None, checkpoint_every=settings.checkpoint_every,
-                    metrics=[METRICS[name] for name in settings.metrics], callbacks=callbacks)
-    # From the `running` row on, a signal records the run as interrupted; also while recording the end,
-    # so a second signal cannot cut it short.
+
+def execute_runs(slots: Sequence[Slot], batch_id: str | None = None,
+                 store: ResultsStore | None = None) -> list[RunResult]:
+    """Train the runs (several: as one batched run, each slot recorded as its own run with `batch_id`); one
+    RunResult per slot, in order. Raises ConfigError, before writing anything, if a config is bad or the runs
+    cannot share a batch. An exception ends the runs it reaches with status failed (pruned for optuna.TrialPruned;
+    RunResult.error says why); SIGINT/SIGTERM (in the main thread) end every run still training `interrupted` and
+    raise RunInterrupted, telling where the run stood. Either way the rounds so far are flushed and `rounds_done` is
+    the last completed round. `store` (harness/results/store.py) receives every object the runs write and holds
+    the checkpoint a resumed run continues from; default: the store `results_dir` names."""
+    return [_result(record) for record in _execute(slots, batch_id, store)]
+
+
+def execute(settings: RunSettings, run_id: str | None = None, on_eval: Callable | None = None,
+            callbacks: Sequence[Callback] = (), hooks: Sequence[Callback] = (),
+            store: ResultsStore | None = None) -> RunResult:
+    """One run (its settings: fedharness.config.load.load_settings) end to end, as execute_runs, but an exception
+    that ended it is raised once it is recorded. `on_eval(rows, state)` is called after every evaluation;
+    `callbacks` (harness/contracts.py Callback) see every round and evaluation, one returning True ends the run
+    with status stopped; `hooks`: the caller's own (a progress bar)."""
+    record = _execute([Slot(settings, run_id, on_eval, callbacks, hooks)], None, store)[0]
+    if record.outcome.error is not None:
+        raise record.outcome.error
+    return _result(record)
+
+
+def execute_batch(slots: Sequence[Slot], batch_id: str | None = None,
+                  store: ResultsStore | None = None) -> list[RunResult]:
+    """The slots as one batched run, also a batch of one: refused (ConfigError) where a slot checkpoints, resumes,
+    or keeps Richardson-Romberg or averaged series, which only a run alone has; else execute_runs."""
+    check_batch([slot.settings for slot in slots])
+    return execute_runs(slots, batch_id or new_run_id(), store)
+
+
+def _execute(slots: Sequence[Slot], batch_id: str | None, store: ResultsStore | None) -> list[RunRecord]:
+    require(len(slots) > 0, "slots", [], "at least one run to train")
+    settings = [slot.settings for slot in slots]
+    if len(slots) > 1:
+        check_batch(settings)
+        batch_id = batch_id or new_run_id()
+    base = batch_settings(settings)
+    set_threads(base)
+    store = open_store(base.results_dir) if store is None else store
+    run = prepare_run(base, store)
+    recorded = [run.settings] if len(slots) == 1 else [s.replace(kernel=run.settings.kernel) for s in settings]
+    slots_of_batch = slot_set(run, recorded)
+    exact = exact_references(run.settings, run.problem, run.reference)
+    resumed = load_resume(run.settings, store) if run.settings.resume else None  # before any cluster or file
+    executor = build_executor(run.settings, run.problem, run.algorithm.solver)
+    records = [RunRecord(s, resumed.run_id if resumed else slot.run_id or new_run_id(), store, executor, exact=exact,
+                         hooks=_caller_hooks(slot), callbacks=slot.callbacks, batch_id=batch_id, resumed=resumed)
+               for s, slot in zip(recorded, slots)]
+    engine = build_engine(run, executor, [record.hooks for record in records], slots_of_batch)
+    # From the `running` rows on, a signal records the runs as interrupted; also while recording their ends, so a
+    # second signal cannot cut that short.
     with interrupts_raised():
         try:
-            sink.write_run({**_run_row(settings, "running", 0, started, callbacks=names), **exact})
+            for record in records:
+                record.start()
             if resumed is not None and resumed.state is not None:
                 executor.set_state(resumed.client_state)
-            outcome: RunOutcome = engine.run(resumed.state if resumed else None)
-        except BaseException as err:
-            _record_end(settings, sink, wb, exact, started, engine.rounds_done, err, names)
-            if isinstance(err, RunInterrupted):
-                err.run_id, err.rounds_done = run_id, engine.rounds_done
-                err.checkpoint_round = None if ckpt is None else ckpt.round if ckpt.round is not None else 0
-            raise
+            engine.run(resumed.state if resumed else None)
+        except BaseException as err:  # every run still training ends with it, recorded; a signal goes on up
+            engine.abort(err)
+            if not isinstance(err, Exception):
+                _where_it_stood(err, records, engine.rounds_done)
+                raise
         finally:
             executor.close()
-    sink.flush()
-    stopped = "stopped by a callback" if outcome.status == "stopped" else None
-    sink.write_run({**_run_row(settings, outcome.status, outcome.rounds_done, started, stopped, names), **exact})
-    if wb is not None:
-        wb.finish(outcome.status, store, outcome.rows)
-    return RunResult(run_id, outcome.status, outcome.rows, store.url)
+    return records
 
 
-def _record_end(settings: RunSettings, sink: ParquetSink, wb, exact: dict, started: str, rounds_done: int,
-                err: BaseException, callbacks: Sequence[str]) -> None:
-    """The rows so far, and the run row of a run that an exception (or a signal) ended."""
-    status = _end_status(err)
-    sink.flush()
-    error = f"interrupted by {err}" if status == "interrupted" else f"{type(err).__name__}: {err}"
-    sink.write_run({**_run_row(settings, status, rounds_done, started, error, callbacks), **exact})
-    if wb is not None:
-        wb.finish(status, sink.store)
+def _result(record: RunRecord) -> RunResult:
+    outcome = record.outcome
+    return RunResult(record.run_id, outcome.status, outcome.rows, record.sink.store.url, error_text(outcome))
 
+
+def _caller_hooks(slot: Slot) -> list[Callback]:
+    return [*([EvalFunction(slot.on_eval)] if slot.on_eval is not None else []), *slot.hooks]
+
+
+def _where_it_stood(err: BaseException, records: list[RunRecord], rounds_done: int) -> None:
+    """A solo run's RunInterrupted says which run it cut, where, and its last checkpoint."""
+    if isinstance(err, RunInterrupted) and len(records) == 1:
+        err.run_id, err.rounds_done, err.checkpoint_round = records[0].run_id, rounds_done, records[0].checkpoint_round
 
 def summary_table(rows: list[dict]) -> str:
     """A short text table of the last evaluated round: mean and std over replicas."""

@@ -1,4 +1,9 @@
-"""How a run ends when it cannot finish: interrupted by a signal, or killed outright (found later as `lost`).
+"""The run record: a run's runs/ row (the one function that builds one), how it starts and ends, and how it ends
+when it cannot finish: interrupted by a signal, or killed outright (found later as `lost`).
+
+A run records through hooks of its run (harness/contracts.py Callback), in this order: its Parquet rows, its runs/
+row (`running` when it starts, its status when it ends), its W&B run, the caller's own hooks, a user's callbacks
+and its checkpoints (`RunRecord.hooks`).
 
 SIGINT and SIGTERM during a run raise `RunInterrupted` in the main thread, so the run records
 `status=interrupted` with its rounds (see `fedharness.runs.execute.execute`). A run killed with SIGKILL cannot write
@@ -10,22 +15,36 @@ gone: same host, and no process with that pid and start time is alive. Rows of o
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
+import json
 import logging
 import os
 import platform
 import signal
+import subprocess
+import sys
 import threading
+from functools import cache
+from importlib import metadata
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, Sequence
 
-from fedharness.core.checkpoint import restore_rows
+import torch
+
+from fedharness.contracts import Callback, RoundContext, callback_name
+from fedharness.core.checkpoint import Checkpointer, Resume, restore_rows
+from fedharness.core.engine import RunOutcome
 from fedharness.errors import ConfigError
 from fedharness.sinks.parquet import RUN_SCHEMA, ParquetSink, part_rounds, read_table, round_parts
 from fedharness.results.store import ResultsStore
+from fedharness.settings import RunSettings
+from fedharness.sinks.masking import mask_secrets
+from fedharness.sinks.wandb_sink import open_sink as open_wandb
 
 log = logging.getLogger(__name__)
 
 INTERRUPTING = (signal.SIGINT, signal.SIGTERM)
+VERSIONED = ("fedharness", "torch", "numpy", "pyarrow", "ray", "optuna", "wandb", "hydra-core")
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -129,3 +148,146 @@ def mark_lost_runs(store: ResultsStore) -> list[str]:
                     f"marked lost (rounds_done={rounds})")
         marked.append(run_id)
     return marked
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@cache  # once a process: its code is the checkout it imported, and `git` is a subprocess for each row otherwise
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+@cache  # the packages a process imported do not change under it; metadata lookups scan every installed one
+def _versions() -> str:
+    found = {}
+    for name in VERSIONED:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return json.dumps(found, sort_keys=True)
+
+
+def split_invariant(settings: RunSettings) -> bool:
+    """Whether the run's rows are the same bits for any split of its clients into shards, inline or on Ray
+    (docs/cluster.md): client contributions meet in exact sums everywhere, and on the CPU each client's own
+    computation does not depend on which clients share its batch (tests/test_same_bits.py). On CUDA that is not
+    verified (cuDNN and cuBLAS may pick kernels by batch shape), so a CUDA run does not claim it."""
+    return torch.device(settings.device).type == "cpu"
+
+
+def run_row(settings: RunSettings, status: str, rounds_done: int, started: str, error: str | None = None,
+            callbacks: Sequence[str] = (), exact: dict | None = None, batch_id: str | None = None) -> dict:
+    """The run's runs/ row. `exact`: F* and the heterogeneity Gamma (null where not known); `batch_id`: the
+    batched run it trained in as one slot (null: alone)."""
+    return {
+        "study": settings.study, "experiment": settings.experiment, "algorithm": settings.algorithm.name,
+        "dataset": settings.dataset.name, "partition": settings.partition.name, "model": settings.model.name,
+        "seed": settings.seed, "n_replicas": settings.replicas, "status": status, "rounds_done": rounds_done,
+        "config_json": json.dumps(mask_secrets(settings.config), sort_keys=True, default=str), "git_sha": _git_sha(),
+        "started_at": started, "finished_at": None if status == "running" else now(),
+        "versions_json": _versions(), "host": platform.node(), "error": mask_secrets(error), "trial": settings.trial,
+        "pid": os.getpid(), "pid_start": process_start(os.getpid()),
+        "callbacks": json.dumps(list(callbacks)), "metrics": json.dumps(list(settings.metrics)),
+        "split_invariant": split_invariant(settings), **(exact or {}), "batch_id": batch_id,
+    }
+
+
+def end_status(err: BaseException) -> str:
+    """The status of a run an exception ended: interrupted (a signal), pruned (an Optuna prune raised from a hook;
+    optuna is only looked up if the tuner already imported it), else failed."""
+    if isinstance(err, RunInterrupted):
+        return "interrupted"
+    optuna = sys.modules.get("optuna")
+    return "pruned" if optuna is not None and isinstance(err, optuna.TrialPruned) else "failed"
+
+
+def error_text(outcome: RunOutcome) -> str | None:
+    """How the runs/ row and the RunResult name what ended the run early (None: nothing did)."""
+    if outcome.status == "stopped":
+        return "stopped by a callback"
+    if outcome.error is None:
+        return None
+    if outcome.status == "interrupted":
+        return f"interrupted by {outcome.error}"
+    return f"{type(outcome.error).__name__}: {outcome.error}"
+
+
+class EvalFunction(Callback):
+    """`on_eval(rows, state)` after every evaluation, the start (round 0) included; an exception from it ends the
+    run (status pruned for optuna.TrialPruned, else failed)."""
+
+    def __init__(self, on_eval: Callable[[list[dict], Any], None]):
+        self.on_eval = on_eval
+
+    def on_evaluation(self, context: RoundContext) -> None:
+        self.on_eval(context.rows, context.state)
+
+
+class UserCallbacks(Callback):
+    """A user's callbacks (fedharness.run(..., callbacks=[...])): after every round, and after every evaluated
+    round but the start; all are called, and one returning True stops the run."""
+
+    def __init__(self, callbacks: Sequence[Any]):
+        self.callbacks = list(callbacks)
+
+    def on_round_end(self, context: RoundContext) -> bool:
+        return any([bool(cb.on_round_end(context)) for cb in self.callbacks])
+
+    def on_evaluation(self, context: RoundContext) -> bool:
+        return context.round > 0 and any([bool(cb.on_evaluation(context)) for cb in self.callbacks])
+
+    def on_end(self, outcome: RunOutcome) -> None:
+        for cb in self.callbacks:
+            if callable(getattr(cb, "on_end", None)):  # a callback that does not subclass Callback may lack it
+                cb.on_end(outcome)
+
+
+class RunRecord(Callback):
+    """One run's record in a results store: its rows (ParquetSink), its runs/ row, its W&B run (when enabled) and
+    its checkpoints (checkpoint_every > 0), all told by the run's engine through `hooks`. `resumed`: the
+    checkpoint a resumed run continues from (its rows past it are dropped: each round lands once)."""
+
+    def __init__(self, settings: RunSettings, run_id: str, store: ResultsStore, executor, *, exact: dict,
+                 hooks: Sequence[Callback] = (), callbacks: Sequence[Any] = (), batch_id: str | None = None,
+                 resumed: Resume | None = None):
+        self.settings, self.run_id, self.exact, self.batch_id = settings, run_id, exact, batch_id
+        self.sink = ParquetSink(store, run_id, extra_columns=settings.metrics)
+        self.started = resumed.started if resumed else now()
+        self.callback_names = [callback_name(cb) for cb in callbacks]
+        self.outcome: RunOutcome | None = None
+        if resumed:
+            restore_rows(self.sink, run_id)  # the checkpoint's rows, if the process died before writing them
+            self.sink.drop_after(resumed.round)  # rows past the checkpoint are recomputed
+        self.checkpointer = None
+        if settings.checkpoint_every:
+            self.checkpointer = Checkpointer(settings, run_id, self.started, self.sink, executor)
+            if resumed is not None and resumed.state is not None:
+                self.checkpointer.round = resumed.round
+        wandb = open_wandb(settings, run_id, store)  # None unless wandb.enabled; offline without an API key
+        self.hooks = [h for h in (self.sink, self, wandb, *hooks, UserCallbacks(callbacks) if callbacks else None,
+                                  self.checkpointer) if h is not None]
+
+    def write(self, status: str, rounds_done: int, error: str | None = None) -> None:
+        self.sink.write_run(run_row(self.settings, status, rounds_done, self.started, error, self.callback_names,
+                                    self.exact, self.batch_id))
+
+    def start(self) -> None:
+        self.write("running", 0)
+
+    def on_end(self, outcome: RunOutcome) -> None:
+        """After the sink wrote the rows: the run row with how the run ended."""
+        self.outcome = outcome
+        self.write(outcome.status, outcome.rounds_done, error_text(outcome))
+
+    @property
+    def checkpoint_round(self) -> int | None:
+        """The last checkpointed round (0: none yet); None: the run keeps no checkpoints."""
+        return None if self.checkpointer is None else self.checkpointer.round or 0

@@ -9,6 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fedharness.contracts import Callback, RoundContext
 from fedharness.results.store import ResultsStore
 
 ROUND_SCHEMA = pa.schema([
@@ -108,8 +109,9 @@ def round_parts(store: ResultsStore, run_id: str) -> list[str]:
     return [name for name in names if name.startswith("part-") and name.endswith(".parquet")]
 
 
-class ParquetSink:
-    """`runs/run_id=<id>/run.parquet` and `rounds/run_id=<id>/part-*.parquet` in a results store."""
+class ParquetSink(Callback):
+    """`runs/run_id=<id>/run.parquet` and `rounds/run_id=<id>/part-*.parquet` in a results store; as a hook of the
+    run, it buffers each evaluation's rows and writes them when the run ends (and at each checkpoint)."""
 
     def __init__(self, store: ResultsStore, run_id: str, extra_columns: Sequence[str] = ()):
         """`extra_columns`: the run's own metrics (the `metrics` key), float64 columns after the built-in ones."""
@@ -122,6 +124,12 @@ class ParquetSink:
 
     def add_rounds(self, rows: list[dict]) -> None:
         self.pending.extend(rows)
+
+    def on_evaluation(self, context: RoundContext) -> None:
+        self.add_rounds(context.rows)
+
+    def on_end(self, outcome) -> None:
+        self.flush()
 
     def pending_part(self) -> tuple[str, bytes] | None:
         """The buffered rows as one Parquet part: (file name by its round range, bytes); None when none."""

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from fedharness.base.extras import require_extra
+from fedharness.contracts import Callback, RoundContext
 from fedharness.settings import RunSettings, WandbSettings
 from fedharness.sinks.masking import mask_secrets
 from fedharness.sinks.parquet import rounds_prefix, run_key
@@ -117,12 +118,13 @@ def round_step(rows: list[dict], per_replica: bool = False) -> dict[str, Any]:
     return step
 
 
-class WandbSink:
-    """One W&B run per harness run."""
+class WandbSink(Callback):
+    """One W&B run per harness run: a hook of the run that logs each evaluation's rows and, when the run ends, its
+    summary and its Parquet objects in `store` (the run's results store)."""
 
-    def __init__(self, settings: RunSettings, run_id: str):
+    def __init__(self, settings: RunSettings, run_id: str, store: ResultsStore):
         w = settings.wandb
-        self.run_id = run_id
+        self.run_id, self.store = run_id, store
         self.mode = resolve_mode(w.mode)
         self.run, self.mode = _init(
             self.mode, project=w.project, entity=w.entity, group=w.group or settings.study, tags=list(w.tags),
@@ -137,8 +139,14 @@ class WandbSink:
         for rnd in sorted({r["round"] for r in rows}):
             self.run.log(round_step([r for r in rows if r["round"] == rnd], self.per_replica))
 
-    def finish(self, status: str, store: ResultsStore, rows: list[dict] | None = None) -> None:
-        """The summary, and the run's Parquet objects in `store` (its results store) as an artifact."""
+    def on_evaluation(self, context: RoundContext) -> None:
+        self.log_rows(context.rows)
+
+    def on_end(self, outcome) -> None:
+        self.finish(outcome.status, outcome.rows)
+
+    def finish(self, status: str, rows: list[dict]) -> None:
+        """The summary, and the run's Parquet objects in its results store as an artifact."""
         import wandb
 
         summary: dict[str, Any] = {"status": status, "run_id": self.run_id}
@@ -156,8 +164,8 @@ class WandbSink:
         artifact = wandb.Artifact(f"results-{self.run_id}", type="parquet",
                                   description="this run's rows of the results contract (runs/ and rounds/)")
         with tempfile.TemporaryDirectory() as staging:  # the store may be remote; add_file copies (policy mutable)
-            for key in [*store.list(rounds_prefix(self.run_id)), run_key(self.run_id)]:
-                data = store.read(key)
+            for key in [*self.store.list(rounds_prefix(self.run_id)), run_key(self.run_id)]:
+                data = self.store.read(key)
                 if data is not None:
                     path = Path(staging, key)
                     path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,9 +176,9 @@ class WandbSink:
         _say_sync(self.run, self.mode)
 
 
-def open_sink(settings: RunSettings, run_id: str) -> WandbSink | None:
+def open_sink(settings: RunSettings, run_id: str, store: ResultsStore) -> WandbSink | None:
     """A sink when `wandb.enabled` is true, else None."""
-    return WandbSink(settings, run_id) if settings.wandb.enabled else None
+    return WandbSink(settings, run_id, store) if settings.wandb.enabled else None
 
 
 def log_report(report, w: WandbSettings) -> None:

@@ -18,7 +18,7 @@ import logging
 import math
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -27,11 +27,8 @@ import pandas as pd
 
 from fedharness.references import closed_forms as cf
 from fedharness.config.load import load_settings
-from fedharness.core.engine import Engine, NetworkModel
-from fedharness.algorithms.series import build_series
-from fedharness.assembly.build import build_parts
 from fedharness.references.solve import solve_reference
-from fedharness.runs.execute import build_executor
+from fedharness.runs.execute import build_engine, build_executor, prepare_run
 from fedharness.studies.sweep import apply_cli, expand, format_value, load_spec
 
 logger = logging.getLogger(__name__)
@@ -67,15 +64,11 @@ def final_iterates(engine, outcome) -> dict[str, np.ndarray]:
 
 def run_overrides(overrides: list[str], reference: bool = False):
     """One run of a composed config on the engine: (outcome, config, problem, reference, final iterates)."""
-    settings = load_settings(overrides)
-    cfg = settings.config
-    problem, algorithm = build_parts(settings)
-    layout, series = build_series(settings.replicas, **settings.algorithm.params)
+    run = prepare_run(load_settings([*overrides, "reference=off"]))  # w* and F*: reference_for, where asked
+    cfg, problem = run.settings.config, run.problem
     ref = reference_for(cfg, problem) if reference and problem.convex else None
-    executor = build_executor(settings, problem, algorithm.solver)
-    engine = Engine(problem, algorithm, executor, rounds=settings.rounds, seed=settings.seed,
-                    replicas=settings.replicas, eval_every=settings.eval_every, reference=ref, layout=layout,
-                    series=series, network=NetworkModel.of(settings.network))
+    executor = build_executor(run.settings, problem, run.algorithm.solver)
+    engine = build_engine(replace(run, reference=ref), executor)
     try:
         outcome = engine.run()
     finally:

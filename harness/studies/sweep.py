@@ -32,10 +32,11 @@ from fedharness.config.load import load_config, load_settings
 from fedharness.errors import ConfigError, require
 from fedharness.base.extras import require_extra
 from fedharness.registry.plugins import Carried, install, snapshot
-from fedharness.runs.lifecycle import RunInterrupted, interrupts_raised, last_recorded_round, mark_lost_runs
+from fedharness.runs.lifecycle import (RunInterrupted, interrupts_raised, last_recorded_round, mark_lost_runs, now,
+                                       run_row)
 from fedharness.base.progress import echo
-from fedharness.runs.batch import Slot, execute_batch
-from fedharness.runs.execute import _now, _run_row, execute, new_run_id
+from fedharness.runs.batch import Slot
+from fedharness.runs.execute import execute_runs, new_run_id
 from fedharness.sinks.parquet import ParquetSink, read_table, run_key
 from fedharness.results.store import ResultsStore, check_writable, open_store
 from fedharness.studies.grouping import group_batches
@@ -392,45 +393,7 @@ def record_failure(overrides: list[str], run_id: str, error: str, store: Results
     if _existing_status(store, run_id) not in (None, "running"):
         return
     rounds = last_recorded_round(store, run_id)
-    ParquetSink(store, run_id).write_run(_run_row(settings, "failed", rounds, _now(), error))
-
-
-def run_job(overrides: list[str], run_id: str, num_threads: int = 1, plugins: tuple[Carried, ...] = (),
-            store: ResultsStore | None = None) -> JobOutcome:
-    """One grid point, end to end (this is what a Ray task runs, with the driver's registrations in `plugins`).
-    Never raises: failures become outcomes. `store`: where the run records (a Ray task gets the driver's, a
-    results_writer.DriverStore; default: the store its results_dir names)."""
-    start, worker = _task_start(num_threads)
-    try:
-        install(plugins)
-        result = execute(load_settings(overrides), run_id=run_id, store=store)
-        return JobOutcome(run_id, result.status, time.perf_counter() - start, worker=worker)
-    except Exception as err:  # recorded, and the sweep goes on
-        error = f"{type(err).__name__}: {err}"
-        try:
-            record_failure(overrides, run_id, error, store)
-        except Exception:
-            error += "\n(could not record the failure: " + traceback.format_exc(limit=1).strip() + ")"
-        return JobOutcome(run_id, "failed", time.perf_counter() - start, error, worker)
-
-
-def run_batch_job(overrides: list[list[str]], run_ids: list[str], num_threads: int = 1,
-                  plugins: tuple[Carried, ...] = (), store: ResultsStore | None = None) -> list[JobOutcome]:
-    """Grid points that differ only in batchable keys, as one batched run (fedharness.runs.batch), each recorded as
-    its own run under its own run id; `seconds` is the batched run's. Never raises: failures become outcomes."""
-    start, worker = _task_start(num_threads)
-    try:
-        install(plugins)
-        slots = [Slot(load_settings(ovs), run_id) for ovs, run_id in zip(overrides, run_ids)]
-        results = execute_batch(slots, batch_id=new_run_id(), store=store)  # records every slot's end itself
-    except Exception as err:  # refused before any run started (a bad config): nothing recorded yet
-        error = f"{type(err).__name__}: {err}"
-        for ovs, run_id in zip(overrides, run_ids):
-            record_failure(ovs, run_id, error, store)
-        return [JobOutcome(run_id, "failed", time.perf_counter() - start, error, worker) for run_id in run_ids]
-    seconds = time.perf_counter() - start
-    return [JobOutcome(r.run_id, r.status, seconds, (r.error or "failed in its batch") if r.status == "failed" else None,
-                       worker) for r in results]
+    ParquetSink(store, run_id).write_run(run_row(settings, "failed", rounds, now(), error))
 
 
 def _task_start(num_threads: int) -> tuple[float, str]:
@@ -445,10 +408,27 @@ def _task_start(num_threads: int) -> tuple[float, str]:
 
 def run_unit(overrides: list[list[str]], run_ids: list[str], num_threads: int = 1,
              plugins: tuple[Carried, ...] = (), store: ResultsStore | None = None) -> list[JobOutcome]:
-    """One run (run_job), or several as one batched run (run_batch_job): what a Ray task runs."""
-    if len(run_ids) == 1:
-        return [run_job(overrides[0], run_ids[0], num_threads, plugins, store)]
-    return run_batch_job(overrides, run_ids, num_threads, plugins, store)
+    """Grid points as one run (this is what a Ray task runs, with the driver's registrations in `plugins`): one
+    alone, or several that differ only in batchable keys as one batched run (fedharness.runs.batch), each recorded
+    as its own run under its own run id; `seconds` is the run's. Never raises: failures become outcomes. `store`:
+    where the runs record (a Ray task gets the driver's, a results_writer.DriverStore; default: the store their
+    results_dir names)."""
+    start, worker = _task_start(num_threads)
+    try:
+        install(plugins)
+        slots = [Slot(load_settings(ovs), run_id) for ovs, run_id in zip(overrides, run_ids)]
+        results = execute_runs(slots, store=store)  # records every run's end itself
+    except Exception as err:  # refused before any run started (a bad config): nothing recorded yet
+        error = f"{type(err).__name__}: {err}"
+        try:
+            for ovs, run_id in zip(overrides, run_ids):
+                record_failure(ovs, run_id, error, store)
+        except Exception:
+            error += "\n(could not record the failure: " + traceback.format_exc(limit=1).strip() + ")"
+        return [JobOutcome(run_id, "failed", time.perf_counter() - start, error, worker) for run_id in run_ids]
+    seconds = time.perf_counter() - start
+    return [JobOutcome(r.run_id, r.status, seconds, (r.error or "failed in its batch") if r.status == "failed" else None,
+                       worker) for r in results]
 
 
 def batch_units(jobs: list[Job], spec: SweepSpec) -> list[list[Job]]:

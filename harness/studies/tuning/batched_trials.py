@@ -1,4 +1,4 @@
-"""`tune.batch=B`: a worker asks Optuna for B trials at a time, trains them as batched runs (fedharness.runs.batch, one
+"""`tune.batch=B`: a worker asks Optuna for B trials at a time, trains them as batched runs (fedharness.runs.execute, one
 slot per trial; trials that differ in more than batchable keys go to separate batches) and tells Optuna each value.
 
 Per trial, everything is as in workers.py's one-at-a-time path: the trial is sampled with the sampler seeded by its
@@ -15,8 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from fedharness.runs.batch import Slot, execute_batch
-from fedharness.runs.execute import RunResult, execute, new_run_id
+from fedharness.runs.batch import Slot
+from fedharness.runs.execute import RunResult, execute_runs, new_run_id
 from fedharness.settings import RunSettings
 from fedharness.results.store import ResultsStore
 from fedharness.studies.grouping import group_batches
@@ -102,27 +102,17 @@ def _claim(spec: TuneSpec, study, worker: int, number: int, lease: Lease):
 
 
 def _train(asked: list[BatchTrial], store: ResultsStore | None) -> list[RunResult]:
-    """The trials' runs, one batched run per group of trials that can train together; results in trial order."""
+    """The trials' runs, one run per group of trials that can train together (a group of one trains alone, as
+    without tune.batch); results in trial order."""
     results: list[RunResult | None] = [None] * len(asked)
     for group in group_batches([a.settings for a in asked], len(asked)):
-        if len(group) == 1:  # alone: the solo path, as without tune.batch (also for a run no batch may hold)
-            results[group[0]] = _run_alone(asked[group[0]], store)
-            continue
-        batch_id = new_run_id()
-        slots = [Slot(asked[i].settings, asked[i].run_id, asked[i].reporter) for i in group]
-        for i, result in zip(group, execute_batch(slots, progress=None, batch_id=batch_id, store=store)):
-            asked[i].trial.set_user_attr("batch_id", batch_id)
+        batch_id = new_run_id() if len(group) > 1 else None
+        slots = [Slot(asked[i].settings, asked[i].run_id, hooks=[asked[i].reporter]) for i in group]
+        for i, result in zip(group, execute_runs(slots, batch_id=batch_id, store=store)):
+            if batch_id is not None:
+                asked[i].trial.set_user_attr("batch_id", batch_id)
             results[i] = result
     return results
-
-
-def _run_alone(a: BatchTrial, store: ResultsStore | None) -> RunResult:
-    """The trial's run by itself; a prune or an error becomes the result's status (execute recorded the run)."""
-    try:
-        return execute(a.settings, progress=None, run_id=a.run_id, on_eval=a.reporter, store=store)
-    except Exception as err:
-        status = "pruned" if a.reporter.pruned else "failed"
-        return RunResult(a.run_id, status, [], "", error=f"{type(err).__name__}: {err}")
 
 
 def _failed(a: BatchTrial, result: RunResult) -> bool:

@@ -1,6 +1,6 @@
 """One trial's run: its settings under the budget (the trial's sample recorded as user attrs), the reporter that
 feeds the pruner after each evaluation, and the line printed when it finishes. Used by workers.py (one trial at a
-time) and batch.py (tune.batch trials as one batched run)."""
+time) and batched_trials.py (tune.batch trials as one batched run)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import platform
 from typing import Callable
 
+from fedharness.contracts import Callback, RoundContext
 from fedharness.runs.execute import new_run_id
 from fedharness.settings import RunSettings
 from fedharness.studies.tuning.spec import TuneSpec, trial_config
@@ -31,15 +32,19 @@ def trial_settings(spec: TuneSpec, trial) -> tuple[RunSettings, str]:
     return RunSettings.from_config(cfg), run_id
 
 
-class Reporter:
-    """Feeds pruners: after each evaluation, the objective's metric at step = the budget fraction spent,
-    in units of 1/reports, so trials with different local steps are compared at equal budget."""
+class Reporter(Callback):
+    """Feeds pruners, a hook of the trial's run: after each evaluation, the objective's metric at step = the budget
+    fraction spent, in units of 1/reports, so trials with different local steps are compared at equal budget. A
+    prune raises optuna.TrialPruned, which ends the run `pruned`."""
 
     def __init__(self, spec: TuneSpec, trial, rounds: int):
         self.spec, self.trial, self.rounds = spec, trial, rounds
         self.reports = spec.reports or rounds
         self.last_step = 0
         self.rows: list[dict] = []
+
+    def on_evaluation(self, context: RoundContext) -> None:
+        self(context.rows, context.state)
 
     def __call__(self, rows: list[dict], state) -> None:
         import optuna

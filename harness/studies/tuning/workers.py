@@ -90,7 +90,7 @@ def run_trial(spec: TuneSpec, trial, store: ResultsStore | None = None) -> float
     settings, run_id = trial_settings(spec, trial)
     reporter = Reporter(spec, trial, settings.rounds)
     try:
-        result = execute(settings, progress=None, run_id=run_id, on_eval=reporter, store=store)
+        result = execute(settings, run_id=run_id, hooks=[reporter], store=store)
     except optuna.TrialPruned:
         trial.set_user_attr("status", "pruned")
         trial.set_user_attr("budget_used", spec.budget.used(reporter.rows))

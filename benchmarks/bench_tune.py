@@ -9,6 +9,13 @@ every mode finds the same best trial (number and parameters). Writes benchmarks/
 
     python benchmarks/bench_tune.py [--trials 64] [--batches 16,64] [--threads 1] [--skip-cnn]
     python benchmarks/bench_tune.py --sections startup [--startup-reps 7]   # only the start-up ratio
+    python benchmarks/bench_tune.py --sections quality [--seeds 10]         # search quality, batched vs sequential
+    python benchmarks/bench_tune.py --sections speed [--speed-trials 1000]  # a long study, sequential vs batch=64
+
+Quality (issue 26): over study seeds 0..seeds-1, 64-trial studies of sequential TPE, TPE with tune.batch=16 and
+CMA-ES with tune.batch=16 (popsize 16), each workload; the median, the quartiles and the range of the best value.
+Speed: a `--speed-trials` study with tune.batch=64 against the sequential study (random sampler, so both run the same
+trials); `--speed-sequential-trials N` runs the sequential one on N trials only and extrapolates its rate.
 
 Sections are functions `section_*(args) -> dict` listed in SECTIONS; each returns its record and prints its lines.
 """
@@ -47,9 +54,10 @@ WORKLOADS = {
 }
 
 
-def run_study(workload: dict, trials: int, batch: int, results: Path) -> dict:
-    """One study in a fresh results folder: wall seconds, trials per minute and its best trial."""
-    spec = build_spec([*STUDY, *workload["tune"], f"tune.n_trials={trials}", f"tune.batch={batch}",
+def run_study(workload: dict, trials: int, batch: int, results: Path, extra: tuple[str, ...] = ()) -> dict:
+    """One study in a fresh results folder: wall seconds, trials per minute and its best trial. `extra`: tune.*
+    overrides after the benchmark's (another sampler, seed)."""
+    spec = build_spec([*STUDY, *workload["tune"], f"tune.n_trials={trials}", f"tune.batch={batch}", *extra,
                        f"results_dir={results}", *workload["run"]])
     start = time.perf_counter()
     tune(spec, echo=lambda line: None)
@@ -80,6 +88,61 @@ def section_batched_studies(args) -> dict:
             print(f"  {mode:<16}{row['seconds']:>9.1f}{row['trials_per_min']:>12.1f}{row['speedup']:>9.2f}x  "
                   f"#{row['best_trial']} train_loss={row['best_value']:.6g} ({'yes' if row['same_best'] else 'NO'})")
     return record
+
+
+QUALITY_MODES = {  # name -> (tune.batch, tune.* overrides)
+    "sequential TPE": (1, ("tune.sampler.name=tpe",)),
+    "TPE, tune.batch=16": (16, ("tune.sampler.name=tpe",)),
+    "CMA-ES, tune.batch=16": (16, ("tune.sampler.name=cmaes",)),
+}
+
+
+def _spread(values: list[float]) -> dict:
+    q1, median, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+    return {"median": median, "q1": q1, "q3": q3, "min": min(values), "max": max(values), "n": len(values)}
+
+
+def section_quality(args) -> dict:
+    """Each mode's best value over study seeds 0..seeds-1 (64 trials by default): median, quartiles, range."""
+    record = {}
+    names = [n for n in WORKLOADS if not (args.skip_cnn and n.startswith("CNN"))]
+    for name in names:
+        bests = {mode: [] for mode in QUALITY_MODES}
+        for seed in range(args.seeds):
+            for mode, (batch, extra) in QUALITY_MODES.items():
+                with tempfile.TemporaryDirectory() as tmp:
+                    row = run_study(WORKLOADS[name], args.trials, batch, Path(tmp),
+                                    (*extra, f"tune.sampler.seed={seed}"))
+                bests[mode].append(row["best_value"])
+        record[name] = {mode: {**_spread(values), "values": values} for mode, values in bests.items()}
+        print(f"\n{name}: best train_loss of a {args.trials}-trial study over {args.seeds} study seeds, 1 thread")
+        print(f"  {'mode':<24}{'median':>10}{'q1':>10}{'q3':>10}{'min':>10}{'max':>10}")
+        for mode, r in record[name].items():
+            print(f"  {mode:<24}{r['median']:>10.5f}{r['q1']:>10.5f}{r['q3']:>10.5f}{r['min']:>10.5f}{r['max']:>10.5f}")
+    return record
+
+
+def section_speed(args) -> dict:
+    """A long W1 study (--speed-trials) with tune.batch=64 against sequential, random sampler seed 0."""
+    rows = []
+    for batch, trials in ((1, args.speed_sequential_trials or args.speed_trials), (64, args.speed_trials)):
+        with tempfile.TemporaryDirectory() as tmp:
+            row = run_study(WORKLOADS["W1"], trials, batch, Path(tmp))
+        rows.append({**row, "trials": trials, "seconds_for_all": row["seconds"] * args.speed_trials / trials})
+    speedup = rows[0]["seconds_for_all"] / rows[1]["seconds_for_all"]
+    print(f"\nW1: a {args.speed_trials}-trial study (sampler=random, seed 0), 1 thread; load {_load()}")
+    print(f"  {'mode':<16}{'trials run':>11}{'wall s':>9}{'trials/min':>12}{f's for {args.speed_trials}':>12}")
+    for row in rows:
+        mode = "sequential" if row["batch"] == 1 else f"tune.batch={row['batch']}"
+        print(f"  {mode:<16}{row['trials']:>11}{row['seconds']:>9.1f}{row['trials_per_min']:>12.1f}"
+              f"{row['seconds_for_all']:>12.1f}")
+    print(f"  speed-up {speedup:.2f}x (goals: >= 5x; {args.speed_trials} trials <= 90 s)")
+    return {"rows": rows, "speedup": speedup}
+
+
+def _load() -> str:
+    """The machine's load averages (1, 5, 15 min): the timings are only as good as the machine was idle."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 STARTUP_RUN = ["run", "rounds=1", "reference=off", "heterogeneity=false"]  # issue 18's one-round run
@@ -120,7 +183,8 @@ def section_startup(args) -> dict:
 
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict]] = {"batched_studies": section_batched_studies,
-                                                         "startup": section_startup}
+                                                         "startup": section_startup, "quality": section_quality,
+                                                         "speed": section_speed}
 
 
 def main() -> None:
@@ -130,15 +194,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--skip-cnn", action="store_true")
     parser.add_argument("--startup-reps", type=int, default=7, help="pairs of processes for the start-up ratio")
+    parser.add_argument("--seeds", type=int, default=10, help="study seeds of the quality section")
+    parser.add_argument("--speed-trials", type=int, default=1000)
+    parser.add_argument("--speed-sequential-trials", type=int, default=None,
+                        help="run the sequential study of the speed section on fewer trials, extrapolating its rate")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     fedharness.register_dataset("noise_images", noise_images, num_clients=10)
     record = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
               "torch": torch.__version__, "trials": args.trials}
-    print(f"bench_tune on {record['machine']}, torch threads={args.threads}")
+    print(f"bench_tune on {record['machine']}, torch threads={args.threads}, load {_load()}")
     for name in args.sections.split(","):
         record[name] = SECTIONS[name](args)
+        record[f"{name}_load_after"] = _load()
+        print(f"  (load after {name}: {_load()})")
     out = Path(__file__).parent / "out"
     out.mkdir(exist_ok=True)
     (out / "tune.json").write_text(json.dumps(record, indent=2, default=str))

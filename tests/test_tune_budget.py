@@ -110,3 +110,29 @@ def test_a_study_composes_its_base_once_and_overrides_naming_a_group_compose_in_
     assert calls == [base]
     assert compose_values(base, ["dataset=quadratic"]) == compose_values([*base, "dataset=quadratic"], [])
     assert calls[1] == [*base, "dataset=quadratic"]  # a group: Hydra composes it whole
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fednova", "scaffold", "fedadam"])
+def test_a_rounds_price_is_replayed_once_per_cost_setting_and_equals_the_replay(algorithm, monkeypatch):
+    """Learning rates, mu and momentum never change a round's plan nor its counters: configs that differ only in them
+    share one replay (issue 26), and every cached answer is what replaying that very config gives."""
+    import numpy as np
+
+    from fedharness.studies.tuning import budget as budget_module
+
+    replays = []
+    real = budget_module._cumulative_cost
+    monkeypatch.setattr(budget_module, "_cumulative_cost", lambda cfg, kind, total: replays.append(1)
+                        or real(cfg, kind, total))
+    monkeypatch.setattr(budget_module, "_ROUNDS", {})
+    base = ["dataset=quadratic", f"algorithm={algorithm}", "algorithm.clients_per_round=4",
+            "algorithm.local_work=random_steps", "algorithm.steps_high=6"]  # random tau_k: rounds vary with E
+    for kind in ("local_steps", "grad_evals", "bytes"):
+        budget = Budget(kind, 600 if kind != "bytes" else 20_000)
+        for steps_low in (1, 3):
+            for lr in (0.001, 0.03, 0.9):
+                cfg = load_config([*base, f"algorithm.steps_low={steps_low}", f"algorithm.client_lr={lr}",
+                                   f"algorithm.server_lr={lr * 2}", f"algorithm.mu={lr}", f"algorithm.momentum={lr}"])
+                replayed = int(np.searchsorted(real(cfg, kind, budget.total), budget.total, side="right"))
+                assert budget.rounds_for(cfg) == replayed, (kind, steps_low, lr)
+    assert len(replays) == 3 * 2  # one per (kind, steps_low), not per learning rate

@@ -12,6 +12,7 @@ today. An interrupt ends every trial of the batch FAIL (status interrupted).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,7 +22,7 @@ from fedharness.settings import RunSettings
 from fedharness.results.store import ResultsStore
 from fedharness.studies.grouping import group_batches
 from fedharness.studies.tuning.lease import Lease, trial_counts
-from fedharness.studies.tuning.optuna_parts import make_sampler
+from fedharness.studies.tuning.optuna_parts import make_sampler, next_batch_size
 from fedharness.studies.tuning.spec import TuneSpec
 from fedharness.studies.tuning.trial import Reporter, tell_value, trial_line, trial_settings
 
@@ -64,12 +65,18 @@ def run_batch(spec: TuneSpec, study, worker: int, trial_number: int,
               echo: Callable[[str], None] = logger.info, store: ResultsStore | None = None) -> int:
     """Ask for up to spec.batch trials (no more than the study still lacks), train them (recording into `store`,
     default: the results_dir's), tell each; returns how many finished (complete or pruned)."""
-    _, live = trial_counts(study.get_trials(deepcopy=False))
+    trials = study.get_trials(deepcopy=False)
+    finished, live = trial_counts(trials)
+    size = next_batch_size(spec, finished, live)
+    if size == 0:  # start-up trials still run elsewhere: the next batch's proposals wait for their values
+        time.sleep(min(1.0, spec.heartbeat_s))
+        return 0
     claimed, asked = [], []
     with Lease([], spec.heartbeat_s) as lease:
         try:
-            for i in range(min(spec.batch, spec.n_trials - live)):
-                trial = _claim(spec, study, worker, trial_number + i, lease)
+            for i in range(size):
+                known = (len(trials) + i, live + len(claimed))  # (its number, non-failed before it) if alone
+                trial = _claim(spec, study, worker, trial_number + i, lease, known)
                 if trial is not None:
                     claimed.append(trial)
                     settings, run_id = trial_settings(spec, trial)  # sampled now, with this trial's sampler
@@ -86,15 +93,19 @@ def run_batch(spec: TuneSpec, study, worker: int, trial_number: int,
     return sum(counts)
 
 
-def _claim(spec: TuneSpec, study, worker: int, number: int, lease: Lease):
-    """A new trial with its heartbeat on; None if n_trials non-failed trials precede it (FAIL, status surplus)."""
+def _claim(spec: TuneSpec, study, worker: int, number: int, lease: Lease, known: tuple[int, int]):
+    """A new trial with its heartbeat on; None if n_trials non-failed trials precede it (FAIL, status surplus).
+    `known`: the number the trial gets and the non-failed trials before it when no other worker asked for a trial
+    since the batch read the study; the study is read again only when one did (a read per trial costs O(batch^2))."""
     from optuna.trial import TrialState
 
     study.sampler = make_sampler(spec, worker, number)
     trial = study.ask()
     lease.add(trial)
-    earlier = [t for t in study.get_trials(deepcopy=False) if t.number < trial.number and t.state != TrialState.FAIL]
-    if len(earlier) >= spec.n_trials:
+    expected, earlier = known  # trials can only turn FAIL meanwhile: `earlier` is exact or too many (safe)
+    if trial.number != expected:
+        earlier = sum(t.number < trial.number and t.state != TrialState.FAIL for t in study.get_trials(deepcopy=False))
+    if earlier >= spec.n_trials:
         trial.set_user_attr("status", "surplus")
         study.tell(trial, state=TrialState.FAIL)
         return None

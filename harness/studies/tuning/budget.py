@@ -12,6 +12,9 @@ The rounds are found by replaying the engine's own round plans (sampled clients,
 replica layout) and counters without training, so the count matches what the run records:
 the trial runs the largest number of rounds whose cost is <= total on every replica. What is
 left (less than one round's cost) goes unused; `budget_used` in `trials/` says how much was spent.
+
+A replay is paid once per cost-relevant setting: the rounds are cached under the config less the keys that only
+scale steps (learning rates, momentum, regularisation; COST_FREE), so a study over client_lr x E replays once per E.
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ from fedharness.settings import RunSettings
 
 KINDS = ("local_steps", "rounds", "grad_evals", "bytes")
 MAX_ROUNDS = 1_000_000  # a budget that needs more rounds than this is a typo, not a study
+# algorithm keys that scale or regularise steps but never change a round's plan (clients, tau_k, which trains)
+# nor its counters, so two configs that differ only in them cost the same
+COST_FREE = ("client_lr", "server_lr", "momentum", "nesterov", "mu", "weight_decay", "lr_decay", "server_momentum",
+             "server_beta1", "server_beta2", "server_eps")
+_ROUNDS: dict[tuple, int] = {}  # (kind, total, cost key) -> rounds
 
 
 @dataclass(frozen=True)
@@ -51,13 +59,18 @@ class Budget:
         """Rounds this config can afford; ConfigError if not even one."""
         if self.kind == "rounds":
             return self.total
-        spent = _cumulative_cost(cfg, self.kind, self.total)
-        rounds = int(np.searchsorted(spent, self.total, side="right"))
-        if rounds < 1:
-            where = f" with {context}" if context else ""
-            raise ConfigError("tune.budget.total", self.total,
-                              f"smaller than one round: the first round costs {int(spent[0])} {self.kind}{where}")
-        return rounds
+        cached = (self.kind, self.total, cost_key(cfg))
+        if cached not in _ROUNDS:
+            spent = _cumulative_cost(cfg, self.kind, self.total)
+            rounds = int(np.searchsorted(spent, self.total, side="right"))
+            if rounds < 1:
+                where = f" with {context}" if context else ""
+                raise ConfigError("tune.budget.total", self.total,
+                                  f"smaller than one round: the first round costs {int(spent[0])} {self.kind}{where}")
+            if len(_ROUNDS) >= 4096:  # a study with many cost-relevant settings: keep memory bounded
+                _ROUNDS.clear()
+            _ROUNDS[cached] = rounds
+        return _ROUNDS[cached]
 
     def used(self, rows: list[dict]) -> int | None:
         """What a run spent, from its last evaluated rows (the largest over replicas)."""
@@ -71,6 +84,12 @@ class Budget:
         if self.kind == "bytes":
             return max(int(r["bytes_up"]) + int(r["bytes_down"]) for r in final)
         return max(int(r[self.kind]) for r in final)
+
+
+def cost_key(cfg: dict[str, Any]) -> str:
+    """The config less COST_FREE: what a replay of its rounds' costs depends on."""
+    algorithm = {k: v for k, v in cfg["algorithm"].items() if k not in COST_FREE}
+    return json.dumps({**cfg, "algorithm": algorithm}, sort_keys=True, default=str)
 
 
 _PROBLEMS: dict[str, Any] = {}

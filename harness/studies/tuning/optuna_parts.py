@@ -16,6 +16,9 @@ from fedharness.studies.tuning.space import grid_space
 from fedharness.studies.tuning.spec import TuneSpec
 
 
+MODEL_BASED = ("tpe", "cmaes")  # samplers whose proposals come from finished trials after their start-up trials
+
+
 def make_sampler(spec: TuneSpec, worker: int, trial_number: int = 0):
     """A sampler seeded by (seed, worker, trial number).
 
@@ -23,6 +26,10 @@ def make_sampler(spec: TuneSpec, worker: int, trial_number: int = 0):
     trials), so a fresh one per trial makes trial k's proposal depend only on the seed and the
     trials before it: a resumed or continued study goes on where it stopped instead of replaying
     its first proposals, and concurrent workers (worker index, tune.worker_id) propose different points.
+
+    For batches (tune.batch) and concurrent workers: TPE treats the trials still running as the worst values seen
+    (constant liar), so the trials of one batch spread out instead of piling on one point; CMA-ES runs a batch as one
+    generation (popsize = tune.batch), which is how it is meant to run in parallel.
     """
     import optuna
 
@@ -38,8 +45,20 @@ def make_sampler(spec: TuneSpec, worker: int, trial_number: int = 0):
         return Grid(grid_space(list(spec.params)), seed=spec.seed)
     if spec.sampler == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed, n_startup_trials=spec.startup_trials,
+                                            popsize=spec.batch if spec.batch > 1 else None,
                                             warn_independent_sampling=False)
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.startup_trials)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=spec.startup_trials, constant_liar=True)
+
+
+def next_batch_size(spec: TuneSpec, finished: int, live: int) -> int:
+    """How many trials the next batch asks for: tune.batch, no more than the study still lacks. A model-based
+    sampler proposes from finished trials, and a batch asks for all its trials before any finishes, so while its
+    start-up trials have not finished a batch holds only start-up trials (the first batch is the start-up phase),
+    and 0 (wait for them) once they are all asked for: the next batch's proposals are then all model-based."""
+    size = min(spec.batch, spec.n_trials - live)
+    if spec.sampler in MODEL_BASED and finished < spec.startup_trials:
+        size = min(size, spec.startup_trials - live)
+    return max(size, 0)
 
 
 def make_pruner(spec: TuneSpec):

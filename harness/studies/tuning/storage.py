@@ -52,7 +52,10 @@ def open_storage(spec: TuneSpec, attempts: int = 5):
         return JournalStorage(JournalFileBackend(spec.storage[len("journal:"):]))
     for attempt in range(attempts):
         try:
-            return optuna.storages.RDBStorage(spec.storage, engine_kwargs=_engine_kwargs(spec.storage))
+            store = optuna.storages.RDBStorage(spec.storage, engine_kwargs=_engine_kwargs(spec.storage))
+            if spec.storage.startswith("sqlite"):
+                _write_ahead(store.engine)
+            return store
         except SQLAlchemyError:
             # Workers starting together on an empty database race to create Optuna's tables; the
             # loser hits a duplicate (or a lock) and finds the tables there when it tries again.
@@ -60,3 +63,19 @@ def open_storage(spec: TuneSpec, attempts: int = 5):
                 raise
             time.sleep(0.5 * (attempt + 1))
 
+
+def _write_ahead(engine) -> None:
+    """SQLite in write-ahead-log mode with synchronous=NORMAL: a commit appends to optuna.db-wal without waiting for
+    the disk (10 ms a commit on this machine, ~20 of them a trial), and readers never block the writer. A committed
+    trial still survives the process being killed (only a power cut can lose the last commits), and the workers of
+    one machine share the file as before."""
+    from sqlalchemy import event
+
+    def pragmas(connection, _record) -> None:
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.close()
+
+    event.listen(engine, "connect", pragmas)
+    engine.dispose()  # the connection that created the tables was opened without them

@@ -68,7 +68,8 @@ def trial_line(spec: TuneSpec, trial, value: float | None, status: str | None = 
     status = status or attrs.get("status")
     shown = "-" if value is None else f"{value:.6g}"
     params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items())
-    return (f"[{spec.study}] trial {trial.number}: {spec.objective.name} = {shown} ({status}; "
+    batch = f"batch {attrs['batch_id']}; " if attrs.get("batch_id") else ""  # the batched run it trained in
+    return (f"[{spec.study}] trial {trial.number}: {spec.objective.name} = {shown} ({status}; {batch}"
             f"{attrs.get('rounds')} rounds, {attrs.get('budget_used')}/{spec.budget.total} {spec.budget.kind}) "
             f"{params}")
 

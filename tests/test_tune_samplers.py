@@ -1,0 +1,77 @@
+"""Samplers that use a batch well (issue 26): TPE's start-up trials form the first batch and its later batches are
+model-based proposals (pending trials as constant liars); CMA-ES runs a batch as one generation; a batch never
+exceeds the study's trials."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import optuna
+import pytest
+
+from fedharness import cli
+from fedharness.studies.tuning.optuna_parts import make_sampler, next_batch_size
+from fedharness.studies.tuning.spec import build_spec
+
+# client_lr x E on a noisy quadratic, a budget of 40 local steps: a 20-trial study takes seconds
+NOISY = ["tune=default", "dataset=quadratic", "dataset.noise=0.5", "algorithm.clients_per_round=4", "dtype=float32",
+         "tune.budget.total=40", "tune.space.local_steps.high=4", "tune.plots=false"]
+
+
+def _trials(results, study: str = "default-fedavg") -> list:
+    return optuna.load_study(study_name=study, storage=f"sqlite:///{results}/optuna.db").get_trials()
+
+
+def _random_proposal(spec, number: int) -> dict:
+    """What the random sampler with the study's seed proposes for trial `number` (it reads no other trial)."""
+    study = optuna.create_study(sampler=make_sampler(dataclasses.replace(spec, sampler="random"), 0, number))
+    trial = study.ask()
+    return {p.name: p.suggest(trial) for p in spec.params}
+
+
+def test_batched_tpe_proposes_from_its_model_after_the_startup_trials(tmp_path):
+    """Default TPE, tune.batch=16, 20 trials: the 10 start-up trials are one batch (the random sampler's points);
+    the next 10 are one batch asked after those finished, none of them the random sampler's point. Before issue 26
+    the first batch held 16 trials, all of them the random sampler's."""
+    args = [*NOISY, "tune.n_trials=20", "tune.batch=16", f"results_dir={tmp_path}"]
+    assert cli.main(["tune", *args]) == 0
+    spec = build_spec(args, probe=False)
+    trials = _trials(tmp_path)
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 20
+    startup, model = trials[:10], trials[10:]
+    assert all(t.params == _random_proposal(spec, t.number) for t in startup)
+    assert all(t.params != _random_proposal(spec, t.number) for t in model)
+    assert max(t.datetime_complete for t in startup) <= min(t.datetime_start for t in model)
+    assert len({t.user_attrs["batch_id"] for t in startup}) == 1 and len({t.user_attrs["batch_id"] for t in model}) == 1
+    assert len({(t.params["client_lr"], t.params["local_steps"]) for t in model}) == 10  # constant liar: spread out
+
+
+def test_a_batched_cmaes_study_runs_each_batch_as_one_generation(tmp_path):
+    """tune.batch=4 after 4 start-up trials: trials 4-7 are CMA-ES generation 0, trials 8-11 generation 1."""
+    args = [*NOISY, "tune.sampler.name=cmaes", "tune.sampler.startup_trials=4", "tune.n_trials=12", "tune.batch=4",
+            f"results_dir={tmp_path}"]
+    assert make_sampler(build_spec(args, probe=False), 0)._popsize == 4
+    assert cli.main(["tune", *args]) == 0
+    generations = [t.system_attrs.get("cma:generation") for t in _trials(tmp_path)]
+    assert generations == [None] * 4 + [0] * 4 + [1] * 4
+
+
+@pytest.mark.parametrize("sampler, finished, live, size", [
+    ("tpe", 0, 0, 10),      # the first batch: the start-up trials
+    ("tpe", 3, 10, 0),      # start-up trials still running (another worker's): wait for them
+    ("tpe", 4, 6, 4),       # two start-up trials failed: they are asked again, alone
+    ("tpe", 10, 10, 16),    # model-based from here on
+    ("tpe", 10, 30, 10),    # no more than the study lacks
+    ("cmaes", 0, 0, 10),
+    ("random", 0, 0, 16),   # no model: every batch is full
+    ("grid", 0, 0, 16),
+])
+def test_the_next_batch_holds_start_up_trials_only_until_they_finished(sampler, finished, live, size):
+    spec = dataclasses.replace(build_spec([*NOISY, "tune.n_trials=40", "tune.batch=16"], probe=False), sampler=sampler)
+    assert next_batch_size(spec, finished, live) == size
+
+
+def test_a_batch_larger_than_the_trials_is_refused_in_one_line(tmp_path, capsys):
+    assert cli.main(["tune", *NOISY, "tune.n_trials=8", "tune.batch=16", f"results_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "tune.batch" in err and "tune.n_trials" in err

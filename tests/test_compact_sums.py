@@ -5,9 +5,11 @@ the terms gives the same bits."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from fedharness.config.load import load_settings
 from fedharness.core.engine import Engine
 from fedharness.core.exact_sum import BLOCK, ExactSum, Grid
 from fedharness.core.executors import InlineExecutor
+from fedharness.runs.execute import build_executor, execute
 from fakes import fake_mnist
 
 W1 = ["dataset.samples_per_client=200", "dataset.num_clients=100", "algorithm.clients_per_round=10",
@@ -79,3 +82,15 @@ def test_any_split_of_a_rounds_terms_gives_the_same_bits():
         for part in parts:
             total.add(part)
         assert torch.equal(total.value(grid), whole.value(grid))
+
+
+@pytest.mark.parametrize("sums", ["exact", "float"])
+def test_the_sums_switch_reaches_the_executor_and_runs_records_it(run_config, sums):
+    cfg = run_config("dataset.num_clients=6", "dataset.samples_per_client=20", "rounds=2", f"sums={sums}")
+    problem, algorithm = build_parts(cfg)
+    for executor in ("inline", "loop"):
+        built = build_executor(cfg.replace(executor=executor), problem, algorithm.solver)
+        assert all(shard.exact_sums == (sums == "exact") for shard in built.shards)
+    assert execute(cfg).status == "ok"
+    row = pq.read_table(cfg.results_dir + "/runs").to_pylist()[0]
+    assert row["split_invariant"] == (sums == "exact") and json.loads(row["config_json"])["sums"] == sums

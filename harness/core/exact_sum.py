@@ -41,8 +41,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
 BLOCK = 1024  # coordinates sharing one grid step
 MARGIN_BITS = 2  # a term up to 2^MARGIN_BITS times its block's largest reference value fits the low word
@@ -65,12 +65,11 @@ class Grid:
         rows, dim = reference.shape
         head = max(1, int(terms)).bit_length()
         low_bits = WORD_BITS - head
-        ref = reference.detach().abs()
+        reference = reference.detach()
         if dim <= BLOCK:  # one block a row: R exponents worked out on the host, a few ops instead of a dozen
-            steps = [[2.0 ** (low_bits - MARGIN_BITS - _exponent(v))] for v in ref.amax(-1).tolist()]
-            return cls(torch.tensor(steps, dtype=torch.float64, device=ref.device), low_bits, WORD_BITS - head)
-        ref = F.pad(ref, (0, -dim % BLOCK)).view(rows, -1, BLOCK).amax(-1)
-        ref = torch.nan_to_num(ref.double(), nan=0.0, posinf=0.0)
+            steps = [[2.0 ** (low_bits - MARGIN_BITS - _exponent(v))] for v in reference.abs().amax(-1).tolist()]
+            return cls(torch.tensor(steps, dtype=torch.float64, device=reference.device), low_bits, WORD_BITS - head)
+        ref = torch.nan_to_num(_block_max(reference).double(), nan=0.0, posinf=0.0)
         e = torch.frexp(ref).exponent.clamp_min(FLOOR_EXP)  # max |reference| < 2^e (frexp(0) gives 0)
         e = torch.where(ref > 0, e, torch.full_like(e, FLOOR_EXP))
         scale = torch.exp2((low_bits - MARGIN_BITS - e).double())  # [R, blocks]
@@ -83,6 +82,17 @@ class Grid:
 
     def to(self, device: torch.device | str) -> "Grid":
         return Grid(self.scale.to(device), self.low_bits, self.high_bits)
+
+
+def _block_max(reference: torch.Tensor) -> torch.Tensor:
+    """[R, blocks]: max |reference| over each BLOCK coordinates (the last block may be shorter) as the larger of
+    max and -min, read through views: no |x| or padded copy of the model (ResNet-18's grid: 0.10 s on the CPU
+    with them, 0.015 s without)."""
+    whole = reference.shape[1] - reference.shape[1] % BLOCK
+    blocks, tail = reference[:, :whole].unflatten(1, (-1, BLOCK)), reference[:, whole:]
+    most = torch.cat([blocks.amax(-1), tail.amax(-1, keepdim=True)], 1) if tail.shape[1] else blocks.amax(-1)
+    least = torch.cat([blocks.amin(-1), tail.amin(-1, keepdim=True)], 1) if tail.shape[1] else blocks.amin(-1)
+    return torch.maximum(most, -least)  # NaN stays NaN
 
 
 def _exponent(largest: float) -> int:
@@ -115,8 +125,22 @@ class Grids:
         return moved
 
 
+class NumpyWire:
+    """Pickles a sum's tensors as numpy arrays: Ray's object store writes and reads those without pickling their
+    bytes (a torch tensor is pickled: for ResNet-18's 89 MB a put took 0.16-0.37 s against 0.01-0.02 s, a get
+    0.12 s against 1 ms). What arrives is read-only shared memory, so it is copied once, into tensors the
+    driver can add into."""
+
+    def __getstate__(self) -> dict:
+        return {name: None if t is None else t.detach().cpu().numpy() for name, t in vars(self).items()}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, array in state.items():
+            setattr(self, name, None if array is None else torch.from_numpy(np.array(array)))
+
+
 @dataclass
-class ExactSum:
+class ExactSum(NumpyWire):
     """A sum over terms of shape [R, dim] (R: replicas) on a Grid, exact and order-independent.
 
     `add_rows(index, terms, grid)` adds terms[j] into row index[j]; `add(other)` merges another partial sum
@@ -140,7 +164,7 @@ class ExactSum:
         dim = terms.shape[1]
         cols = max(1, min(dim, _CHUNK // len(index)))
         for start in range(0, dim, cols):
-            part = slice(start, start + cols)
+            part = slice(start, min(start + cols, dim))
             whole = cols == dim  # one pass (small models): no column views
             scale = grid.columns(part) if one_row else grid.columns(part)[index]
             n = torch.mul(terms if whole else terms[:, part], scale).round_()
@@ -196,7 +220,7 @@ def _plus(mine: torch.Tensor | None, other: torch.Tensor | None) -> torch.Tensor
 
 
 @dataclass
-class FloatSum:
+class FloatSum(NumpyWire):
     """`sums: float`: float64 index_add, the bits depending on the order of the additions (the shard split)."""
 
     total: torch.Tensor  # [R, dim] float64

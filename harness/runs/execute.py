@@ -47,13 +47,13 @@ def new_run_id() -> str:
 
 def build_executor(settings: RunSettings, problem, solver):
     if settings.executor == "loop":
-        return LoopExecutor(problem, solver)
+        return LoopExecutor(problem, solver, exact_sums=settings.sums == "exact")
     if settings.executor == "ray":
         require_extra("ray", "executor", "ray")  # without the extra: one line naming fedharness[ray]
         from fedharness.backends.ray_executor import RayExecutor
 
         return RayExecutor(settings, problem, solver)
-    return InlineExecutor(problem, solver, settings.num_shards)
+    return InlineExecutor(problem, solver, settings.num_shards, settings.sums == "exact")
 
 
 @dataclass

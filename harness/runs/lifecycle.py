@@ -179,8 +179,9 @@ def split_invariant(settings: RunSettings) -> bool:
     """Whether the run's rows are the same bits for any split of its clients into shards, inline or on Ray
     (docs/cluster.md): client contributions meet in exact sums everywhere, and on the CPU each client's own
     computation does not depend on which clients share its batch (tests/test_same_bits.py). On CUDA that is not
-    verified (cuDNN and cuBLAS may pick kernels by batch shape), so a CUDA run does not claim it."""
-    return torch.device(settings.device).type == "cpu"
+    verified (cuDNN and cuBLAS may pick kernels by batch shape), so a CUDA run does not claim it; nor does a run
+    with `sums: float` (float64 sums, whose bits depend on the split)."""
+    return torch.device(settings.device).type == "cpu" and settings.sums == "exact"
 
 
 def run_row(settings: RunSettings, status: str, rounds_done: int, started: str, error: str | None = None,

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench bench-gpu bench-population bench-tune bench-writer reproduce list clean
+.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-tune bench-writer reproduce list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -21,11 +21,15 @@ test: $(STAMP)  ## fast test suite (slow tests too when FEDHARNESS_SLOW=1)
 test-all: $(STAMP)
 	FEDHARNESS_SLOW=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-bench: $(STAMP)  ## performance workloads (about 10 minutes); figures go to docs/performance.md
+bench: $(STAMP)  ## performance workloads (about 13 minutes); figures go to docs/performance.md
 	$(BIN)/python benchmarks/run.py $(ARGS)
 	$(BIN)/python benchmarks/exact_sums.py
 	$(BIN)/python benchmarks/bench_ray.py $(RAY_ARGS)
 	$(BIN)/python benchmarks/bench_results_writer.py $(WRITER_ARGS)
+	$(BIN)/python benchmarks/bench_cluster.py $(CLUSTER_ARGS)
+
+bench-cluster: $(STAMP)  ## a round on a 5-node Ray cluster on 127.0.0.1: ResNet-18 and 2NN replies, transfer vs compute (docs/performance.md)
+	$(BIN)/python benchmarks/bench_cluster.py $(CLUSTER_ARGS)
 
 bench-writer: $(STAMP)  ## a 20-run sweep over 2 Ray nodes: the driver as the writer vs direct writes (docs/performance.md)
 	$(BIN)/python benchmarks/bench_results_writer.py $(WRITER_ARGS)

@@ -22,10 +22,11 @@ exactly as before, and there is no state to agree on.
 Precision kept (tests/test_compact_sums.py; docs/performance.md, Exact sums): a term moves by at most g / 2, a
 round's sum by at most K g / 2 < 2^(e + MARGIN_BITS + 2 bitlength(K) - 54): 2^-43 of the block's largest
 reference value for K = 10. Measured against float64 sums of the same terms, 30 rounds: W1's delta and
-SCAFFOLD's delta and control variates within 3e-14 of the block's largest reference value (1e-13 of the largest
-sum). It degrades (a) for coordinates far smaller than the largest reference value of their block (the error is
-absolute, relative to the block), (b) with K (each doubling costs two bits), (c) for references below
-2^FLOOR_EXP (~1e-6, and zero), whose step is that of 2^FLOOR_EXP (finer: the first round from a zero start).
+SCAFFOLD's delta and control variates within 5e-14 of the block's largest reference value, the CNN's delta
+(K = 3) within 4e-15. It degrades (a) for coordinates far smaller than the largest reference value of their
+block (the error is absolute, relative to the block), (b) with K (each doubling costs two bits), (c) for
+references below 2^FLOOR_EXP (~1e-6, and zero), whose step is that of 2^FLOOR_EXP (finer: the first round from
+a zero start).
 
 Larger terms, still exact and split-independent: a term of |n| >= 2^L (an update above 2^MARGIN_BITS times the
 model's scale: the first round from a zero start) is split exactly into n = high 2^L + low, and the reply carries

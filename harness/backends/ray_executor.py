@@ -4,7 +4,7 @@ Each shard actor owns a fixed, cost-balanced set of clients (cost n_k x expected
 local steps), builds its own data from the run's settings (generated from the seed, or
 read from `data_dir` on its node), keeps its clients' state (SCAFFOLD control
 variates) and returns per-replica exact partial sums (core/exact_sum.py: 8 bytes a parameter and replica, the
-grid rebuilt by the driver from x). The model goes out once
+grid rebuilt by the driver from x; numpy arrays on the wire, which the object store moves without pickling). The model goes out once
 per round through the object store: one `ray.put(x)` whose reference every shard
 receives. The sampled clients, their local steps and minibatches come from
 streams keyed by (seed, replica, round, client), so the trajectory equals the

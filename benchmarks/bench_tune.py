@@ -12,8 +12,9 @@ every mode finds the same best trial (number and parameters). Writes benchmarks/
     python benchmarks/bench_tune.py --sections quality [--seeds 10]         # search quality, batched vs sequential
     python benchmarks/bench_tune.py --sections speed [--speed-trials 1000]  # a long study, sequential vs batch=64
 
-Quality (issue 26): over study seeds 0..seeds-1, 64-trial studies of sequential TPE, TPE with tune.batch=16 and
-CMA-ES with tune.batch=16 (popsize 16), each workload; the median, the quartiles and the range of the best value.
+Quality (issue 26): over study seeds 0..seeds-1, 64-trial studies of sequential TPE, TPE with tune.batch=16,
+CMA-ES with tune.batch=16 (popsize 16) and TPE with batch-native Hyperband (tune.pruner.name=hyperband, batch 16),
+each workload; the median, the quartiles and the range of the best value (--modes picks some).
 Speed: a `--speed-trials` study with tune.batch=64 against the sequential study (random sampler, so both run the same
 trials); `--speed-sequential-trials N` runs the sequential one on N trials only and extrapolates its rate.
 
@@ -92,8 +93,9 @@ def section_batched_studies(args) -> dict:
 
 QUALITY_MODES = {  # name -> (tune.batch, tune.* overrides)
     "sequential TPE": (1, ("tune.sampler.name=tpe",)),
-    "TPE, tune.batch=16": (16, ("tune.sampler.name=tpe",)),
-    "CMA-ES, tune.batch=16": (16, ("tune.sampler.name=cmaes",)),
+    "TPE batch=16": (16, ("tune.sampler.name=tpe",)),
+    "CMA-ES batch=16": (16, ("tune.sampler.name=cmaes",)),
+    "TPE+Hyperband batch=16": (16, ("tune.sampler.name=tpe", "tune.pruner.name=hyperband")),
 }
 
 
@@ -107,18 +109,19 @@ def section_quality(args) -> dict:
     record = {}
     names = [n for n in WORKLOADS if not (args.skip_cnn and n.startswith("CNN"))]
     for name in names:
-        bests = {mode: [] for mode in QUALITY_MODES}
+        bests = {mode: [] for mode in args.modes}
         for seed in range(args.seeds):
-            for mode, (batch, extra) in QUALITY_MODES.items():
+            for mode in args.modes:
+                batch, extra = QUALITY_MODES[mode]
                 with tempfile.TemporaryDirectory() as tmp:
                     row = run_study(WORKLOADS[name], args.trials, batch, Path(tmp),
                                     (*extra, f"tune.sampler.seed={seed}"))
                 bests[mode].append(row["best_value"])
         record[name] = {mode: {**_spread(values), "values": values} for mode, values in bests.items()}
         print(f"\n{name}: best train_loss of a {args.trials}-trial study over {args.seeds} study seeds, 1 thread")
-        print(f"  {'mode':<24}{'median':>10}{'q1':>10}{'q3':>10}{'min':>10}{'max':>10}")
+        print(f"  {'mode':<26}{'median':>10}{'q1':>10}{'q3':>10}{'min':>10}{'max':>10}")
         for mode, r in record[name].items():
-            print(f"  {mode:<24}{r['median']:>10.5f}{r['q1']:>10.5f}{r['q3']:>10.5f}{r['min']:>10.5f}{r['max']:>10.5f}")
+            print(f"  {mode:<26}{r['median']:>10.5f}{r['q1']:>10.5f}{r['q3']:>10.5f}{r['min']:>10.5f}{r['max']:>10.5f}")
     return record
 
 
@@ -195,6 +198,8 @@ def main() -> None:
     parser.add_argument("--skip-cnn", action="store_true")
     parser.add_argument("--startup-reps", type=int, default=7, help="pairs of processes for the start-up ratio")
     parser.add_argument("--seeds", type=int, default=10, help="study seeds of the quality section")
+    parser.add_argument("--modes", type=lambda s: s.split(","), default=list(QUALITY_MODES),
+                        help="comma-separated modes of the quality section: " + ", ".join(QUALITY_MODES))
     parser.add_argument("--speed-trials", type=int, default=1000)
     parser.add_argument("--speed-sequential-trials", type=int, default=None,
                         help="run the sequential study of the speed section on fewer trials, extrapolating its rate")

@@ -75,3 +75,40 @@ def test_a_batch_larger_than_the_trials_is_refused_in_one_line(tmp_path, capsys)
     assert cli.main(["tune", *NOISY, "tune.n_trials=8", "tune.batch=16", f"results_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "tune.batch" in err and "tune.n_trials" in err
+
+
+def _value_at(trial, rung: int) -> float:
+    return trial.intermediate_values[min(step for step in trial.intermediate_values if step >= rung)]
+
+
+def test_batch_native_hyperband_ranks_each_rung_of_a_batch_together(tmp_path):
+    """tune.batch=9, reduction factor 3, reports 10: the first batch is bracket 0 (rungs at 1, 3 and 9 reports: 9 ->
+    3 -> 1 trials), the second bracket 1 (rungs 3 and 9: 9 -> 3 -> 1). At each rung the trials that go on are the
+    best third of those that reached it, ranked on their values there; the others are pruned in the batched run,
+    unless they spent their whole budget before the whole rung had reported (a slot with a larger E runs fewer
+    rounds: then it is complete)."""
+    args = [*NOISY, "tune.sampler.name=random", "tune.pruner.name=hyperband", "tune.n_trials=18", "tune.batch=9",
+            f"results_dir={tmp_path}"]
+    assert cli.main(["tune", *args]) == 0
+    trials = _trials(tmp_path)
+    for bracket, rungs in ((trials[:9], (1, 3, 9)), (trials[9:], (3, 9))):
+        assert len({t.user_attrs["batch_id"] for t in bracket}) == 1
+        entrants = bracket
+        for rung in rungs:
+            ranked = sorted(entrants, key=lambda t: (_value_at(t, rung), t.number))
+            kept, out = ranked[:max(1, len(ranked) // 3)], ranked[max(1, len(ranked) // 3):]
+            for t in out:
+                finished_first = t.state.name == "COMPLETE" and max(t.intermediate_values) == 10
+                assert finished_first or (t.state.name == "PRUNED" and max(t.intermediate_values) >= rung), rung
+            entrants = kept
+        assert [t.state.name for t in entrants] == ["COMPLETE"]
+    assert sum(t.state.name == "PRUNED" for t in trials) >= 10
+
+
+@pytest.mark.parametrize("override, key", [("tune.batch=2", "tune.pruner.name"),
+                                           ("tune.pruner.min_resource=10", "tune.pruner.min_resource")])
+def test_hyperband_without_a_batch_to_rank_is_refused_in_one_line(tmp_path, capsys, override, key):
+    args = [*NOISY, "tune.pruner.name=hyperband", "tune.batch=9", override, f"results_dir={tmp_path}"]
+    assert cli.main(["tune", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and key in err

@@ -22,7 +22,7 @@ from fedharness.settings import RunSettings
 from fedharness.results.store import ResultsStore
 from fedharness.studies.grouping import group_batches
 from fedharness.studies.tuning.lease import Lease, trial_counts
-from fedharness.studies.tuning.optuna_parts import make_sampler, next_batch_size
+from fedharness.studies.tuning.optuna_parts import make_sampler, next_batch_size, open_bracket
 from fedharness.studies.tuning.spec import TuneSpec
 from fedharness.studies.tuning.trial import Reporter, tell_value, trial_line, trial_settings
 
@@ -81,6 +81,7 @@ def run_batch(spec: TuneSpec, study, worker: int, trial_number: int,
                     claimed.append(trial)
                     settings, run_id = trial_settings(spec, trial)  # sampled now, with this trial's sampler
                     asked.append(BatchTrial(trial, settings, run_id, SlotReporter(spec, trial, settings.rounds)))
+            open_bracket(study, claimed)  # tune.pruner.name=hyperband ranks these trials together
             results = _train(asked, store)
         except BaseException as err:  # an interrupt (or a bug) before every slot had its result: all are FAIL
             _fail(study, claimed, err)

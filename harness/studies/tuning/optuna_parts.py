@@ -70,7 +70,17 @@ def make_pruner(spec: TuneSpec):
     if p["name"] == "successive_halving":
         return optuna.pruners.SuccessiveHalvingPruner(min_resource=p["min_resource"],
                                                       reduction_factor=p["reduction_factor"])
+    if p["name"] == "hyperband":
+        from fedharness.studies.tuning.halving import BatchHyperband
+
+        return BatchHyperband(spec.reports, p["min_resource"], p["reduction_factor"])
     return optuna.pruners.NopPruner()
+
+
+def open_bracket(study, trials: list) -> None:
+    """Tell a batch-native pruner (halving.py) which trials train together; other pruners judge each trial alone."""
+    if hasattr(study.pruner, "open_bracket"):
+        study.pruner.open_bracket([t.number for t in trials])
 
 
 def open_study(spec: TuneSpec, worker: int = 0, create: bool = False):

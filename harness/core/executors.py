@@ -62,6 +62,12 @@ class UpdateChunk:
     clients: np.ndarray  # [m] int64
     delta: torch.Tensor  # [m, dim] in the model's dtype: w - w0 as computed, so nothing is rounded on the way
 
+    def __getstate__(self) -> dict:  # numpy on the wire, as the sums (core/exact_sum.py NumpyWire): no pickling
+        return {**vars(self), "delta": self.delta.detach().cpu().numpy()}
+
+    def __setstate__(self, state: dict) -> None:
+        vars(self).update({**state, "delta": torch.from_numpy(np.array(state["delta"]))})  # out of read-only memory
+
 
 @dataclass
 class ShardResult:

@@ -82,7 +82,7 @@ def main() -> None:
     fedharness.register_dataset("noise_images", noise_images, num_clients=10)
     out = {"machine": platform.processor() or platform.machine(), "threads": args.threads,
            "W1": compare("W1", W1, args.rounds, args.repeats),
-           "cnn_smoke": compare("CNN smoke", [*SMOKE, "model=cnn", "kernel=loop"], max(2, args.rounds // 10),
+           "cnn_smoke": compare("CNN smoke", [*SMOKE, "model=cnn", "kernel=loop"], max(2, args.rounds // 3),
                                 args.repeats)}
     folder = Path(__file__).parent / "out"
     folder.mkdir(exist_ok=True)

@@ -49,7 +49,7 @@ BLOCK = 1024  # coordinates sharing one grid step
 MARGIN_BITS = 2  # a term up to 2^MARGIN_BITS times its block's largest reference value fits the low word
 FLOOR_EXP = -20  # references below 2^FLOOR_EXP (and zero) get the step of 2^FLOOR_EXP
 WORD_BITS = 53  # a sum of words stays an integer a float64 holds exactly
-_CHUNK = 1 << 16  # elements converted at once: small temporaries are reused, large ones cost page faults
+_CHUNK = 1 << 18  # elements converted at once (2 MB temporaries: fewer passes of small ops; 1 << 20 gains little)
 
 
 @dataclass

@@ -16,7 +16,8 @@ from fedharness.keys import Key, boolean, choice, integer, number
 
 KEYS: dict[str, Key] = {  # harness/config/schema.py's rules add steps_low <= steps_high and the like
     "local_work": choice("how many local steps each client makes", part_names("local_work")),
-    "local_steps": integer("E (Li et al.), K (Yang et al.), H (Mangold et al.): local steps", lo=1),
+    "local_steps": integer("E (Li et al.), K (Yang et al.), H (Mangold et al.): local steps", lo=1,
+                           batchable=True),
     "local_epochs": integer("local_work=epochs: local_epochs * ceil(n_k / b) steps", lo=1),
     "steps_low": integer("local_work=random_steps: tau ~ U{steps_low..steps_high}", lo=1),
     "steps_high": integer("local_work=random_steps: upper end", lo=1),

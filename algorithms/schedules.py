@@ -16,14 +16,17 @@ from fedharness.errors import ConfigError
 from fedharness.keys import Key, _is_list, _is_real, choice, number
 
 KEYS: dict[str, Key] = {
-    "client_lr": number("eta_L / gamma, the client step size", lo=0, lo_open=True),
-    "lr_schedule": choice("constant | inverse_round | inverse_step | li_theory | step_decay", part_names("lr_schedule")),
-    "lr_beta": number("lr_schedule=inverse_step: eta_t = lr_beta / (t + lr_gamma)", lo=0, lo_open=True),
-    "lr_gamma": number("lr_schedule=inverse_step: offset gamma", lo=0, lo_open=True),
+    "client_lr": number("eta_L / gamma, the client step size", lo=0, lo_open=True, batchable=True),
+    "lr_schedule": choice("constant | inverse_round | inverse_step | li_theory | step_decay", part_names("lr_schedule"),
+                          batchable=True),
+    "lr_beta": number("lr_schedule=inverse_step: eta_t = lr_beta / (t + lr_gamma)", lo=0, lo_open=True,
+                      batchable=True),
+    "lr_gamma": number("lr_schedule=inverse_step: offset gamma", lo=0, lo_open=True, batchable=True),
     "decay_at": Key(lambda v: _is_list(v, lambda f: _is_real(f) and 0 < f < 1) and len(v) > 0
                     and all(a < b for a, b in zip(v, v[1:])), "an increasing list of fractions in (0, 1)",
-                    "lr_schedule=step_decay: fractions of the rounds where the lr is multiplied by decay_factor"),
-    "decay_factor": number("lr_schedule=step_decay: factor", lo=0, hi=1, lo_open=True),
+                    "lr_schedule=step_decay: fractions of the rounds where the lr is multiplied by decay_factor",
+                    batchable=True),
+    "decay_factor": number("lr_schedule=step_decay: factor", lo=0, hi=1, lo_open=True, batchable=True),
 }
 
 

@@ -16,9 +16,9 @@ from fedharness.keys import Key, choice, number
 
 _RATE = {"lo": 0, "hi": 1, "hi_open": True}
 KEYS: dict[str, Key] = {
-    "server_lr": number("eta_g; 1 is plain FedAvg", lo=0, lo_open=True),
+    "server_lr": number("eta_g; 1 is plain FedAvg", lo=0, lo_open=True, batchable=True),
     "server_optimizer": choice("sgd | momentum | nesterov | adam | yogi", part_names("server_optimizer")),
-    "server_momentum": number("server_optimizer=momentum/nesterov: beta", **_RATE),
+    "server_momentum": number("server_optimizer=momentum/nesterov: beta", **_RATE, batchable=True),
     "server_beta1": number("server_optimizer=adam/yogi: beta1", **_RATE),
     "server_beta2": number("server_optimizer=adam/yogi: beta2", **_RATE),
     "server_eps": number("server_optimizer=adam/yogi: tau, the adaptivity", lo=0, lo_open=True),

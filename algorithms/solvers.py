@@ -17,11 +17,12 @@ from fedharness.keys import Key, boolean, choice, number
 
 KEYS: dict[str, Key] = {
     "solver": choice("local solver", part_names("solver")),
-    "momentum": number("client momentum (buffer reset each round)", lo=0, hi=1, hi_open=True),
+    "momentum": number("client momentum (buffer reset each round)", lo=0, hi=1, hi_open=True, batchable=True),
     "nesterov": boolean("Nesterov client momentum"),
-    "mu": number("proximal term mu/2 ||w - w_r||^2 (FedProx)", lo=0),
+    "mu": number("proximal term mu/2 ||w - w_r||^2 (FedProx)", lo=0, batchable=True),
     "weight_decay": number("client weight decay", lo=0),
-    "lr_decay": number("exponential decay of the local lr within a round", lo=0, hi=1, lo_open=True),
+    "lr_decay": number("exponential decay of the local lr within a round", lo=0, hi=1, lo_open=True,
+                       batchable=True),
 }
 
 

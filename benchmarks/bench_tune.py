@@ -39,6 +39,7 @@ import optuna
 import torch
 
 import fedharness
+from fedharness.runs.lifecycle import open_results
 from fedharness.studies.tuning.spec import build_spec
 from fedharness.studies.tuning.study import tune
 
@@ -61,7 +62,7 @@ def run_study(workload: dict, trials: int, batch: int, results: Path, extra: tup
     spec = build_spec([*STUDY, *workload["tune"], f"tune.n_trials={trials}", f"tune.batch={batch}", *extra,
                        f"results_dir={results}", *workload["run"]])
     start = time.perf_counter()
-    tune(spec, echo=lambda line: None)
+    tune(spec, open_results(spec.results_dir), echo=lambda line: None)
     seconds = time.perf_counter() - start
     best = optuna.load_study(study_name=spec.study, storage=spec.storage).best_trial
     return {"batch": batch, "seconds": seconds, "trials_per_min": 60 * trials / seconds,

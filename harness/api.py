@@ -9,21 +9,22 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import pyarrow as pa
-
 from fedharness.config.load import load_settings
+from fedharness.config.overrides import dict_overrides
 from fedharness.contracts import Callback
 from fedharness.errors import ConfigError, raise_for_results_write, require
 from fedharness.base.extras import require_extra
-from fedharness.runs.lifecycle import mark_lost_runs
+from fedharness.runs.lifecycle import open_results
 from fedharness.base.progress import ProgressBar
 from fedharness.runs.execute import execute
-from fedharness.sinks.parquet import read_table
-from fedharness.results.store import check_writable, open_store
-from fedharness.studies.sweep import dict_overrides, plan, run_sweep
+from fedharness.results import layout
+from fedharness.results.store import ResultsStore, open_store
+from fedharness.results.tables import read_run_table, run_table_keys
+from fedharness.studies.sweep import plan, run_sweep
 
 if TYPE_CHECKING:
     import pandas as pd  # imported where a table is read: a run's process never loads pandas (0.3 s)
@@ -43,21 +44,6 @@ def as_overrides(overrides: Overrides = None, **kwargs: Any) -> list[str]:
     else:
         raise ConfigError("overrides", overrides, "a list of 'key=value' strings or a mapping of keys to values")
     return out + dict_overrides(kwargs)
-
-
-def _read(results_dir: str, table: str, run_ids: Sequence[str]) -> pd.DataFrame:
-    """`<results_dir>/<table>/run_id=<id>/*.parquet` of the given runs, with a leading run_id column."""
-    import pandas as pd
-
-    store, parts = open_store(results_dir), []
-    for run_id in run_ids:
-        keys = [k for k in store.list(f"{table}/run_id={run_id}") if k.endswith(".parquet")]
-        if keys:
-            t = pa.concat_tables([read_table(store, k) for k in keys])
-            parts.append(t.add_column(0, "run_id", pa.array([run_id] * t.num_rows, pa.string())))
-    if not parts:
-        return pd.DataFrame({"run_id": pd.Series(dtype="string")})
-    return pa.concat_tables(parts, promote_options="default").to_pandas()  # runs may add metric columns
 
 
 @dataclass(frozen=True)
@@ -82,15 +68,20 @@ class Result:
     def status(self) -> str:
         return self.statuses[self.run_id]
 
+    @cached_property
+    def store(self) -> ResultsStore:
+        """The results store, opened on the first read of the tables."""
+        return open_store(self.results_dir)
+
     @property
     def runs(self) -> pd.DataFrame:
         """One row per run: the runs/ table (config_json, status, started_at, ...)."""
-        return _read(self.results_dir, "runs", self.run_ids)
+        return read_run_table(self.store, run_table_keys(self.store, layout.RUNS, self.run_ids))
 
     @property
     def rounds(self) -> pd.DataFrame:
         """One row per (run, replica, series, evaluated round): the rounds/ table."""
-        return _read(self.results_dir, "rounds", self.run_ids)
+        return read_run_table(self.store, run_table_keys(self.store, layout.ROUNDS, self.run_ids))
 
 
 def run(overrides: Overrides = None, callbacks: Sequence[Callback] = (), **kwargs: Any) -> Result:
@@ -104,9 +95,7 @@ def run(overrides: Overrides = None, callbacks: Sequence[Callback] = (), **kwarg
         missing = [m for m in ("on_round_end", "on_evaluation") if not callable(getattr(cb, m, None))]
         require(not missing, "callbacks", cb, f"a fedharness.Callback (subclass it); this one lacks {', '.join(missing)}")
     settings = load_settings(as_overrides(overrides, **kwargs))
-    store = open_store(settings.results_dir)
-    check_writable(store)  # an object store that is missing or refuses us: one line, before the run starts
-    mark_lost_runs(store)  # rows a killed process left `running`
+    store = open_results(settings.results_dir)
     bar = ProgressBar(settings.rounds, settings.progress)
     try:
         result = execute(settings, callbacks=callbacks, hooks=[bar], store=store)
@@ -136,7 +125,7 @@ def tune(overrides: Overrides = None, **kwargs: Any) -> Study:
 
     require_extra("optuna", "command", "tune")  # the `tune` extra
     spec = build_spec(as_overrides(overrides, **kwargs))
-    summary = run_study(spec)
+    summary = run_study(spec, open_results(spec.results_dir))
     return Study(spec.study, summary.get("best_params"), summary.get("best_value"), summary["table"].to_pandas(),
                  summary["text"])
 
@@ -150,7 +139,7 @@ def sweep(overrides: Overrides = None, **kwargs: Any) -> Result:
     spec, jobs = plan(as_overrides(overrides, **kwargs))
     done = run_sweep(spec, jobs, echo=log.info)
     statuses = {j.run_id: done.outcomes[j.run_id].status for j in jobs if j.run_id in done.outcomes}
-    return Result(open_store(spec.results_dir).url, statuses)
+    return Result(done.results_dir, statuses)
 
 
 def report(results_dir: str | Path, targets: Sequence[str] | None = None, scale_key: str | None = None,
@@ -158,7 +147,9 @@ def report(results_dir: str | Path, targets: Sequence[str] | None = None, scale_
            level: float = 0.95, series: str = "iterate"):
     """Rounds to target, speedup fits, plots and Markdown, as `fedharness report`; returns the Report
     (`.tables` of DataFrames, `.figures`, `.markdown`)."""
-    from fedharness.studies.reports.command import make_report
+    from fedharness.studies.reports.analysis import parse_target
+    from fedharness.studies.reports.data import load_results
+    from fedharness.studies.reports.report import build_report
 
-    return make_report(str(results_dir), None if targets is None else list(targets), scale_key, out, study,
-                       bootstrap, level, series)
+    parsed = None if targets is None else [parse_target(t) for t in targets]
+    return build_report(load_results(str(results_dir), study), parsed, scale_key, out, bootstrap, level, series)

@@ -58,8 +58,21 @@ def cmd_show_config(overrides: list[str]) -> int:
 def cmd_config(group: str | None, option: str | None) -> int:
     from fedharness.config.help import describe_group, describe_run
 
-    print(describe_group(group, option) if group else describe_run())
+    studies = {"tune": describe_tune, "sweep": describe_sweep}
+    print(studies[group](option) if group in studies else describe_group(group, option) if group else describe_run())
     return 0
+
+
+def describe_tune(option: str | None = None) -> str:
+    from fedharness.studies.tuning.spec import describe_tune as describe
+
+    return describe(option)
+
+
+def describe_sweep(option: str | None = None) -> str:
+    from fedharness.studies.sweep import describe_sweep as describe
+
+    return describe(option)
 
 
 def single_values(overrides: list[str]) -> None:
@@ -70,22 +83,28 @@ def single_values(overrides: list[str]) -> None:
             raise ConfigError(key, value, f"one value per key; a grid of runs is: fedharness sweep {ov}")
 
 
-class RunHelp(argparse.Action):
-    """`fedharness run --help`: the usage, then every group and key from the schema (composed only when asked)."""
+class KeysHelp(argparse.Action):
+    """`--help` of run, tune and sweep: the usage, then every key with its default and doc from the declarations
+    (composed only when asked)."""
 
-    def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, help="show the config groups and keys with defaults")
+    def __init__(self, option_strings, dest, describe, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, help="show the keys with their defaults and docs")
+        self.describe = describe
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from fedharness.config.help import describe_run
-
-        print(parser.format_help() + "\n" + describe_run())
+        print(parser.format_help() + "\n" + self.describe())
         parser.exit()
 
 
+def describe_run() -> str:
+    from fedharness.config.help import describe_run as describe
+
+    return describe()
+
+
 def cmd_list() -> int:
-    from fedharness.algorithms.registry import PARTS
     from fedharness.config.compose import group_options
+    from fedharness.algorithms.registry import PARTS
     from fedharness.problems import DATASETS, MODELS
     from fedharness.partitions import PARTITIONERS
     from fedharness.registry.plugins import load_entry_points
@@ -105,21 +124,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedharness", description="Federated optimization benchmark harness.")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one experiment: fedharness run key=value ...", add_help=False)
-    run.add_argument("-h", "--help", action=RunHelp)
+    run.add_argument("-h", "--help", action=KeysHelp, describe=describe_run)
     run.add_argument("overrides", nargs="*", help="key=value, e.g. dataset=digits algorithm.client_lr=0.1")
     run.add_argument("--cfg", choices=["job"], help="print the resolved, validated config as YAML; run nothing")
     run.add_argument("-m", "--multirun", action="store_true", help="not here: grids of runs are `fedharness sweep`")
     config = sub.add_parser("config", help="a config group's options and keys with defaults and docs: "
                             "fedharness config [GROUP [OPTION]]")
-    config.add_argument("group", nargs="?", help="dataset, partition, model or algorithm (none: every top-level key)")
+    config.add_argument("group", nargs="?", help="dataset, partition, model, algorithm, tune or sweep (none: every "
+                        "top-level key of a run)")
     config.add_argument("option", nargs="?", help="an option of the group (default: the group's default)")
     sub.add_parser("list", help="list registered datasets, partitions, models, algorithms and parts")
-    tune = sub.add_parser("tune", help="tune with Optuna under a fixed budget: fedharness tune tune=NAME key=value ...")
+    tune = sub.add_parser("tune", help="tune with Optuna under a fixed budget: fedharness tune tune=NAME key=value ...",
+                          add_help=False)
+    tune.add_argument("-h", "--help", action=KeysHelp, describe=describe_tune)
     tune.add_argument("overrides", nargs="*", help="tune=NAME, tune.* keys (e.g. tune.n_trials=20) and run overrides")
     tune.add_argument("--compare", metavar="ALGS", default=None,
                       help="comma-separated algorithms, e.g. fedavg,fednova,scaffold: same trials and budget each, "
                            "best configs re-run with fresh seeds, mean/std table")
-    sweep = sub.add_parser("sweep", help="run a study grid as Ray tasks: fedharness sweep sweep=NAME [k=v] [k=a,b]")
+    sweep = sub.add_parser("sweep", help="run a study grid as Ray tasks: fedharness sweep sweep=NAME [k=v] [k=a,b]",
+                           add_help=False)
+    sweep.add_argument("-h", "--help", action=KeysHelp, describe=describe_sweep)
     sweep.add_argument("overrides", nargs="*", help="sweep=NAME (conf/sweep/NAME.yaml); sweep.KEY=V sets the sweep "
                        "(e.g. sweep.runner=local, sweep.resources.num_cpus=2); k=v fixes a run key; k=a,b adds a "
                        "grid dimension")

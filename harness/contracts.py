@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, TypedDict, runtime_checkable
 
 import numpy as np
-import torch
 
-if TYPE_CHECKING:  # annotations only: the executors live in core, above this module
-    from fedharness.core.executors import RoundPlan, ShardResult
+if TYPE_CHECKING:  # annotations only: torch loads with the first module that computes (the results tables and
+    # sinks need none of it), and the executors and the engine live in core, above this module
+    import torch
 
-if TYPE_CHECKING:
     from fedharness.core.engine import RunOutcome
+    from fedharness.core.executors import RoundPlan, ShardResult
 
 # --- what the parts hand each other ------------------------------------------------------------------------
 
@@ -167,9 +167,9 @@ class SolverState(TypedDict, total=False):
     momentum: torch.Tensor  # a batch of slots: each copy's own client momentum [M, 1]
 
 
-ServerState = Mapping[str, torch.Tensor]  # a server optimizer's: {} (sgd), MomentumState, AdamState
-ServerContext = Mapping[str, torch.Tensor]  # what a solver keeps on the server and sends the shards: {}, ControlVariate
-ClientState = Mapping[str, torch.Tensor]  # what a solver keeps per (replica, client) in its shard: {}, ControlVariate
+ServerState = Mapping[str, "torch.Tensor"]  # a server optimizer's: {} (sgd), MomentumState, AdamState
+ServerContext = Mapping[str, "torch.Tensor"]  # what a solver keeps on the server and sends the shards: {}, ControlVariate
+ClientState = Mapping[str, "torch.Tensor"]  # what a solver keeps per (replica, client) in its shard: {}, ControlVariate
 
 
 # --- the model and the problem ------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ class Key:
     check: Callable[[Any], bool]
     allowed: str
     doc: str
+    batchable: bool = False  # may differ between the slots of one batched run (fedharness.runs.batch)
 
     def require(self, key: str, value: Any) -> None:
         """ConfigError naming `key`, the value and what is allowed, unless `value` is allowed."""
@@ -52,15 +53,16 @@ def _bounds(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) ->
     return ok, text
 
 
-def integer(doc: str, lo: int | None = None, hi: int | None = None, null: str | None = None) -> Key:
+def integer(doc: str, lo: int | None = None, hi: int | None = None, null: str | None = None,
+            batchable: bool = False) -> Key:
     ok, text = _bounds(lo, hi, False, False)
-    return Key(*_nullable(lambda v: _is_int(v) and ok(v), f"an integer {text}".rstrip(), null), doc)
+    return Key(*_nullable(lambda v: _is_int(v) and ok(v), f"an integer {text}".rstrip(), null), doc, batchable)
 
 
 def number(doc: str, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-           hi_open: bool = False, null: str | None = None) -> Key:
+           hi_open: bool = False, null: str | None = None, batchable: bool = False) -> Key:
     ok, text = _bounds(lo, hi, lo_open, hi_open)
-    return Key(*_nullable(lambda v: _is_real(v) and ok(v), f"a finite number {text}".rstrip(), null), doc)
+    return Key(*_nullable(lambda v: _is_real(v) and ok(v), f"a finite number {text}".rstrip(), null), doc, batchable)
 
 
 def boolean(doc: str) -> Key:
@@ -71,7 +73,7 @@ def text(doc: str, null: str | None = None) -> Key:
     return Key(*_nullable(lambda v: isinstance(v, str) and v != "", "a non-empty string", null), doc)
 
 
-def choice(doc: str, options: Iterable[str] | Callable[[], Iterable[str]]) -> Key:
+def choice(doc: str, options: Iterable[str] | Callable[[], Iterable[str]], batchable: bool = False) -> Key:
     """One of `options`; a callable is read at validation time (live registries)."""
     names = options if callable(options) else (lambda fixed=tuple(options): fixed)
 
@@ -79,7 +81,7 @@ def choice(doc: str, options: Iterable[str] | Callable[[], Iterable[str]]) -> Ke
         def __str__(self) -> str:
             return "one of: " + ", ".join(names())
 
-    return Key(lambda v: isinstance(v, str) and v in tuple(names()), _Allowed(), doc)
+    return Key(lambda v: isinstance(v, str) and v in tuple(names()), _Allowed(), doc, batchable)
 
 
 def anything(doc: str) -> Key:

@@ -129,6 +129,17 @@ def classes_per_client(
         for label in client_labels:
             holders[label].append(client)
 
+    share = _equal_share(per_label, holders, classes)
+    groups: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for lab, clients in enumerate(holders):
+        idx = per_label[lab]
+        for k, client in enumerate(clients):
+            groups[client].append(idx[k * share:(k + 1) * share])
+    return _finish([np.concatenate(g) for g in groups])
+
+
+def _equal_share(per_label: list[np.ndarray], holders: list[list[int]], classes: int) -> int:
+    """q: the most samples every label can give each of its holders (ConfigError where a label cannot give one)."""
     share = min(len(per_label[lab]) // len(h) for lab, h in enumerate(holders) if h)
     if share == 0:
         held_labels = [lab for lab, h in enumerate(holders) if h]
@@ -139,13 +150,7 @@ def classes_per_client(
             f"infeasible: a label with {len(per_label[worst])} samples would be shared by "
             f"{len(holders[worst])} clients; use fewer clients or fewer classes per client",
         )
-
-    groups: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-    for lab, clients in enumerate(holders):
-        idx = per_label[lab]
-        for k, client in enumerate(clients):
-            groups[client].append(idx[k * share:(k + 1) * share])
-    return _finish([np.concatenate(g) for g in groups])
+    return share
 
 
 PARTITIONERS.add("classes_per_client", classes_per_client,

@@ -110,3 +110,12 @@ def descendants(root: int | None = None) -> dict[int, str]:
 def shard_actor_pids() -> list[int]:
     """Processes of ShardActors started under this test process (never anyone else's)."""
     return sorted(pid for pid, cmd in descendants().items() if "ShardActor" in cmd)
+
+
+def override_values(overrides: list[str]) -> dict:
+    """Command-line overrides as a sweep's `base` mapping: each key (with its `+`) to the value Hydra parses from
+    its text (`rounds=4` -> 4), as a sweep YAML file would hold it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    return {o.input_line.split("=", 1)[0]: o.value() for o in parsed}

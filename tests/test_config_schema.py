@@ -113,13 +113,13 @@ def test_a_part_registered_at_run_time_is_accepted(monkeypatch):
 
 
 def test_a_full_disk_during_the_run_is_one_line(tmp_path, monkeypatch, capsys):
-    import fedharness.runs.execute
+    import fedharness.runs.lifecycle
 
-    class FullDisk(fedharness.runs.execute.ParquetSink):
+    class FullDisk(fedharness.runs.lifecycle.ParquetSink):
         def write_run(self, row):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(fedharness.runs.execute, "ParquetSink", FullDisk)
+    monkeypatch.setattr(fedharness.runs.lifecycle, "ParquetSink", FullDisk)
     results = tmp_path / "res"
     assert main(["run", f"results_dir={results}", "progress=false", "dataset=quadratic", "rounds=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -29,7 +29,7 @@ from fedharness.problems import DATASETS, MODELS
 from fedharness.registry.groups import METRICS
 from fedharness.keys import number
 from fedharness.studies.sweep import run_sweep, spec_from_dict
-from ray_support import read_rounds
+from ray_support import override_values, read_rounds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -166,7 +166,7 @@ def test_python_registrations_run_in_two_ray_shards_as_inline(user_parts, tmp_pa
 
 
 def test_python_registrations_run_in_sweep_tasks_as_inline(user_parts, tmp_path):
-    base = {**dict(o.split("=", 1) for o in RUN if not o.startswith("progress=")), "metrics": ["plug_norm"]}
+    base = {**override_values([o for o in RUN if not o.startswith("progress=")]), "metrics": ["plug_norm"]}
     spec = spec_from_dict({"results_dir": str(tmp_path / "sweep"), "runner": "ray", "base": base,
                            "grid": {"seed": [0, 1]}, "resources": {"num_cpus": 1}}, "plugins")
     result = run_sweep(spec, echo=lambda line: None)

@@ -56,7 +56,7 @@ def test_killed_writer_leaves_no_partial_file(tmp_path):
     """SIGKILL a process in the middle of writing large parts: every visible file is complete."""
     script = textwrap.dedent(f"""
         import pyarrow as pa
-        from fedharness.sinks.parquet import write_table
+        from fedharness.results.tables import write_table
         from fedharness.results.store import FileStore
         table = pa.table({{"x": list(range(3_000_000))}})
         store = FileStore({str(tmp_path)!r})

@@ -25,7 +25,7 @@ import pytest
 
 from fedharness.errors import ConfigError
 from fedharness.studies.sweep import spec_from_dict
-from ray_support import QUADRATIC
+from ray_support import QUADRATIC, override_values
 
 # Loopback only; token auth off (nothing outside this machine can reach these ports), so no token file is made.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0",
@@ -158,7 +158,7 @@ def _assert_each_round_once(runs: list[dict], rounds: list[dict], evaluated: lis
 
 
 SWEEP = {"name": "nodriver", "results_dir": "results",  # relative: the driver's working directory
-         "base": {**dict(o.split("=", 1) for o in QUADRATIC), "rounds": 4, "eval_every": 2, "checkpoint_every": 2},
+         "base": {**override_values(QUADRATIC), "rounds": 4, "eval_every": 2, "checkpoint_every": 2},
          "grid": {"seed": [0, 1, 2]}, "resources": {"num_cpus": 1, "private_node": 1}}
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow.dataset as ds
 import pytest
 
-from fedharness.studies.reports import build_report, parse_target
+from fedharness.studies.reports import build_report, load_results, parse_target
 from fedharness.runs.execute import execute
 from fedharness.studies.sweep import run_sweep, spec_from_dict
 
@@ -26,7 +26,7 @@ def study(tmp_path, base: dict, grid: dict, zips: list, protocol: dict, target: 
     result = run_sweep(spec_from_dict(data, "scaling"), echo=lambda line: None)
     assert result.counts() == {"ok": len(result.jobs)}
     t = parse_target(target)
-    report = build_report(tmp_path / "res", [t], bootstrap=1000, figures=False)
+    report = build_report(load_results(tmp_path / "res"), [t], bootstrap=1000, figures=False)
     assert report.tables[f"to_target_{t.slug}"]["censored"].sum() == 0
     return report.tables[f"fit_{t.slug}"].set_index("group")
 

@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from fedharness.sinks.parquet import ROUND_SCHEMA, RUN_SCHEMA, _table, read_table, table_bytes
+from fedharness.results.tables import read_table, table_bytes
+from fedharness.sinks.parquet import ROUND_SCHEMA, RUN_SCHEMA, _table
 from fedharness.results.store import FileStore
 
 HEAVY = ("pandas", "pyarrow.dataset", "optuna", "ray", "wandb", "matplotlib", "scipy", "torchvision")
@@ -66,7 +67,9 @@ def test_read_table_names_a_missing_column(tmp_path):
 
 def test_writing_and_reading_results_imports_neither_pandas_nor_pyarrow_dataset(tmp_path):
     code = textwrap.dedent(f"""
-        from fedharness.sinks.parquet import ParquetSink, read_table, run_key
+        from fedharness.results.layout import run_key
+        from fedharness.results.tables import read_table
+        from fedharness.sinks.parquet import ParquetSink
         from fedharness.results.store import FileStore
         store = FileStore({str(tmp_path)!r})
         sink = ParquetSink(store, "r1", extra_columns=["mine"])

@@ -11,7 +11,7 @@ import pytest
 
 from fedharness.config.load import load_config
 from fedharness.errors import ConfigError
-from fedharness.studies.sweep import apply_cli, expand, grid_points, run_sweep, spec_from_dict, split_overrides
+from fedharness.studies.sweep import apply_cli, expand, grid_points, run_sweep, spec_from_dict, split_args
 
 BASE = {"dataset": "quadratic", "dataset.num_clients": 20, "rounds": 4, "eval_every": 2}
 
@@ -33,7 +33,7 @@ def test_zip_keys_advance_together_and_grids_unite(tmp_path):
 
 
 def test_command_line_sweeps_add_dimensions_and_fixed_values_remove_them(tmp_path):
-    name, sweep_keys, plain, sweeps = split_overrides(
+    name, sweep_keys, plain, sweeps = split_args(
         ["sweep=x", "sweep.runner=local", "algorithm.local_steps=1,2", "seed=range(0,3)", "rounds=7",
          "algorithm.client_lr=0.1"])
     assert (name, sweep_keys) == ("x", ["runner=local"])
@@ -47,7 +47,7 @@ def test_command_line_sweeps_add_dimensions_and_fixed_values_remove_them(tmp_pat
     assert cfg["algorithm"]["client_lr"] == 0.1 and cfg["rounds"] == 7  # fixed on the command line
     assert cfg["study"] == "t" and cfg["results_dir"] == str(tmp_path / "res") and cfg["progress"] is False
     with pytest.raises(ConfigError, match="sweep"):
-        split_overrides(["rounds=3"])  # no sweep named
+        split_args(["rounds=3"])  # no sweep named
 
 
 def test_theory_protocol_sets_yang_step_sizes(tmp_path):
@@ -187,12 +187,12 @@ ZIPPED = {"grid": {"algorithm.clients_per_round": [1, 2, 4], "rounds": [40, 20, 
 
 
 def _cli(tmp_path, *args: str):
-    _, _, plain, sweeps = split_overrides(["sweep=x", *args])
+    _, _, plain, sweeps = split_args(["sweep=x", *args])
     return grid_points(apply_cli(spec(tmp_path, **ZIPPED), plain, sweeps))
 
 
 def test_fixing_one_zipped_key_keeps_the_zip(tmp_path):
-    s = apply_cli(spec(tmp_path, **ZIPPED), *split_overrides(["sweep=x", "rounds=30"])[2:])
+    s = apply_cli(spec(tmp_path, **ZIPPED), *split_args(["sweep=x", "rounds=30"])[2:])
     assert grid_points(s) == [{"algorithm.clients_per_round": n, "eval_every": e}
                               for n, e in (("1", "4"), ("2", "2"), ("4", "1"))]
     assert all(load_config(job.overrides)["rounds"] == 30 for job in expand(s))

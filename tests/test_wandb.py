@@ -213,13 +213,13 @@ def test_report_figures_and_tables_are_logged(run_config, offline, tmp_path):
     from dataclasses import replace
 
     from fedharness.config.load import load_settings
-    from fedharness.studies.reports import build_report, parse_target
+    from fedharness.studies.reports import build_report, load_results, parse_target
     from fedharness.sinks.wandb_sink import log_report
 
     for n in (1, 2):
         execute(run_config("dataset=quadratic", "rounds=20", "eval_every=1", "replicas=2", "study=wbr",
                            f"algorithm.clients_per_round={n}"))
-    report = build_report(tmp_path / "results", [parse_target("subopt<=0.1")], bootstrap=20)
+    report = build_report(load_results(tmp_path / "results"), [parse_target("subopt<=0.1")], bootstrap=20)
     log_report(report, replace(load_settings([]).wandb, project="fh-test"))
     records = read_records(wandb_file(offline))
     keys = history_keys(records)

@@ -7,20 +7,19 @@ from typing import Any
 from fedharness.config import schema
 from fedharness.algorithms.registry import user_keys
 from fedharness.config.compose import group_options
+from fedharness.config.overrides import format_value
 from fedharness.errors import ConfigError
 from fedharness.extend import register_targets
 from fedharness.registry.plugins import load_entry_points
+from fedharness.settings import keys_of, sections_of
 
 HELP_GROUPS = ("dataset", "partition", "model", "algorithm")
 WIDTH = 34  # "key = default" column
 
 
 def _shown(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)
+    """A default as it is written on the command line."""
+    return value if isinstance(value, str) and value else format_value(value)
 
 
 def _line(key: str, default: Any, doc: str) -> str:
@@ -70,3 +69,21 @@ def describe_group(group: str, option: str | None = None) -> str:
         lines += [_line(f"+{group}.{key}", default, f"{spec.doc} (a user's part)")
                   for key, (spec, default) in user_keys().items() if key not in values]
     return "\n".join(lines)
+
+
+def declared_lines(cls: type, values: dict[str, Any], prefix: str) -> list[str]:
+    """`key = default  doc` for every key a settings class declares, its sections' keys after its own."""
+    lines = [_line(prefix + name, values.get(name), spec.doc) for name, spec in keys_of(cls).items()]
+    for name, section in sections_of(cls).items():
+        lines += declared_lines(section, values.get(name) or {}, f"{prefix}{name}.")
+    return lines
+
+
+def describe_declared(group: str, option: str | None, cls: type, values: dict[str, Any]) -> str:
+    """The configs of a study group (tune, sweep) and the keys with one's values, or with their defaults where none is
+    named (`fedharness config tune [NAME]`)."""
+    shown = f"{group}={option}" if option else f"every {group} config, at their defaults"
+    lines = [f"{group} configs (`{group}=NAME`; `fedharness config {group} NAME` shows one's values):",
+             _options_line(group, option or ""), "",
+             f"keys of {shown} (key = value  doc); set any as {group}.KEY=value:"]
+    return "\n".join(lines + declared_lines(cls, values, f"{group}."))

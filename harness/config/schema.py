@@ -27,7 +27,7 @@ from fedharness.config.memory import check_memory
 import fedharness.partitions  # noqa: F401  (the built-in partitioners register themselves)
 import fedharness.problems  # noqa: F401  (the built-in data sets and models)
 from fedharness.registry.groups import DATASETS, METRICS, MODELS, PARTITIONERS
-from fedharness.settings import RunSettings, keys_of, sections_of
+from fedharness.settings import RunSettings, _frozen, keys_of, sections_of
 from fedharness.results.store import open_store
 
 
@@ -61,6 +61,12 @@ def group_keys(group: str, option: str) -> dict[str, Key] | None:
         return name
     keys = GROUPS[group].declared(option) if group in GROUPS else None
     return None if keys is None else {**name, **keys}
+
+
+def batchable_keys() -> tuple[str, ...]:
+    """The keys a slot of a batched run may set on its own: those declared `batchable` (fedharness.runs.batch)."""
+    algorithm = tuple(f"algorithm.{name}" for name, spec in algorithm_keys().items() if spec.batchable)
+    return (*(name for name, spec in TOP.items() if spec.batchable), *algorithm)
 
 
 GROUP_NAMES: dict[str, Callable[[], tuple[str, ...]]] = {
@@ -104,6 +110,29 @@ def check_keys(cfg: dict[str, Any]) -> None:
     for group in (*GROUP_NAMES, "algorithm"):
         require(group in cfg, group, None, "every run config has a " + group)
         _check_group(cfg, group)
+
+
+# --- a declared settings class (a tune or sweep spec): its keys and sections, recursively --------------------
+
+def check_declared(cls: type, values: Any, prefix: str) -> None:
+    """Every key of `values` is one `cls` declares (its keys, and its sections' keys in turn), and every declared key
+    holds an allowed value (the YAML defaults set each one)."""
+    keys, sections = keys_of(cls), sections_of(cls)
+    names, where = [*keys, *sections], prefix.rstrip(".")
+    require(isinstance(values, dict), where, values, f"a mapping of: {', '.join(names)}")
+    for name, value in values.items():
+        require(name in names, prefix + name, value, f"no such key; keys of '{where}': {', '.join(names)}")
+    for name, spec in keys.items():
+        spec.require(prefix + name, values.get(name))
+    for name, section in sections.items():
+        check_declared(section, values.get(name), f"{prefix}{name}.")
+
+
+def declared_settings(cls: type, values: dict[str, Any]) -> Any:
+    """The frozen settings of values check_declared has passed: lists as tuples, each section its own settings."""
+    fields = {name: _frozen(values[name]) for name in keys_of(cls)}
+    fields.update({name: declared_settings(section, values[name]) for name, section in sections_of(cls).items()})
+    return cls(**fields)
 
 
 # --- rules that tie keys together, in the order they are checked -----------------------------------------
@@ -229,7 +258,8 @@ def results_dir_writable(cfg: dict[str, Any]) -> None:
 
 
 RULES: tuple[Callable[[dict[str, Any]], None], ...] = (
-    metrics_registered, model_fits_dataset, partition_fits_dataset, ray_keys_need_ray, shards_within_clients, sampled_within_clients,
+    metrics_registered, model_fits_dataset, partition_fits_dataset, ray_keys_need_ray, shards_within_clients,
+    sampled_within_clients,
     ranges_ordered, per_client_steps, device_available, results_dir_writable,
 )
 

@@ -27,9 +27,11 @@ import pyarrow.parquet as pq
 import torch
 
 from fedharness.contracts import Callback, RoundContext
+from fedharness.base.mappings import differences
 from fedharness.core.engine import RunState
 from fedharness.errors import ConfigError, require
 from fedharness.settings import RunSettings
+from fedharness.results import layout
 from fedharness.results.store import ResultsStore, open_store
 
 FORMAT = 2  # 2: numpy arrays as plain (dtype, shape, bytes), loadable with weights_only=True
@@ -37,10 +39,6 @@ _NDARRAY = "__ndarray__"  # marks an encoded numpy array in a checkpoint
 # Keys that may differ between a run and its resumption: where and how it executes, not what it computes.
 RESUME_FREE = ("resume", "progress", "executor", "num_shards", "ray", "checkpoint_every", "results_dir", "wandb",
                "reference_timeout_s")
-
-
-def checkpoint_prefix(run_id: str) -> str:
-    return f"checkpoints/run_id={run_id}"
 
 
 def _store(settings: RunSettings, store: ResultsStore | None) -> ResultsStore:
@@ -57,11 +55,11 @@ class Checkpointer(Callback):
 
     def __init__(self, settings: RunSettings, run_id: str, started: str, sink, executor):
         """`sink`: the run's ParquetSink; the checkpoint goes to the same results store."""
-        self.prefix = checkpoint_prefix(run_id)
+        self.run_id = run_id
         self.sink, self.store, self.executor = sink, sink.store, executor
         self.every, self.eval_every, self.rounds = settings.checkpoint_every, settings.eval_every, settings.rounds
         self.round: int | None = None  # the last round saved (a resumed run sets its checkpoint's)
-        meta = f"{self.prefix}/meta.json"
+        meta = layout.checkpoint_meta_key(run_id)
         if not self.store.exists(meta):  # a resumed run keeps its original meta
             text = json.dumps({"format": FORMAT, "run_id": run_id, "started_at": started,
                                "config": _plain(settings.config)},
@@ -86,7 +84,7 @@ class Checkpointer(Callback):
                    "client_state": _map(self.executor.get_state(), _encode_array), "rows_part": part}
         buf = io.BytesIO()
         torch.save(payload, buf)
-        self.store.write(f"{self.prefix}/state.pt", buf.getvalue())
+        self.store.write(layout.checkpoint_state_key(self.run_id), buf.getvalue())
         self.round = state.round  # before the rows: a signal in flush must not name the previous checkpoint
         self.sink.flush(part)
 
@@ -139,31 +137,17 @@ class Resume:
         return -1 if self.state is None else self.state.round
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
 def _differences(old: dict, new: dict) -> list[str]:
-    a, b = _flatten(old), _flatten(new)
-    free = lambda k: k.split(".")[0] in RESUME_FREE  # noqa: E731
-    return [f"{k} (was {a.get(k)!r}, now {b.get(k)!r})" for k in sorted(set(a) | set(b))
-            if not free(k) and a.get(k) != b.get(k)]
+    return [f"{k} (was {a!r}, now {b!r})" for k, a, b in differences(old, new) if k.split(".")[0] not in RESUME_FREE]
 
 
 def _run_status(store: ResultsStore, run_id: str) -> str | None:
-    data = store.read(f"runs/run_id={run_id}/run.parquet")  # fedharness.sinks.parquet.run_key (a layer above)
+    data = store.read(layout.run_key(run_id))
     return None if data is None else pq.read_table(pa.BufferReader(data), columns=["status"])["status"][0].as_py()
 
 
 def _meta(store: ResultsStore, run_id: str) -> dict | None:
-    data = store.read(f"{checkpoint_prefix(run_id)}/meta.json")
+    data = store.read(layout.checkpoint_meta_key(run_id))
     return None if data is None else json.loads(data)
 
 
@@ -213,7 +197,7 @@ def restore_rows(sink, run_id: str) -> int | None:
 def _load_state(store: ResultsStore, run_id: str) -> dict | None:
     """state.pt read as plain data only (tensors, numbers, strings, bytes, containers): a planted file
     naming any other class or function is refused, never run. None when the run has none."""
-    key = f"{checkpoint_prefix(run_id)}/state.pt"
+    key = layout.checkpoint_state_key(run_id)
     data = store.read(key)
     if data is None:
         return None

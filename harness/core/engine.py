@@ -74,9 +74,18 @@ def _failed(err: BaseException) -> str:
     return "failed"
 
 
-def _overrides(hook: Callback, event: str) -> bool:
-    """Whether the hook does something at `event` (Callback's own members do nothing)."""
-    return getattr(type(hook), event, None) is not getattr(Callback, event)
+def _acts_at_round_end(hook: Callback) -> bool:
+    """Whether the hook does something after a round (Callback's own member does nothing): a slot whose hooks do
+    not is spared building its RoundContext every round."""
+    return type(hook).on_round_end is not Callback.on_round_end
+
+
+def _round_end(hook: Callback, context: RoundContext) -> bool | None:
+    return hook.on_round_end(context)
+
+
+def _evaluation(hook: Callback, context: RoundContext) -> bool | None:
+    return hook.on_evaluation(context)
 
 
 class Engine:
@@ -104,7 +113,7 @@ class Engine:
         self.network = network or NetworkModel()
         self.metrics, self.end_status = tuple(metrics), end_status  # metrics: a user's extra columns
         self.hooks = dict(zip(slots.ids, hooks))
-        self.round_hooks = {i: [h for h in hs if _overrides(h, "on_round_end")] for i, hs in self.hooks.items()}
+        self.round_hooks = {i: [h for h in hs if _acts_at_round_end(h)] for i, hs in self.hooks.items()}
         self.bytes_per_param = torch.finfo(problem.dtype).bits // 8
         self._last_lr = np.full(len(layout), np.nan)
         self._last_diag: Coefficients | None = None
@@ -238,7 +247,7 @@ class Engine:
             if not finite[i]:
                 ends[i] = self._outcome(state, i, "diverged", rnd - 1)
                 continue
-            stop, err = self._tell(state, i, "on_round_end", [], self.round_hooks)
+            stop, err = self._tell(state, i, _round_end, [], self.round_hooks)
             if err is not None:
                 ends[i] = self._outcome(state, i, self.end_status(err), rnd - 1, err)
             elif stop or rnd % s.eval_every[i] == 0 or rnd == s.rounds[i]:
@@ -263,7 +272,7 @@ class Engine:
         for i in due:
             mine = self.slot_rows(rows, i)
             self.rows[s.ids[i]].extend(mine)
-            stop, err = self._tell(state, i, "on_evaluation", mine, self.hooks)
+            stop, err = self._tell(state, i, _evaluation, mine, self.hooks)
             if err is not None:  # a hook's failure or an Optuna prune ends this slot only
                 ends[i] = self._outcome(state, i, self.end_status(err), rnd, err)
             elif rnd > 0 and any(r["train_loss"] is None for r in mine if r["series"] == "iterate"):
@@ -274,8 +283,8 @@ class Engine:
                 ends[i] = self._outcome(state, i, "ok", rnd)
         return ends
 
-    def _tell(self, state: RunState, i: int, event: str, rows: list[dict],
-              hooks: dict[int, list[Callback]]) -> tuple[bool, Exception | None]:
+    def _tell(self, state: RunState, i: int, event: Callable[[Callback, RoundContext], bool | None],
+              rows: list[dict], hooks: dict[int, list[Callback]]) -> tuple[bool, Exception | None]:
         """Call `event` on slot i's hooks (every one, also after one asked to stop): whether one asked to stop,
         or the exception that ends the slot."""
         listeners = hooks[self.slots.ids[i]]
@@ -284,7 +293,7 @@ class Engine:
         mine = self.slot_state(state, i)  # the slot's models only, replicas numbered as in its solo run
         context = RoundContext(state.round, int(self.slots.rounds[i]), mine.x, rows, mine)
         try:
-            return any([bool(getattr(hook, event)(context)) for hook in listeners]), None
+            return any([bool(event(hook, context)) for hook in listeners]), None
         except Exception as err:
             return False, err
 

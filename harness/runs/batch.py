@@ -18,15 +18,14 @@ import numpy as np
 
 from fedharness.algorithms.solvers import PER_COPY, LocalSGD
 from fedharness.contracts import Callback
+from fedharness.base.mappings import differences
+from fedharness.config.schema import batchable_keys
 from fedharness.errors import ConfigError, require
 from fedharness.settings import PartSettings, RunSettings
 
 # The keys a slot may set on its own; every other key must be equal across the slots of one batch.
 # (`seed` also picks the data unless dataset.data_seed is set, so slots of different seeds share a batch only then.)
-BATCHABLE_KEYS = ("seed", "rounds", "eval_every", "replicas", "algorithm.client_lr", "algorithm.server_lr",
-                  "algorithm.local_steps", "algorithm.mu", "algorithm.momentum", "algorithm.server_momentum",
-                  "algorithm.lr_schedule", "algorithm.lr_beta", "algorithm.lr_gamma", "algorithm.decay_at",
-                  "algorithm.decay_factor", "algorithm.lr_decay")
+BATCHABLE_KEYS = batchable_keys()  # declared on their Keys: Key(..., batchable=True)
 # Recorded per run but no part of what is computed: the study, a tuning trial's number, its W&B tag `trial=<n>`.
 RECORDED_PER_SLOT = ("study", "trial", "wandb.tags")
 
@@ -84,14 +83,10 @@ def check_batch(settings: Sequence[RunSettings]) -> None:
                                           f"{', '.join(BATCHABLE_KEYS)} may differ")
 
 
-def _first_difference(a: dict, b: dict, prefix: str = "") -> tuple[str, Any, Any]:
-    for name in sorted(set(a) | set(b)):
-        dotted = f"{prefix}{name}"
-        if dotted in BATCHABLE_KEYS or dotted in RECORDED_PER_SLOT or a.get(name) == b.get(name):
-            continue
-        if isinstance(a.get(name), dict) and isinstance(b.get(name), dict):
-            return _first_difference(a[name], b[name], dotted + ".")
-        return dotted, b.get(name), a.get(name)
+def _first_difference(a: dict, b: dict) -> tuple[str, Any, Any]:
+    for key, value0, value in differences(a, b):
+        if key not in BATCHABLE_KEYS and key not in RECORDED_PER_SLOT:
+            return key, value, value0
     return "dataset.data_seed", b.get("seed"), a.get("seed")  # equal configs but the seed picks different data
 
 

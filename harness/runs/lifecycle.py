@@ -35,10 +35,12 @@ from fedharness.contracts import Callback, RoundContext, callback_name
 from fedharness.core.checkpoint import Checkpointer, Resume, restore_rows
 from fedharness.core.engine import RunOutcome
 from fedharness.errors import ConfigError
-from fedharness.sinks.parquet import RUN_SCHEMA, ParquetSink, part_rounds, read_table, round_parts
-from fedharness.results.store import ResultsStore
+from fedharness.results import layout
+from fedharness.results.store import ResultsStore, check_writable, open_store
+from fedharness.results.tables import read_table
 from fedharness.settings import RunSettings
 from fedharness.sinks.masking import mask_secrets
+from fedharness.sinks.parquet import RUN_SCHEMA, ParquetSink
 from fedharness.sinks.wandb_sink import open_sink as open_wandb
 
 log = logging.getLogger(__name__)
@@ -111,15 +113,25 @@ def process_alive(pid: int, started: int | None) -> bool:
 
 def last_recorded_round(store: ResultsStore, run_id: str) -> int:
     """The last round in the run's rounds/ parts (their names hold the round range); 0 when none."""
-    return max((part_rounds(name)[1] for name in round_parts(store, run_id)), default=0)
+    return max((layout.part_rounds(name)[1] for name in layout.round_parts(store, run_id)), default=0)
+
+
+def open_results(results_dir: str | Path) -> ResultsStore:
+    """The results store a command (run, sweep, tune) records into, opened once and handed down: an object store
+    that is missing or refuses us is one line before any run starts, and the runs a killed process left `running`
+    are marked lost first."""
+    store = open_store(results_dir)
+    check_writable(store)
+    mark_lost_runs(store)
+    return store
 
 
 def mark_lost_runs(store: ResultsStore) -> list[str]:
     """Mark `running` rows of this host whose process is gone as `lost`, with the rounds they recorded."""
     host, marked = platform.node(), []
-    for key in store.list("runs"):
-        folder, _, name = key.rpartition("/")
-        if name != "run.parquet" or not folder.startswith("runs/run_id=") or folder.count("/") != 1:
+    for key in store.list(layout.RUNS):
+        run_id = layout.run_of(key)
+        if run_id is None or key != layout.run_key(run_id):
             continue
         try:
             table = read_table(store, key)
@@ -130,7 +142,6 @@ def mark_lost_runs(store: ResultsStore) -> list[str]:
             continue
         if process_alive(row["pid"], row.get("pid_start")):
             continue
-        run_id = folder.removeprefix("runs/run_id=")
         try:
             restore_rows(ParquetSink(store, run_id), run_id)  # killed between its checkpoint and that checkpoint's rows
         except (ConfigError, OSError) as err:

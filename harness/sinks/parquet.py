@@ -7,10 +7,11 @@ from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from fedharness.results import layout
 from fedharness.contracts import Callback, RoundContext
 from fedharness.results.store import ResultsStore
+from fedharness.results.tables import table_bytes, write_table
 
 ROUND_SCHEMA = pa.schema([
     ("replica", pa.int64()), ("series", pa.string()), ("round", pa.int64()),
@@ -36,31 +37,6 @@ RUN_SCHEMA = pa.schema([
     ("split_invariant", pa.bool_()),  # rows independent of the shard split (docs/cluster.md, Same bits)
     ("batch_id", pa.string()),  # the batched run it trained in as one slot (harness/runs/batch.py); null: alone
 ])
-
-
-def table_bytes(table: pa.Table) -> bytes:
-    """The table as the bytes of one Parquet file."""
-    buf = pa.BufferOutputStream()
-    pq.write_table(table, buf)
-    return buf.getvalue().to_pybytes()
-
-
-def write_table(store: ResultsStore, key: str, table: pa.Table) -> None:
-    store.write(key, table_bytes(table))
-
-
-def read_table(store: ResultsStore, key: str, columns: Sequence[str] | None = None) -> pa.Table | None:
-    """The Parquet object under `key`; None when there is none. A broken file or a missing column raises
-    (ArrowInvalid, OSError). Read as one ParquetFile: pq.read_table builds a dataset, and importing pyarrow.dataset
-    is a noticeable part of a short run's start-up (docs/performance.md, Start-up)."""
-    data = store.read(key)
-    if data is None:
-        return None
-    file = pq.ParquetFile(pa.BufferReader(data))
-    missing = [c for c in columns or () if c not in file.schema_arrow.names]
-    if missing:
-        raise pa.ArrowInvalid(f"{key} has no column {missing[0]!r}")
-    return file.read(columns=columns)
 
 
 def _table(rows: list[dict], schema: pa.Schema) -> pa.Table:
@@ -89,26 +65,6 @@ def column(values: list, type_: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(type_, len(values), buffers)
 
 
-def run_key(run_id: str) -> str:
-    return f"runs/run_id={run_id}/run.parquet"
-
-
-def rounds_prefix(run_id: str) -> str:
-    return f"rounds/run_id={run_id}"
-
-
-def part_rounds(name: str) -> tuple[int, int]:
-    """The first and last round a rounds/ part holds, from its name `part-<first>-<last>.parquet`."""
-    _, first, last = name.removesuffix(".parquet").split("-")
-    return int(first), int(last)
-
-
-def round_parts(store: ResultsStore, run_id: str) -> list[str]:
-    """The names of the run's rounds/ parts, sorted."""
-    names = (key.rpartition("/")[2] for key in store.list(rounds_prefix(run_id)))
-    return [name for name in names if name.startswith("part-") and name.endswith(".parquet")]
-
-
 class ParquetSink(Callback):
     """`runs/run_id=<id>/run.parquet` and `rounds/run_id=<id>/part-*.parquet` in a results store; as a hook of the
     run, it buffers each evaluation's rows and writes them when the run ends (and at each checkpoint)."""
@@ -120,7 +76,7 @@ class ParquetSink(Callback):
         self.pending: list[dict] = []
 
     def write_run(self, row: dict) -> None:
-        write_table(self.store, run_key(self.run_id), _table([row], RUN_SCHEMA))
+        write_table(self.store, layout.run_key(self.run_id), _table([row], RUN_SCHEMA))
 
     def add_rounds(self, rows: list[dict]) -> None:
         self.pending.extend(rows)
@@ -136,11 +92,10 @@ class ParquetSink(Callback):
         if not self.pending:
             return None
         rounds = [r["round"] for r in self.pending]
-        return (f"part-{min(rounds):09d}-{max(rounds):09d}.parquet",
-                table_bytes(_table(self.pending, self.round_schema)))
+        return layout.part_name(min(rounds), max(rounds)), table_bytes(_table(self.pending, self.round_schema))
 
     def part_key(self, name: str) -> str:
-        return f"{rounds_prefix(self.run_id)}/{name}"
+        return layout.part_key(self.run_id, name)
 
     def write_part(self, part: tuple[str, bytes]) -> None:
         name, data = part
@@ -157,6 +112,6 @@ class ParquetSink(Callback):
 
     def drop_after(self, last_round: int) -> None:
         """Remove parts holding rounds after `last_round`, so a resumed run writes each round once."""
-        for name in round_parts(self.store, self.run_id):
-            if part_rounds(name)[0] > last_round:
+        for name in layout.round_parts(self.store, self.run_id):
+            if layout.part_rounds(name)[0] > last_round:
                 self.store.delete(self.part_key(name))

@@ -30,7 +30,7 @@ from fedharness.base.extras import require_extra
 from fedharness.contracts import Callback, RoundContext
 from fedharness.settings import RunSettings, WandbSettings
 from fedharness.sinks.masking import mask_secrets
-from fedharness.sinks.parquet import rounds_prefix, run_key
+from fedharness.results import layout
 from fedharness.results.store import ResultsStore
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class WandbSink(Callback):
         artifact = wandb.Artifact(f"results-{self.run_id}", type="parquet",
                                   description="this run's rows of the results contract (runs/ and rounds/)")
         with tempfile.TemporaryDirectory() as staging:  # the store may be remote; add_file copies (policy mutable)
-            for key in [*self.store.list(rounds_prefix(self.run_id)), run_key(self.run_id)]:
+            for key in [*self.store.list(layout.run_folder(layout.ROUNDS, self.run_id)), layout.run_key(self.run_id)]:
                 data = self.store.read(key)
                 if data is not None:
                     path = Path(staging, key)

@@ -29,7 +29,8 @@ from fedharness.references import closed_forms as cf
 from fedharness.config.load import load_settings
 from fedharness.references.solve import solve_reference
 from fedharness.runs.execute import build_engine, build_executor, prepare_run
-from fedharness.studies.sweep import apply_cli, expand, format_value, load_spec
+from fedharness.config.overrides import format_value
+from fedharness.studies.sweep import apply_cli, expand, load_spec
 
 logger = logging.getLogger(__name__)
 

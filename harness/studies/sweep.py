@@ -19,33 +19,91 @@ import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from fedharness.algorithms.step_sizes import yang_two_sided
 from fedharness.backends import results_writer
 from fedharness.core import ray_cluster
 from fedharness.config.compose import CONF_DIR, group_options
+from fedharness.config.help import describe_declared
 from fedharness.config.load import load_config, load_settings
+from fedharness.base.mappings import merged
+from fedharness.config.overrides import dict_overrides, format_value, override_key, split_overrides
+from fedharness.config.schema import check_declared, declared_settings
 from fedharness.errors import ConfigError, require
+from fedharness.keys import Key, _is_int, _is_list, _is_real, choice, integer, number, text
 from fedharness.base.extras import require_extra
 from fedharness.registry.plugins import Carried, install, snapshot
-from fedharness.runs.lifecycle import (RunInterrupted, interrupts_raised, last_recorded_round, mark_lost_runs, now,
+from fedharness.settings import key, section
+from fedharness.runs.lifecycle import (RunInterrupted, interrupts_raised, last_recorded_round, now, open_results,
                                        run_row)
 from fedharness.base.progress import echo
 from fedharness.runs.batch import Slot
 from fedharness.runs.execute import execute_runs, new_run_id
-from fedharness.sinks.parquet import ParquetSink, read_table, run_key
-from fedharness.results.store import ResultsStore, check_writable, open_store
+from fedharness.sinks.parquet import ParquetSink
+from fedharness.results import layout
+from fedharness.results.store import ResultsStore
+from fedharness.results.tables import read_table
 from fedharness.studies.grouping import group_batches
 
 PROTOCOLS = ("fixed", "theory", "tuned")
 RUNNERS = ("ray", "local")
-SPEC_KEYS = ("name", "description", "results_dir", "base", "grid", "zip", "protocol", "resources", "runner", "batch",
-             "address", "report")
 PROTOCOL_KEYS = {"fixed": ("name",), "theory": ("name", "c1", "c2", "T"), "tuned": ("name", "file", "keys")}
+
+
+# ---------------------------------------------------------------- the keys of a sweep config (defaults: conf/sweep/_base.yaml)
+
+@dataclass(frozen=True, slots=True)
+class ProtocolSettings:
+    """How the step sizes are set per grid point; a protocol's keys are left at their defaults by the others."""
+
+    name: str = key(choice("fixed (as configured) | theory (Yang et al.'s two-sided step sizes) | tuned (a tuner's "
+                           "override file)", PROTOCOLS))
+    c1: float = key(number("theory: client_lr = c1 / (K sqrt(T))", lo=0, lo_open=True))
+    c2: float = key(number("theory: server_lr = c2 sqrt(K n)", lo=0, lo_open=True))
+    T: int | None = key(integer("theory: the horizon", lo=1, null="each run's rounds"))
+    file: str | None = key(text("tuned: the tuner's override file (YAML/JSON mapping, or one key=value per line); "
+                                "'{algorithm}' in it is replaced by each point's algorithm", null="none"))
+    keys: tuple[str, ...] | None = key(Key(lambda v: v is None or _is_list(v, lambda k: isinstance(k, str)),
+                                           "null (every override in the file) or a list of keys to take from it",
+                                           "tuned: the keys taken from the file; null: every override in it"))
+
+
+def _is_grid(v: Any) -> bool:
+    return isinstance(v, dict) or (isinstance(v, list) and len(v) >= 1 and all(isinstance(g, dict) for g in v))
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSettings:
+    """A sweep config, checked: conf/sweep/NAME.yaml (or a YAML file) over conf/sweep/_base.yaml, with sweep.KEY=V."""
+
+    name: str | None = key(text("the sweep's name: the study of every run", null="the config's file name"))
+    description: str | None = key(Key(lambda v: v is None or isinstance(v, str), "a string", "what the sweep shows"))
+    results_dir: str | None = key(text("where every run of the sweep records", null="results/sweeps/<name>"))
+    base: dict = key(Key(lambda v: isinstance(v, dict), "a mapping of run keys to values, e.g. {rounds: 100}",
+                         "run key -> value, every run's (dotted keys: dataset.num_clients: 100)"))
+    grid: dict = key(Key(_is_grid, "a mapping of run keys to lists of values, or a non-empty list of such mappings",
+                         "run key -> list of values (a cartesian product), or a list of such grids (their union)"))
+    zip: tuple = key(Key(lambda v: _is_list(v, lambda z: isinstance(z, list)),
+                         "a list of lists of grid keys that vary together, e.g. [[algorithm.clients_per_round, rounds]]",
+                         "lists of grid keys that vary together"))
+    protocol: ProtocolSettings = section(ProtocolSettings)
+    resources: dict = key(Key(lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+                              "a mapping of Ray resource names (num_cpus, num_gpus, a node's own) to numbers >= 0 "
+                              "(fractions allowed)", "Ray resource request of each run"))
+    runner: str = key(choice("ray (a Ray task per run) | local (one after the other in this process)", RUNNERS))
+    batch: bool | int = key(Key(lambda v: isinstance(v, bool) or (_is_int(v) and v >= 1),
+                                "true (points that differ only in batchable keys train as one batched run), false "
+                                "(one run each), or an integer >= 1 (at most that many runs per batched run)",
+                                "fold points that differ only in batchable keys into batched runs"))
+    address: str | None = key(text("auto or host:port: a running Ray cluster", null="a local Ray"))
+    report: dict = key(Key(lambda v: isinstance(v, dict), "a mapping", "fedharness report's settings for this study "
+                           "(targets, scale_key, ...)"))
 
 
 # ---------------------------------------------------------------- the spec
@@ -83,47 +141,13 @@ class JobOutcome:
     worker: str | None = None  # host:pid of the process that ran it
 
 
-def format_value(v: Any) -> str:
-    """A YAML value as Hydra override syntax."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(format_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{k}:{format_value(x)}" for k, x in v.items()) + "}"
-    text = str(v)
-    if text and all(c.isalnum() or c in "_-./:" for c in text):
-        return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def dict_overrides(data: dict[str, Any]) -> list[str]:
-    """A mapping (nested or dotted keys) as Hydra overrides: {"algorithm": {"mu": 0.1}} -> ["algorithm.mu=0.1"]."""
-    return [f"{k}={format_value(v)}" for k, v in _flatten(data).items()]
-
-
 def _mapping_overrides(section: str, value: Any) -> list[str]:
     require(isinstance(value, dict), section, value, "a mapping of run keys to values, e.g. {rounds: 100}")
     return [f"{k}={format_value(v)}" for k, v in value.items()]
 
 
 def _grid(section: str, value: Any) -> list[dict[str, list[str]]]:
-    grids = value if isinstance(value, list) else [value or {}]
+    grids = list(value) if isinstance(value, (list, tuple)) else [value]
     out = []
     for i, g in enumerate(grids):
         key = section if len(grids) == 1 else f"{section}[{i}]"
@@ -138,57 +162,51 @@ def _grid(section: str, value: Any) -> list[dict[str, list[str]]]:
 
 
 def spec_from_dict(data: dict[str, Any], name: str) -> SweepSpec:
-    """Validate a sweep config (already merged with `sweep.*` overrides)."""
-    unknown = sorted(set(data) - set(SPEC_KEYS))
-    require(not unknown, "sweep", unknown, "known keys: " + ", ".join(SPEC_KEYS))
-    name = str(data.get("name") or name)
-    protocol = dict(data.get("protocol") or {"name": "fixed"})
-    pname = protocol.get("name", "fixed")
-    require(pname in PROTOCOLS, "sweep.protocol.name", pname, PROTOCOLS)
-    bad = sorted(set(protocol) - set(PROTOCOL_KEYS[pname]))
-    require(not bad, "sweep.protocol", bad, f"keys of protocol {pname}: " + ", ".join(PROTOCOL_KEYS[pname]))
-    if pname == "theory":
-        for c in ("c1", "c2"):
-            v = protocol.get(c, 1.0)
-            require(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, f"sweep.protocol.{c}", v,
-                    "must be a number > 0")
-            protocol[c] = float(v)
-        T = protocol.get("T")
-        require(T is None or (isinstance(T, int) and T >= 1), "sweep.protocol.T", T,
-                "null (each run's rounds) or an integer >= 1")
-    if pname == "tuned":
-        require(isinstance(protocol.get("file"), str), "sweep.protocol.file", protocol.get("file"),
-                "a path to the tuner's override file (YAML/JSON mapping, or one key=value per line); "
-                "'{algorithm}' in it is replaced by each point's algorithm")
-        keys = protocol.get("keys")
-        require(keys is None or (isinstance(keys, list) and all(isinstance(k, str) for k in keys)),
-                "sweep.protocol.keys", keys, "null (every override in the file) or a list of keys to take from it")
-    resources = {"num_cpus": 1, "num_gpus": 0, **(data.get("resources") or {})}
-    for k in resources:  # num_cpus, num_gpus, and custom Ray resources (a node's `--resources`) by name
-        v = resources[k]
-        require(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0, f"sweep.resources.{k}", v,
-                "must be a number >= 0 (fractions allowed)")
+    """Check a sweep config (read over conf/sweep/_base.yaml, already merged with `sweep.*` overrides): its spec."""
+    values = merged(_base_defaults(), data)
+    check_declared(SweepSettings, values, "sweep.")
+    settings: SweepSettings = declared_settings(SweepSettings, values)
+    name = settings.name or name
+    resources = dict(settings.resources)
+    for resource, amount in resources.items():  # each entry checked alone, so the error names it
+        require(_is_real(amount) and amount >= 0, f"sweep.resources.{resource}", amount,
+                "a number >= 0 (fractions allowed)")
     require(resources["num_cpus"] > 0 or resources["num_gpus"] > 0, "sweep.resources.num_cpus",
             resources["num_cpus"], "a job needs some CPU or GPU")
-    runner = data.get("runner", "ray")
-    require(runner in RUNNERS, "sweep.runner", runner, RUNNERS)
-    batch = data.get("batch", True)
-    require(isinstance(batch, bool) or (isinstance(batch, int) and batch >= 1), "sweep.batch", batch,
-            "true (points that differ only in batchable keys train as one batched run), false (one run each), "
-            "or an integer >= 1 (at most that many runs per batched run)")
-    grid = _grid("sweep.grid", data.get("grid"))
-    zips = data.get("zip") or []
-    require(isinstance(zips, list) and all(isinstance(z, list) for z in zips), "sweep.zip", zips,
-            "a list of lists of grid keys that vary together, e.g. [[algorithm.clients_per_round, rounds]]")
     spec = SweepSpec(
-        name=name, results_dir=str(data.get("results_dir") or f"results/sweeps/{name}"),
-        base=_mapping_overrides("sweep.base", data.get("base") or {}), grid=grid,
-        zip=[[str(k) for k in z] for z in zips], protocol=protocol, resources=resources, runner=runner,
-        address=data.get("address"), report=dict(data.get("report") or {}),
-        description=str(data.get("description") or ""), batch=batch,
+        name=name, results_dir=settings.results_dir or f"results/sweeps/{name}",
+        base=_mapping_overrides("sweep.base", settings.base), grid=_grid("sweep.grid", settings.grid),
+        zip=[list(z) for z in settings.zip], protocol=_protocol(settings.protocol), resources=resources,
+        runner=settings.runner, address=settings.address, report=dict(settings.report),
+        description=settings.description or "", batch=settings.batch,
     )
     _check_zip(spec)
     return spec
+
+
+def _protocol(protocol: ProtocolSettings) -> dict[str, Any]:
+    """The named protocol's keys (the others' stay at their defaults), as the spec and its manifest hold them."""
+    own, default = PROTOCOL_KEYS[protocol.name], _base_defaults()["protocol"]
+    for name in ProtocolSettings.__dataclass_fields__:
+        value = getattr(protocol, name)
+        require(name in own or value == default[name], f"sweep.protocol.{name}", value,
+                f"not a key of protocol {protocol.name} (its keys: {', '.join(own)}); leave it at {default[name]!r}")
+    if protocol.name == "tuned":
+        require(protocol.file is not None, "sweep.protocol.file", None,
+                "a path to the tuner's override file (YAML/JSON mapping, or one key=value per line); "
+                "'{algorithm}' in it is replaced by each point's algorithm")
+    out = {name: getattr(protocol, name) for name in own}
+    if protocol.name == "theory":
+        out.update(c1=float(protocol.c1), c2=float(protocol.c2))
+    if protocol.name == "tuned" and protocol.keys is not None:
+        out["keys"] = list(protocol.keys)
+    return out
+
+
+@lru_cache(maxsize=1)
+def _base_defaults() -> dict[str, Any]:
+    """Every sweep key's default: conf/sweep/_base.yaml (read only: merged() copies)."""
+    return OmegaConf.to_container(OmegaConf.load(CONF_DIR / "sweep" / "_base.yaml"))
 
 
 def _check_zip(spec: SweepSpec) -> None:
@@ -204,42 +222,49 @@ def _check_zip(spec: SweepSpec) -> None:
                     f"keys that vary together need lists of one length (got {lengths})")
 
 
-def load_spec(name: str, sweep_overrides: list[str]) -> SweepSpec:
-    """conf/sweep/NAME.yaml (or a path to a YAML file) merged with `sweep.KEY=VALUE` overrides."""
+def read_config(name: str) -> tuple[dict[str, Any], str]:
+    """conf/sweep/NAME.yaml, or a path to a YAML file, read as Hydra reads YAML (1e-3 is a float): (its mapping, its
+    file name)."""
     path = Path(name)
     if not (path.suffix in (".yaml", ".yml") and path.is_file()):
         require(name in group_options("sweep"), "sweep", name, group_options("sweep") or "(no configs in conf/sweep)")
         path = CONF_DIR / "sweep" / f"{name}.yaml"
-    data = yaml.safe_load(path.read_text()) or {}
+    data = OmegaConf.to_container(OmegaConf.load(path)) or {}
     require(isinstance(data, dict), "sweep", name, f"{path} must hold a mapping")
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    return data, path.stem
 
+
+def load_spec(name: str, sweep_overrides: list[str]) -> SweepSpec:
+    """conf/sweep/NAME.yaml (or a path to a YAML file) merged with `sweep.KEY=VALUE` overrides."""
+    data, stem = read_config(name)
     try:
-        merged = OmegaConf.merge(OmegaConf.create(data), OmegaConf.from_dotlist(sweep_overrides))
+        merged_cfg = OmegaConf.merge(OmegaConf.create(data), OmegaConf.from_dotlist(sweep_overrides))
     except OmegaConfBaseException as err:
         raise ConfigError("sweep", " ".join(sweep_overrides), str(err).splitlines()[0]) from None
-    return spec_from_dict(OmegaConf.to_container(merged, resolve=True), path.stem)
+    return spec_from_dict(OmegaConf.to_container(merged_cfg, resolve=True), stem)
+
+
+def describe_sweep(name: str | None = None) -> str:
+    """`fedharness config sweep [NAME]` and `fedharness sweep --help`: every sweep.* key with its default and doc
+    (NAME's values where a config is named)."""
+    values = merged(_base_defaults(), read_config(name)[0] if name else {})
+    return describe_declared("sweep", name, SweepSettings, values)
 
 
 # ---------------------------------------------------------------- command line
 
-def split_overrides(args: list[str]) -> tuple[str, list[str], list[str], dict[str, list[str]]]:
-    """`sweep=NAME`, `sweep.KEY=V` (sweep settings), plain overrides, and Hydra sweeps (`k=a,b`, range(), ...)."""
+def split_args(args: list[str]) -> tuple[str, list[str], list[str], dict[str, list[str]]]:
+    """`sweep=NAME`, `sweep.KEY=V` (sweep settings, as KEY=V), plain overrides, and Hydra sweeps (`k=a,b`, range())."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
-    name, sweep_keys, plain, sweeps = None, [], [], {}
-    rest = []
-    for a in args:
-        if a.startswith("sweep="):
-            name = a.partition("=")[2]
-        elif a.startswith("sweep."):
-            sweep_keys.append(a[len("sweep."):])
-        else:
-            rest.append(a)
+    name, own, rest = split_overrides(args, "sweep")
     require(name is not None, "sweep", None, "name a study: fedharness sweep sweep=NAME "
             f"(one of: {', '.join(group_options('sweep')) or 'none yet'})")
+    for ov in own:
+        require(not ov.startswith("~"), override_key(ov), ov, "a sweep key is set (sweep.KEY=VALUE), not removed")
+    sweep_keys = [ov.lstrip("+")[len("sweep."):] for ov in own]
+    plain, sweeps = [], {}
     try:
         parsed = OverridesParser.create().parse_overrides(rest)
     except OverrideParseException as err:
@@ -261,7 +286,7 @@ def apply_cli(spec: SweepSpec, plain: list[str], sweeps: dict[str, list[str]]) -
     base = list(spec.base)
     fixed = set()
     for text in plain:
-        key = text.lstrip("+~").partition("=")[0]
+        key = override_key(text)
         if key == "results_dir":
             spec.results_dir = text.partition("=")[2]
             continue
@@ -321,7 +346,7 @@ def read_override_file(path: str | Path) -> list[str]:
     require(path.is_file(), "sweep.protocol.file", str(path), "no such file")
     text = path.read_text()
     if path.suffix in (".yaml", ".yml", ".json"):
-        data = yaml.safe_load(text)
+        data = OmegaConf.to_container(OmegaConf.create(text))  # read as Hydra reads YAML: 1e-3 is a float
         if isinstance(data, dict):
             return dict_overrides(data)
         require(isinstance(data, list), "sweep.protocol.file", str(path), "a mapping or a list of key=value")
@@ -361,7 +386,7 @@ def expand(spec: SweepSpec, new_id: Callable[[], str] | None = None) -> list[Job
             algorithm = load_config(spec.base + [f"{k}={v}" for k, v in point.items()] + forced)["algorithm"]["name"]
             tuned = read_override_file(spec.protocol["file"].replace("{algorithm}", algorithm))
             keys = spec.protocol.get("keys")
-            overrides += [o for o in tuned if keys is None or o.lstrip("+~").partition("=")[0] in keys]
+            overrides += [o for o in tuned if keys is None or override_key(o) in keys]
         overrides += [f"{k}={v}" for k, v in point.items()] + forced
         cfg = load_config(overrides)
         if spec.protocol["name"] == "theory":
@@ -381,15 +406,14 @@ def expand(spec: SweepSpec, new_id: Callable[[], str] | None = None) -> list[Job
 # ---------------------------------------------------------------- running
 
 def _existing_status(store: ResultsStore, run_id: str) -> str | None:
-    table = read_table(store, run_key(run_id), columns=["status"])
+    table = read_table(store, layout.run_key(run_id), columns=["status"])
     return None if table is None else table.column("status")[0].as_py()
 
 
-def record_failure(overrides: list[str], run_id: str, error: str, store: ResultsStore | None = None) -> None:
+def record_failure(overrides: list[str], run_id: str, error: str, store: ResultsStore) -> None:
     """A runs/ row with status=failed and the rounds it recorded, unless the run itself wrote its final row.
-    `store`: where the run records (default: its results_dir's store)."""
+    `store`: where the run records."""
     settings = load_settings(overrides)
-    store = open_store(settings.results_dir) if store is None else store
     if _existing_status(store, run_id) not in (None, "running"):
         return
     rounds = last_recorded_round(store, run_id)
@@ -441,14 +465,17 @@ def batch_units(jobs: list[Job], spec: SweepSpec) -> list[list[Job]]:
     return [[jobs[i] for i in group] for group in groups]
 
 
-def _run_local(units: list[list[Job]], spec: SweepSpec, on_done: Callable[[Job, JobOutcome], None]) -> None:
+def _run_local(units: list[list[Job]], spec: SweepSpec, on_done: Callable[[Job, JobOutcome], None],
+               store: ResultsStore) -> None:
     threads = max(1, int(spec.resources["num_cpus"]))
     for unit in units:
-        for job, outcome in zip(unit, run_unit([j.overrides for j in unit], [j.run_id for j in unit], threads)):
+        outcomes = run_unit([j.overrides for j in unit], [j.run_id for j in unit], threads, store=store)
+        for job, outcome in zip(unit, outcomes):
             on_done(job, outcome)
 
 
-def _run_ray(units: list[list[Job]], spec: SweepSpec, on_done: Callable[[Job, JobOutcome], None]) -> None:
+def _run_ray(units: list[list[Job]], spec: SweepSpec, on_done: Callable[[Job, JobOutcome], None],
+             store: ResultsStore) -> None:
     """One task per run (a job, or a batched run of several) with the sweep's resource request; results are handled
     as they finish. The tasks record through the driver (backends/results_writer.py): nodes need not share the
     results folder."""
@@ -459,8 +486,7 @@ def _run_ray(units: list[list[Job]], spec: SweepSpec, on_done: Callable[[Job, Jo
     task = ray.remote(run_unit).options(num_cpus=cpus, num_gpus=gpus, resources=custom, max_retries=0)
     threads = max(1, int(cpus))
     plugins = snapshot()  # the user's Python registrations, installed by each task before it composes its run
-    store = open_store(spec.results_dir)  # here, on the driver: a relative results_dir is the driver's
-    with results_writer.driver_store(store) as remote:
+    with results_writer.driver_store(store) as remote:  # the driver's store: a relative results_dir is the driver's
         pending = {task.remote([j.overrides for j in unit], [j.run_id for j in unit], threads, plugins, remote): unit
                    for unit in units}
         while pending:
@@ -494,6 +520,7 @@ class SweepResult:
     jobs: list[Job]
     outcomes: dict[str, JobOutcome]
     manifest: str  # its key in the results store: sweeps/<name>-<time>.json
+    results_dir: str  # the results store's url: an absolute path or an object-store URL
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -536,12 +563,9 @@ def run_sweep(spec: SweepSpec, jobs: list[Job] | None = None, echo: Callable[[st
         except BaseException:
             conn.close()
             raise
-    store = open_store(spec.results_dir)
-    check_writable(store)  # an object store that is missing or refuses us: one line, before any task
-    mark_lost_runs(store)  # rows a killed sweep left `running` (CLI and Python API alike)
+    store = open_results(spec.results_dir)  # opened once here for the sweep's every run (CLI and Python API alike)
     started = _dt.datetime.now(_dt.timezone.utc)
-    stamp = started.strftime("%Y%m%d-%H%M%S")
-    manifest = f"sweeps/{spec.name}-{stamp}.json"
+    manifest = layout.manifest_key(spec.name, started.strftime("%Y%m%d-%H%M%S"))
     outcomes: dict[str, JobOutcome] = {}
     _write_manifest(store, manifest, spec, jobs, outcomes, started.isoformat(timespec="seconds"))
     cpus, gpus = spec.resources["num_cpus"], spec.resources["num_gpus"]
@@ -560,12 +584,12 @@ def run_sweep(spec: SweepSpec, jobs: list[Job] | None = None, echo: Callable[[st
         echo(line)
 
     try:
-        (_run_local if spec.runner == "local" else _run_ray)(batch_units(jobs, spec), spec, on_done)
+        (_run_local if spec.runner == "local" else _run_ray)(batch_units(jobs, spec), spec, on_done, store)
     finally:
         _write_manifest(store, manifest, spec, jobs, outcomes, started.isoformat(timespec="seconds"))
         if conn is not None:
             conn.close()
-    result = SweepResult(spec, jobs, outcomes, manifest)
+    result = SweepResult(spec, jobs, outcomes, manifest, store.url)
     counts = ", ".join(f"{n} {s}" for s, n in sorted(result.counts().items()))
     echo(f"sweep {spec.name} done in {time.perf_counter() - t0:.1f}s: {counts}. "
          f"Report: fedharness report {spec.results_dir}")
@@ -574,7 +598,7 @@ def run_sweep(spec: SweepSpec, jobs: list[Job] | None = None, echo: Callable[[st
 
 def plan(args: list[str]) -> tuple[SweepSpec, list[Job]]:
     """The sweep and its runs from `sweep=NAME [k=v ...] [k=a,b,c ...] [sweep.KEY=V ...]` (CLI and Python API)."""
-    name, sweep_keys, plain, sweeps = split_overrides(args)
+    name, sweep_keys, plain, sweeps = split_args(args)
     spec = apply_cli(load_spec(name, sweep_keys), plain, sweeps)
     return spec, expand(spec)
 

@@ -1,7 +1,7 @@
 """Scaling reports: rounds to target, speedup S(n) and the fit T = a n^-b with a bootstrap interval, plots, Markdown.
 
-    from fedharness.studies.reports import build_report, parse_target
-    report = build_report("results/sweeps/speedup", [parse_target("subopt<=0.1")])
+    from fedharness.studies.reports import build_report, load_results, parse_target
+    report = build_report(load_results("results/sweeps/speedup"), [parse_target("subopt<=0.1")])
     report.markdown                          # <results_dir>/report/report.md
     report.tables["fit_subopt_le_0.1"]       # per group: a, b and b's bootstrap interval over seeds
 

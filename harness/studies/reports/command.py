@@ -32,37 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "--wandb-report, to W&B (nothing is recomputed)")
 
 
-def make_report(results_dir: str, targets: list[str] | None = None, scale_key: str | None = None,
-                out: str | None = None, study: str | None = None, bootstrap: int | None = None,
-                level: float = 0.95, series: str = "iterate"):
-    """The Report of a results directory (CLI and Python API); targets as text, e.g. 'subopt<=1e-3'."""
-    from fedharness.errors import ConfigError
-    from fedharness.runs.lifecycle import mark_lost_runs
-    from fedharness.results.store import open_store
-    from fedharness.studies.reports.analysis import parse_target
-    from fedharness.studies.reports.report import build_report
-
-    parsed = None if targets is None else [parse_target(t) for t in targets]
-    try:
-        mark_lost_runs(open_store(results_dir))  # so the report counts a killed run as lost, not running
-    except OSError as err:  # an object store that cannot be reached or refuses the credentials
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ConfigError("RESULTS_DIR", results_dir, f"a results directory fedharness can read; {first}") from None
-    return build_report(results_dir, parsed, scale_key, out, study, bootstrap, level, series)
-
-
-def main(args: argparse.Namespace) -> int:
-    if args.publish:
-        from fedharness.studies.reports.wandb_report import publish_file
-
-        return publish_file(args)
-    if args.wandb_report:  # refused before any work when no run of the study was logged to W&B
-        from fedharness.studies.reports.data import load_results
-        from fedharness.studies.reports.wandb_report import logged_runs
-
-        logged_runs(load_results(args.results_dir, args.study))
-    report = make_report(args.results_dir, args.target, args.scale_key, args.out, args.study, args.bootstrap,
-                         args.level, args.series)
+def print_summary(report) -> None:
+    """Per target: the censored replicas and each group's fit; then where the report is."""
     for t in report.targets:
         fits = report.tables[f"fit_{t.slug}"]
         cells = report.tables[f"to_target_{t.slug}"]
@@ -72,15 +43,34 @@ def main(args: argparse.Namespace) -> int:
                 f"b = {row.b:.3f}  [{row.b_lo:.3f}, {row.b_hi:.3f}] ({row.level:.0%}, {row.bootstrap} resamples)"
             print(f"  {row.group}: {b}")
     print(f"report: {report.markdown} ({len(report.figures)} figures, tables in {report.out_dir / 'tables'})")
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.publish:
+        from fedharness.studies.reports.wandb_report import publish_file
+
+        return publish_file(args)
+    from fedharness.studies.reports.analysis import parse_target
+    from fedharness.studies.reports.data import load_results
+    from fedharness.studies.reports.report import build_report
+
+    targets = None if args.target is None else [parse_target(t) for t in args.target]
+    results = load_results(args.results_dir, args.study)  # the one opening of the results store
+    if args.wandb_report:  # refused before any work when no run of the study was logged to W&B
+        from fedharness.studies.reports.wandb_report import logged_runs
+
+        logged_runs(results)
+    report = build_report(results, targets, args.scale_key, args.out, args.bootstrap, args.level, args.series)
+    print_summary(report)
     if args.wandb:
         from fedharness.config.load import load_settings
         from fedharness.sinks.wandb_sink import log_report
-        from fedharness.studies.sweep import dict_overrides
+        from fedharness.config.overrides import dict_overrides
 
         given = {f"wandb.{key}": getattr(args, f"wandb_{key}") for key in ("project", "entity", "group", "mode")}
         log_report(report, load_settings(dict_overrides({k: v for k, v in given.items() if v is not None})).wandb)
     if args.wandb_report:
         from fedharness.studies.reports.wandb_report import write
 
-        write(report, args)
+        write(report, results, args)
     return 0

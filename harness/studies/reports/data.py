@@ -1,23 +1,21 @@
 """Read a results directory (runs/, rounds/, sweeps/; a folder or an object store) into pandas, and find what
-varies between runs."""
+varies between runs. The tables are read by harness/results/tables.py, as the Python API reads them."""
 
 from __future__ import annotations
 
-import fnmatch
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
+from fedharness.base.mappings import flatten
 from fedharness.errors import ConfigError, require
+from fedharness.results import layout
 from fedharness.results.store import FileStore, ResultsStore, open_store
-
-log = logging.getLogger(__name__)
+from fedharness.results.tables import read_run_table, run_table_keys
+from fedharness.runs.lifecycle import mark_lost_runs
 
 # Keys that do not change a trajectory, or that identify a run rather than a design point.
 IGNORED = ("seed", "results_dir", "study", "experiment", "progress", "executor", "num_shards", "device", "trial",
@@ -29,71 +27,46 @@ DERIVED_FIRST = ("algorithm.client_lr", "algorithm.server_lr", "rounds")
 
 @dataclass
 class Results:
-    root: str  # the results directory: an absolute path or an object-store URL
+    store: ResultsStore  # the results directory, opened once for the whole report
     runs: pd.DataFrame  # one row per run; `cfg` holds the flattened config dict
     rounds: pd.DataFrame  # one row per (run, replica, series, evaluated round)
     manifests: list[dict] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # unreadable Parquet files, with why
 
-
-def _read_parts(store: ResultsStore, keys: list[str], skipped: list[str]) -> pd.DataFrame:
-    """The objects as one table with their run_id; an unreadable file (truncated, not Parquet) is named on
-    its logger, listed in `skipped`, and left out, so one bad file does not hide all the others."""
-    tables = []
-    for key in keys:
-        path, run_id = f"{store.url}/{key}", _run_id(key)
-        try:
-            t = pq.read_table(pa.BufferReader(store.read(key) or b""))
-        except (pa.ArrowException, OSError) as err:
-            message = (str(err).splitlines() or [""])[0].replace(str(path), "file").replace("`", "'")
-            why = f"{path}: {type(err).__name__}: {message[:160]}"
-            log.warning(f"skipped an unreadable file, {why}")
-            skipped.append(why)
-            continue
-        if "run_id" in t.column_names:
-            t = t.drop(["run_id"])
-        tables.append(t.append_column("run_id", pa.array([run_id] * t.num_rows, pa.string())))
-    if not tables:
-        return pd.DataFrame()
-    return pa.concat_tables(tables, promote_options="permissive").to_pandas()
+    @property
+    def root(self) -> str:
+        """The results directory: an absolute path or an object-store URL."""
+        return self.store.url
 
 
-def _run_id(key: str) -> str:
-    """The run of `<table>/run_id=<id>/<file>`."""
-    return key.split("/")[1].split("=", 1)[1]
-
-
-def _keys(store: ResultsStore, table: str, pattern: str) -> list[str]:
-    """The keys `<table>/run_id=<id>/<name>` whose name matches `pattern`, sorted."""
-    return [k for k in store.list(table) if k.count("/") == 2 and k.split("/")[1].startswith("run_id=")
-            and fnmatch.fnmatchcase(k.rpartition("/")[2], pattern)]
-
-
-def report_dir(results_dir: str | Path) -> Path:
+def report_dir(store: ResultsStore) -> Path:
     """Where `fedharness report` writes without --out: RESULTS_DIR/report for a folder; for an object store,
     `report` in the working directory (the figures and Markdown are read here)."""
+    return store.root / layout.REPORT if isinstance(store, FileStore) else Path(layout.REPORT)
+
+
+def _open(results_dir: str | Path) -> ResultsStore:
+    """The store, with the runs a killed process left `running` marked lost, so the report counts them as lost;
+    an object store that cannot be reached or refuses the credentials is one line naming RESULTS_DIR."""
     store = open_store(results_dir)
-    return store.root / "report" if isinstance(store, FileStore) else Path("report")
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+    try:
+        mark_lost_runs(store)
+    except OSError as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError("RESULTS_DIR", str(results_dir), f"a results directory fedharness can read; {first}") \
+            from None
+    return store
 
 
 def load_results(results_dir: str | Path, study: str | None = None) -> Results:
-    """All runs (any status) and their evaluated rounds; `study` keeps one study's runs."""
-    store = open_store(results_dir)
-    run_keys = _keys(store, "runs", "run.parquet")
+    """All runs (any status) and their evaluated rounds; `study` keeps one study's runs. The results directory's
+    store is opened here, once for the whole report, and kept in the Results."""
+    store = _open(results_dir)
+    run_keys = run_table_keys(store, layout.RUNS)
     require(len(run_keys) > 0, "RESULTS_DIR", str(results_dir),
             "a results directory with runs/ (and rounds/) written by fedharness run/sweep")
     skipped: list[str] = []
-    runs = _read_parts(store, run_keys, skipped)
+    runs = read_run_table(store, run_keys, skipped)
     require(len(runs) > 0, "RESULTS_DIR", str(results_dir), "holds no runs")
     if study is not None:
         studies = sorted(runs["study"].dropna().unique())
@@ -102,18 +75,16 @@ def load_results(results_dir: str | Path, study: str | None = None) -> Results:
     runs = runs.reset_index(drop=True)
     runs["cfg"] = [flatten(json.loads(c)) if isinstance(c, str) else {} for c in runs["config_json"]]
     keep = set(runs["run_id"])
-    round_keys = [k for k in _keys(store, "rounds", "part-*.parquet") if _run_id(k) in keep]
-    rounds = _read_parts(store, round_keys, skipped)
+    round_keys = [k for k in run_table_keys(store, layout.ROUNDS) if layout.run_of(k) in keep]
+    rounds = read_run_table(store, round_keys, skipped)
     if len(rounds):
         rounds = rounds.sort_values(["run_id", "series", "replica", "round"], kind="stable").reset_index(drop=True)
     manifests = []
-    for key in store.list("sweeps"):
-        if key.count("/") != 1 or not key.endswith(".json"):
-            continue
+    for key in filter(layout.is_manifest, store.list(layout.SWEEPS)):
         data = json.loads(store.read(key) or b"{}")
         if study is None or data.get("name") == study:
             manifests.append(data)
-    return Results(store.url, runs, rounds, manifests, skipped)
+    return Results(store, runs, rounds, manifests, skipped)
 
 
 def _hashable(v: Any) -> Any:

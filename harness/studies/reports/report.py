@@ -13,7 +13,7 @@ import pandas as pd
 from fedharness.errors import require
 from fedharness.studies.reports import analysis, markdown, plots
 from fedharness.studies.reports.analysis import Design, Target, parse_target
-from fedharness.studies.reports.data import Results, check_scale_key, load_results, report_dir, varying_keys
+from fedharness.studies.reports.data import Results, check_scale_key, report_dir, varying_keys
 
 DEFAULT_SCALE_KEY = "algorithm.clients_per_round"
 
@@ -66,20 +66,19 @@ def _groups_table(results: Results, labels: pd.DataFrame, design: Design) -> pd.
     return pd.DataFrame(rows)
 
 
-def build_report(results_dir: str | Path, targets: list[Target] | None = None, scale_key: str | None = None,
-                 out_dir: str | Path | None = None, study: str | None = None, bootstrap: int | None = None,
-                 level: float = 0.95, series: str = "iterate", metrics: list[str] | None = None,
-                 figures: bool = True) -> Report:
-    """Tables (and CSV), figures unless `figures=False` (analysis only), and report.md.
+def build_report(results: Results, targets: list[Target] | None = None, scale_key: str | None = None,
+                 out_dir: str | Path | None = None, bootstrap: int | None = None, level: float = 0.95,
+                 series: str = "iterate", metrics: list[str] | None = None, figures: bool = True) -> Report:
+    """Tables (and CSV), figures unless `figures=False` (analysis only), and report.md, of `results`
+    (data.load_results).
 
     Every argument is checked before any file; the report is built in a staging folder and moved into place
     only when complete, so an error leaves no half-written report (and no empty tables/ or figures/)."""
-    results = load_results(results_dir, study)
     targets, scale_key, bootstrap = _defaults(results, targets, scale_key, bootstrap)
     require(0 < level < 1, "--level", level, "must be in (0, 1)")
     require(bootstrap >= 1, "--bootstrap", bootstrap, "must be an integer >= 1")
     check_scale_key(results.runs, scale_key)
-    final = Path(out_dir) if out_dir is not None else report_dir(results_dir)
+    final = Path(out_dir) if out_dir is not None else report_dir(results.store)
     stage = Path(tempfile.mkdtemp(prefix=f".{final.name}-", suffix=".tmp",
                                   dir=final.parent if final.parent.is_dir() else None))
     try:
@@ -142,6 +141,30 @@ def _fig(report: Report, name: str) -> str:
     return "" if path is None else f"![{name}]({path.relative_to(report.out_dir).as_posix()})\n"
 
 
+def _target_section(report: Report, t, level: float) -> list[str]:
+    """One target's section: censored replicas, rounds/MB/seconds to target, speedup, the fit, its figures."""
+    cells = report.tables[f"to_target_{t.slug}"]
+    fits = report.tables[f"fit_{t.slug}"]
+    sp = report.tables[f"speedup_{t.slug}"]
+    total_c, total = int(cells["censored"].sum()), int(cells["replicas"].sum())
+    return [f"## Target `{t.label}`", "",
+           f"**Censored: {total_c} of {total} replicas** never reached the target "
+           f"({', '.join(f'{r.group} n={r.n:g}: {r.censored}' for r in cells.itertuples() if r.censored) or 'none'}).",
+           "", "### Rounds, MB and seconds to target (median over seeds and replicas)", "",
+           markdown.table(cells, ["group", "algorithm", "n", "runs", "replicas", "reached", "censored", "rounds",
+                                  "rounds_mean", "rounds_std", "local_steps", "MB", "sim_s"],
+                          {"rounds_mean": "mean (reached)", "rounds_std": "std (reached)",
+                           "sim_s": "seconds (sim)"}), "",
+           "### Speedup S(n) = T(n0) / T(n) and efficiency S(n) n0 / n", "",
+           markdown.table(sp, ["group", "n", "rounds", "speedup", "efficiency", "censored"]), "",
+           f"### Fit T = a n^-b ({level:.0%} bootstrap interval over seeds)", "",
+           markdown.table(fits, ["group", "points", "left_out", "a", "b", "b_lo", "b_hi", "bootstrap"],
+                          {"left_out": "n not fitted", "b_lo": "b low", "b_hi": "b high",
+                           "bootstrap": "usable resamples"}), "",
+           "b = 1 is linear speedup; a resample is unusable when a cell's median becomes censored.", "",
+           _fig(report, f"speedup_{t.slug}"), _fig(report, f"cost_{t.slug}")]
+
+
 def render_markdown(report: Report, results: Results, level: float) -> str:
     d = report.design
     runs = report.tables["runs"]
@@ -170,26 +193,7 @@ def render_markdown(report: Report, results: Results, level: float) -> str:
     md += ["<details><summary>All runs</summary>", "", markdown.table(runs.drop(columns=["error"])), "",
            "</details>", ""]
     for t in report.targets:
-        cells = report.tables[f"to_target_{t.slug}"]
-        fits = report.tables[f"fit_{t.slug}"]
-        sp = report.tables[f"speedup_{t.slug}"]
-        total_c, total = int(cells["censored"].sum()), int(cells["replicas"].sum())
-        md += [f"## Target `{t.label}`", "",
-               f"**Censored: {total_c} of {total} replicas** never reached the target "
-               f"({', '.join(f'{r.group} n={r.n:g}: {r.censored}' for r in cells.itertuples() if r.censored) or 'none'}).",
-               "", "### Rounds, MB and seconds to target (median over seeds and replicas)", "",
-               markdown.table(cells, ["group", "algorithm", "n", "runs", "replicas", "reached", "censored", "rounds",
-                                      "rounds_mean", "rounds_std", "local_steps", "MB", "sim_s"],
-                              {"rounds_mean": "mean (reached)", "rounds_std": "std (reached)",
-                               "sim_s": "seconds (sim)"}), "",
-               "### Speedup S(n) = T(n0) / T(n) and efficiency S(n) n0 / n", "",
-               markdown.table(sp, ["group", "n", "rounds", "speedup", "efficiency", "censored"]), "",
-               f"### Fit T = a n^-b ({level:.0%} bootstrap interval over seeds)", "",
-               markdown.table(fits, ["group", "points", "left_out", "a", "b", "b_lo", "b_hi", "bootstrap"],
-                              {"left_out": "n not fitted", "b_lo": "b low", "b_hi": "b high",
-                               "bootstrap": "usable resamples"}), "",
-               "b = 1 is linear speedup; a resample is unusable when a cell's median becomes censored.", "",
-               _fig(report, f"speedup_{t.slug}"), _fig(report, f"cost_{t.slug}")]
+        md += _target_section(report, t, level)
     md += ["## Convergence", "", "Mean over replicas with a one-standard-deviation band; the collapse plot puts "
            "n K T on the x axis, where the curves of all n coincide under linear speedup.", ""]
     for name in report.figures:

@@ -29,11 +29,12 @@ from fedharness.errors import require
 from fedharness.base.extras import require_extra
 from fedharness.base.files import atomic_text
 from fedharness.sinks.masking import mask_secrets
-from fedharness.sinks.parquet import read_table
 from fedharness.sinks.wandb_sink import resolve_mode
-from fedharness.results.store import open_store
+from fedharness.results import layout
+from fedharness.results.store import ResultsStore, open_store
+from fedharness.results.tables import read_table
 from fedharness.studies.reports import markdown
-from fedharness.studies.reports.data import Results, load_results, report_dir
+from fedharness.studies.reports.data import Results, report_dir
 from fedharness.studies.reports.report import Report
 from fedharness.studies.tuning.export import shown
 
@@ -50,9 +51,8 @@ def _one(values: pd.Series, default: str | None) -> str | None:
     return str(found[0]) if len(found) == 1 else default
 
 
-def _trials(results_dir: str, studies: list[str]) -> pd.DataFrame:
-    store = open_store(results_dir)
-    tables = [(read_table(store, f"trials/study={s}/trials.parquet"), s) for s in studies]
+def _trials(store: ResultsStore, studies: list[str]) -> pd.DataFrame:
+    tables = [(read_table(store, layout.trials_key(s)), s) for s in studies]
     frames = [t.to_pandas().assign(study=s) for t, s in tables if t is not None]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -107,14 +107,12 @@ def logged_runs(results: Results) -> pd.DataFrame:
     return logged
 
 
-def build_spec(report: Report, results_dir: str | Path, study: str | None, project: str | None,
-               entity: str | None) -> dict:
-    """The report as plain JSON: title, description, the W&B runs it shows and its blocks."""
-    results = load_results(results_dir, study)
+def build_spec(report: Report, results: Results, project: str | None, entity: str | None) -> dict:
+    """The report of `results` as plain JSON: title, description, the W&B runs it shows and its blocks."""
     logged = logged_runs(results)
     runs, d = report.tables["runs"], report.design
     studies = sorted(runs["study"].dropna().unique())
-    trials = _trials(results.root, studies)
+    trials = _trials(results.store, studies)
     kind = "Tuning study" if len(trials) else "Study"
     # a sweep's runs differ in n (the scale key); a study's trials differ in the tuned keys, one run per trial
     groupby = "trial" if len(trials) else d.scale_key
@@ -189,12 +187,13 @@ def publish(spec: dict) -> str:
 
 
 def spec_path(args: argparse.Namespace) -> Path:
-    return Path(args.out) if args.out else report_dir(args.results_dir)
+    return Path(args.out) if args.out else report_dir(open_store(args.results_dir))
 
 
-def write(report: Report, args: argparse.Namespace) -> None:
-    """`--wandb-report`: write the spec; publish it now when W&B is online, else print the command that will."""
-    spec = build_spec(report, args.results_dir, args.study, args.wandb_project, args.wandb_entity)
+def write(report: Report, results: Results, args: argparse.Namespace) -> None:
+    """`--wandb-report`: write the spec of the report of `results`; publish it now when W&B is online, else print
+    the command that will."""
+    spec = build_spec(report, results, args.wandb_project, args.wandb_entity)
     path = report.out_dir / SPEC_NAME
     atomic_text(path, json.dumps(spec, indent=1) + "\n")
     log.info(f"wandb report: {shown(path)} ({sum(len(b.get('panels', [])) for b in spec['blocks'])} panels, "

@@ -28,7 +28,7 @@ import numpy as np
 from fedharness.algorithms.registry import build_algorithm
 from fedharness.core.engine import Engine, NetworkModel
 from fedharness.algorithms.series import build_series
-from fedharness.errors import ConfigError, require
+from fedharness.errors import ConfigError
 from fedharness.problems import build_problem
 from fedharness.settings import RunSettings
 
@@ -45,15 +45,6 @@ _ROUNDS: dict[tuple, int] = {}  # (kind, total, cost key) -> rounds
 class Budget:
     kind: str
     total: int
-
-    @classmethod
-    def from_config(cls, bcfg: Any) -> "Budget":
-        require(isinstance(bcfg, dict), "tune.budget", bcfg, "a mapping {kind, total}")
-        kind, total = bcfg.get("kind"), bcfg.get("total")
-        require(kind in KINDS, "tune.budget.kind", kind, "one of: " + ", ".join(KINDS))
-        require(isinstance(total, int) and not isinstance(total, bool) and total >= 1, "tune.budget.total", total,
-                "must be an integer >= 1")
-        return cls(kind, total)
 
     def rounds_for(self, cfg: dict[str, Any], context: str = "") -> int:
         """Rounds this config can afford; ConfigError if not even one."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from fedharness.runs.lifecycle import RunInterrupted, interrupts_raised
+from fedharness.runs.lifecycle import RunInterrupted, interrupts_raised, open_results
 from fedharness.base.progress import echo
 from fedharness.studies.tuning.compare import run_compare
 from fedharness.studies.tuning.spec import build_spec
@@ -19,7 +19,8 @@ def main(overrides: list[str], compare: str | None = None) -> int:
         try:
             if compare is not None:
                 return run_compare(overrides, compare)
-            summary = tune(build_spec(overrides), echo=echo)
+            spec = build_spec(overrides)
+            summary = tune(spec, open_results(spec.results_dir), echo=echo)
         except StudyInterrupted as err:
             print(f"fedharness: study {err.study} interrupted ({err}) with {err.finished} of {err.n_trials} trials "
                   f"finished; the same command continues it: {command}", file=sys.stderr)

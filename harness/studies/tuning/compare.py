@@ -21,12 +21,14 @@ from fedharness.config.compose import group_options
 from fedharness.config.load import load_settings
 from fedharness.errors import ConfigError, require
 from fedharness.base.progress import echo
+from fedharness.results import layout
+from fedharness.results.store import ResultsStore
+from fedharness.results.tables import write_table
 from fedharness.runs.execute import execute
-from fedharness.sinks.parquet import write_table
-from fedharness.results.store import open_store
+from fedharness.runs.lifecycle import open_results
 from fedharness.studies.tuning.export import best_trial, shown
 from fedharness.studies.tuning.optuna_parts import open_study
-from fedharness.studies.tuning.spec import TuneSpec, build_spec, compose_tune, split_overrides, trial_config
+from fedharness.studies.tuning.spec import TuneSpec, build_spec, compose_tune, split_tune, trial_config
 from fedharness.studies.tuning.storage import check_reachable
 from fedharness.studies.tuning.study import tune
 
@@ -51,10 +53,7 @@ def _algorithms(text: str) -> list[str]:
 
 
 def _compare_settings(spec: TuneSpec) -> tuple[int, int]:
-    replicas, seed = spec.compare.get("replicas", 5), spec.compare.get("seed", 1000)
-    require(isinstance(replicas, int) and replicas >= 1, "tune.compare.replicas", replicas, "an integer >= 1")
-    require(isinstance(seed, int) and seed >= 0, "tune.compare.seed", seed, "an integer >= 0")
-    return replicas, seed
+    return spec.compare["replicas"], spec.compare["seed"]  # checked with the other tune.* keys
 
 
 def rerun_overrides(spec: TuneSpec, params: dict) -> list[str]:
@@ -67,7 +66,7 @@ def rerun_overrides(spec: TuneSpec, params: dict) -> list[str]:
     return [*overrides, *extra]
 
 
-def _rerun(spec: TuneSpec, study_name: str, algorithm: str) -> dict:
+def _rerun(spec: TuneSpec, study_name: str, algorithm: str, store: ResultsStore) -> dict:
     study = open_study(spec)
     best = best_trial(spec, study.get_trials(deepcopy=False))
     row = {"study": study_name, "algorithm": algorithm, "tune_study": spec.study, "n_trials": spec.n_trials,
@@ -77,7 +76,7 @@ def _rerun(spec: TuneSpec, study_name: str, algorithm: str) -> dict:
         return {**row, "status": "no finite trial"}
     overrides = rerun_overrides(spec, best.params)
     settings = load_settings(overrides).replace(results_dir=spec.results_dir, progress=False, study=study_name)
-    result = execute(settings)
+    result = execute(settings, store=store)
     values = spec.objective.per_replica(result.rows, result.status)
     std = float(np.std(values, ddof=1)) if len(values) > 1 and np.all(np.isfinite(values)) else None
     return {**row, "best_trial": best.number, "tuned_value": best.value, "params_json": json.dumps(best.params),
@@ -105,22 +104,21 @@ def markdown(rows: list[dict]) -> str:
 
 def run_compare(overrides: list[str], algorithms_text: str) -> int:
     algs = _algorithms(algorithms_text)
-    tune_name, tune_ovs, run_ovs = split_overrides(overrides)
+    tune_name, tune_ovs, run_ovs = split_tune(overrides)
     for ov in run_ovs:
         require(ov.lstrip("+~").partition("=")[0] != "algorithm", "algorithm", ov.partition("=")[2],
                 "set by --compare; leave algorithm= out")
     base = compose_tune(tune_name, tune_ovs).get("study") or tune_name
     specs = [build_spec(overrides, (f"algorithm={a}",), study=f"{base}-{a}") for a in algs]  # all checked first
     for spec in specs:
-        _compare_settings(spec)
         check_reachable(spec)
+    store = open_results(specs[0].results_dir)  # the studies share it: one results_dir
     for spec in specs:
-        echo(tune(spec, echo=echo)["text"])
-    rows = [_rerun(spec, base, a) for spec, a in zip(specs, algs)]
-    store = open_store(specs[0].results_dir)
+        echo(tune(spec, store, echo=echo)["text"])
+    rows = [_rerun(spec, base, a, store) for spec, a in zip(specs, algs)]
     table = pa.Table.from_pylist([{f.name: r.get(f.name) for f in COMPARE_SCHEMA} for r in rows],
                                  schema=COMPARE_SCHEMA)
-    table_key, md_key = f"compare/study={base}/compare.parquet", f"tune/{base}/compare.md"  # md beside the dataset
+    table_key, md_key = layout.compare_key(base), layout.study_key(base, "compare.md")
     write_table(store, table_key, table)
     text = markdown(rows)
     store.write(md_key, text.encode())

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from fedharness.results import layout
+from fedharness.results.store import ResultsStore
+from fedharness.results.tables import write_table
 from fedharness.sinks.masking import mask_secrets
-from fedharness.sinks.parquet import write_table
-from fedharness.results.store import ResultsStore, open_store
 
 TRIAL_COLUMNS = [  # `study` is the hive partition (trials/study=<name>/), as run_id is for runs/
     ("trial", pa.int64()), ("state", pa.string()), ("status", pa.string()),
@@ -157,23 +158,22 @@ def plot_study(spec, study, store: ResultsStore) -> dict[str, str]:
         warnings.simplefilter("ignore")
         if finite_trials:  # diverged trials (+-inf) are left off
             out["history"] = _save_figure(_history_figure(study, spec.objective.name, finite_trials), store,
-                                          f"{spec.out_prefix}/history.png")
+                                          layout.study_key(spec.study, "history.png"))
         else:
             out["history"] = "not drawn: no trial with a finite value"
         try:
             out["importance"] = _save_figure(_importance_figure(study, spec.objective.name), store,
-                                             f"{spec.out_prefix}/importance.png")
+                                             layout.study_key(spec.study, "importance.png"))
         except (ValueError, RuntimeError, ZeroDivisionError) as err:
             out["importance"] = f"not drawn: {err}"
     return out
 
 
-def export_study(spec, study) -> dict:
-    """Write trials/, best.overrides and plots; return paths and a text summary."""
+def export_study(spec, study, store: ResultsStore) -> dict:
+    """Write trials/, best.overrides and plots into `store`; return paths and a text summary."""
     trials = study.get_trials(deepcopy=False)
     table = trials_table(spec, trials)
-    store = open_store(spec.results_dir)
-    trials_key = f"trials/study={spec.study}/trials.parquet"
+    trials_key = layout.trials_key(spec.study)
     write_table(store, trials_key, table)
     trials_path = f"{store.url}/{trials_key}"
     rows = table.to_pylist()
@@ -185,7 +185,7 @@ def export_study(spec, study) -> dict:
     summary = {"trials": str(trials_path), "best": None}
     best = best_trial(spec, trials)
     if best is not None:
-        best_key = f"{spec.out_prefix}/best.overrides"
+        best_key = layout.study_key(spec.study, "best.overrides")
         store.write(best_key, ("\n".join(mask_secrets(best.user_attrs["overrides"])) + "\n").encode())
         best_path = f"{store.url}/{best_key}"
         params = ", ".join(f"{k}={v!r}" for k, v in best.params.items())

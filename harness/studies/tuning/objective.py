@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -34,15 +33,8 @@ class Objective:
     target: float | None     # set: the score is the rounds until `metric` reaches `target`
 
     @classmethod
-    def from_config(cls, ocfg: Any) -> "Objective":
-        require(isinstance(ocfg, dict), "tune.objective", ocfg, "a mapping {metric, direction, target}")
-        metric, direction, target = ocfg.get("metric"), ocfg.get("direction", "auto"), ocfg.get("target")
-        require(metric in METRICS or metric in USER_METRICS, "tune.objective.metric", metric,
-                "one of: " + ", ".join([*METRICS, *USER_METRICS]) + " (your own: fedharness.register_metric)")
-        require(direction in DIRECTIONS, "tune.objective.direction", direction, "one of: " + ", ".join(DIRECTIONS))
-        require(target is None or (isinstance(target, (int, float)) and not isinstance(target, bool)
-                                   and math.isfinite(target)), "tune.objective.target", target,
-                "a finite number, or null for the final value of the metric")
+    def of(cls, metric: str, direction: str, target: float | None) -> "Objective":
+        """The objective of checked `tune.objective` keys (fedharness.studies.tuning.spec declares them)."""
         metric_dir = "maximize" if maximized(metric) else "minimize"
         if target is not None:
             require(direction in ("auto", "minimize"), "tune.objective.direction", direction,

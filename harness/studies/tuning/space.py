@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from fedharness.config.overrides import format_value
 from fedharness.errors import ConfigError, require
 
 TYPES = ("float", "int", "categorical")
@@ -103,21 +104,6 @@ def parse_space(space: Any) -> list[Param]:
     dup = next((k for k in keys if keys.count(k) > 1), None)
     require(dup is None, "tune.space", dup, "each config key may be tuned by one parameter only")
     return params
-
-
-def format_value(value: Scalar) -> str:
-    """A value as Hydra override text that parses back to the same value (floats by repr: exact)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return repr(value)
-    if re.fullmatch(r"[A-Za-z_][\w\-]*", value) and value.lower() not in ("null", "true", "false"):
-        return value
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def grid_space(params: list[Param]) -> dict[str, list[Scalar]]:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from fedharness.runs.lifecycle import RunInterrupted, mark_lost_runs
+from fedharness.runs.lifecycle import RunInterrupted
 from fedharness.sinks.masking import mask_secrets
-from fedharness.results.store import check_writable, open_store
+from fedharness.results.store import ResultsStore
 from fedharness.studies.tuning import storage
 from fedharness.studies.tuning.export import export_study
 from fedharness.studies.tuning.lease import trial_counts
@@ -42,22 +42,20 @@ class StudyInterrupted(RunInterrupted):
         self.study, self.finished, self.n_trials = study, finished, n_trials
 
 
-def tune(spec: TuneSpec, echo: Callable[[str], None] = log.info) -> dict:
-    """Create or continue the study, run it to n_trials, export; returns the export summary. Progress lines (the
-    study, then each trial as it finishes) go to `echo`: the `fedharness.studies.tuning` logger unless the
-    command line passes print.
+def tune(spec: TuneSpec, store: ResultsStore, echo: Callable[[str], None] = log.info) -> dict:
+    """Create or continue the study, run it to n_trials, export; returns the export summary. `store`: the results
+    store the command opened (fedharness.runs.lifecycle.open_results: trial runs a killed worker left `running` are
+    marked lost there). Progress lines (the study, then each trial as it finishes) go to `echo`: the
+    `fedharness.studies.tuning` logger unless the command line passes print.
     Raises StudyInterrupted on SIGINT/SIGTERM once the study exists (in the main thread, inside interrupts_raised)."""
     quiet_optuna()
     storage.check_reachable(spec)  # looked up on the module: tests stand a local database in for a server
-    store = open_store(spec.results_dir)
-    check_writable(store)  # an object store that is missing or refuses us: one line, before any trial
-    mark_lost_runs(store)  # trial runs a killed worker left `running`
     study = open_study(spec, create=True)
     echo(f"[{spec.study}] {spec.n_trials} trials of {spec.sampler} ({spec.objective.name}, "
          f"{spec.objective.direction}; budget {spec.budget.total} {spec.budget.kind}) in {mask_secrets(spec.storage)}")
     try:
-        run_workers(spec, echo)
-        return export_study(spec, open_study(spec))
+        run_workers(spec, store, echo)
+        return export_study(spec, open_study(spec), store)
     except RunInterrupted as err:
         finished, _ = trial_counts(study.get_trials(deepcopy=False))
         raise StudyInterrupted(err.signum, spec.study, finished, spec.n_trials) from err

@@ -19,7 +19,7 @@ from fedharness.errors import ConfigError
 from fedharness.base.extras import require_extra
 from fedharness.registry.plugins import Carried, install, snapshot
 from fedharness.runs.execute import execute
-from fedharness.results.store import ResultsStore, open_store
+from fedharness.results.store import ResultsStore
 from fedharness.studies.tuning.batched_trials import run_batch
 from fedharness.studies.tuning.export import trial_status
 from fedharness.studies.tuning.lease import Lease, reap_lost, trial_counts
@@ -109,14 +109,15 @@ def connect_ray(address: str | None):
         raise ConfigError("tune.ray_address", err.value, err.allowed) from None
 
 
-def run_workers(spec: TuneSpec, echo: Callable[[str], None] = logger.info) -> int:
-    """Run the study to n_trials: in this process, or as `parallel` Ray tasks with `resources` each.
+def run_workers(spec: TuneSpec, store: ResultsStore, echo: Callable[[str], None] = logger.info) -> int:
+    """Run the study to n_trials, the trials' runs recording into `store`: in this process, or as `parallel` Ray
+    tasks with `resources` each.
 
     Ray workers' output stays in Ray's logs (on a cluster it is on other machines); the driver
     echoes each trial as it lands in the storage instead.
     """
     if spec.parallel == 1:
-        return work(spec, 0, echo)
+        return work(spec, 0, echo, store=store)
     ray = require_extra("ray", "tune.parallel", spec.parallel)
 
     conn = connect_ray(spec.ray_address)
@@ -129,7 +130,7 @@ def run_workers(spec: TuneSpec, echo: Callable[[str], None] = logger.info) -> in
         plugins = snapshot()  # the user's Python registrations, installed by each worker before its first trial
         # The workers record their runs through the driver (backends/results_writer.py): nodes need not share
         # results_dir. The Optuna storage is theirs to reach (a database server on a cluster: docs/tuning.md).
-        with results_writer.driver_store(open_store(spec.results_dir)) as remote:
+        with results_writer.driver_store(store) as remote:
             pending = [task.remote(spec, i, plugins=plugins, store=remote) for i in range(spec.parallel)]
             study, shown, ran = open_study(spec), set(), 0
             while pending:

@@ -262,6 +262,16 @@ class UserCallbacks(Callback):
                 cb.on_end(outcome)
 
 
+def record_failed_run(settings: RunSettings, run_id: str, error: str, store: ResultsStore) -> None:
+    """A runs/ row with status=failed and the rounds the run recorded, for a run whose process ended before it
+    wrote its final row (a sweep task that failed outside the run); a final row the run wrote is left alone."""
+    table = read_table(store, layout.run_key(run_id), columns=["status"])
+    if table is not None and table.column("status")[0].as_py() != "running":
+        return
+    ParquetSink(store, run_id).write_run(run_row(settings, "failed", last_recorded_round(store, run_id), now(),
+                                                 error))
+
+
 class RunRecord(Callback):
     """One run's record in a results store: its rows (ParquetSink), its runs/ row, its W&B run (when enabled) and
     its checkpoints (checkpoint_every > 0), all told by the run's engine through `hooks`. `resumed`: the

@@ -40,15 +40,12 @@ from fedharness.keys import Key, _is_int, _is_list, _is_real, choice, integer, n
 from fedharness.base.extras import require_extra
 from fedharness.registry.plugins import Carried, install, snapshot
 from fedharness.settings import key, section
-from fedharness.runs.lifecycle import (RunInterrupted, interrupts_raised, last_recorded_round, now, open_results,
-                                       run_row)
+from fedharness.runs.lifecycle import RunInterrupted, interrupts_raised, open_results, record_failed_run
 from fedharness.base.progress import echo
 from fedharness.runs.batch import Slot
 from fedharness.runs.execute import execute_runs, new_run_id
-from fedharness.sinks.parquet import ParquetSink
 from fedharness.results import layout
 from fedharness.results.store import ResultsStore
-from fedharness.results.tables import read_table
 from fedharness.studies.grouping import group_batches
 
 PROTOCOLS = ("fixed", "theory", "tuned")
@@ -405,19 +402,9 @@ def expand(spec: SweepSpec, new_id: Callable[[], str] | None = None) -> list[Job
 
 # ---------------------------------------------------------------- running
 
-def _existing_status(store: ResultsStore, run_id: str) -> str | None:
-    table = read_table(store, layout.run_key(run_id), columns=["status"])
-    return None if table is None else table.column("status")[0].as_py()
-
-
 def record_failure(overrides: list[str], run_id: str, error: str, store: ResultsStore) -> None:
-    """A runs/ row with status=failed and the rounds it recorded, unless the run itself wrote its final row.
-    `store`: where the run records."""
-    settings = load_settings(overrides)
-    if _existing_status(store, run_id) not in (None, "running"):
-        return
-    rounds = last_recorded_round(store, run_id)
-    ParquetSink(store, run_id).write_run(run_row(settings, "failed", rounds, now(), error))
+    """A runs/ row with status=failed for a sweep run whose task ended before the run recorded its own end."""
+    record_failed_run(load_settings(overrides), run_id, error, store)
 
 
 def _task_start(num_threads: int) -> tuple[float, str]:

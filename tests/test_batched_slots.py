@@ -11,7 +11,7 @@ import math
 import pyarrow.parquet as pq
 import pytest
 
-from fedharness.runs.batch import Slot, batch_key, batchable
+from fedharness.runs.batch import Slot, batch_key, batchable, check_batch
 from fedharness.runs.execute import execute_batch
 from fedharness.config.load import load_settings
 from fedharness.errors import ConfigError
@@ -258,3 +258,14 @@ def test_only_the_slots_due_at_a_round_are_evaluated_in_one_pass(tmp_path, monke
     for name in overrides:
         assert_same_rows(rounds_table(tmp_path / "batch", f"batch-{name}"),
                          rounds_table(tmp_path / "solo", f"solo-{name}"), 1e-6)
+
+
+def test_runs_that_differ_only_in_seed_without_a_data_seed_are_refused_naming_what_to_set():
+    """The seed also draws the data while dataset.data_seed is null: the refusal names `seed` (what the user set)
+    and says to set dataset.data_seed, never 'dataset.data_seed: None' for a key the user did not set."""
+    first, other = (load_settings(["rounds=2", f"seed={seed}"]) for seed in (0, 1))
+    with pytest.raises(ConfigError) as err:
+        check_batch([first, other])
+    assert err.value.key == "seed" and err.value.value == 1
+    assert "set dataset.data_seed" in str(err.value)
+    check_batch([load_settings(["rounds=2", "dataset.data_seed=0", f"seed={seed}"]) for seed in (0, 1)])

@@ -78,16 +78,20 @@ def check_batch(settings: Sequence[RunSettings]) -> None:
         require(not params.get("average", False), "algorithm.average", params.get("average"),
                 "false in a batched run (run Polyak averaging alone)")
         if batch_key(s) != batch_key(first):
-            key, value, value0 = _first_difference(first.config, s.config)
-            raise ConfigError(key, value, f"equal in every run of a batch (the first has {value0!r}); only "
-                                          f"{', '.join(BATCHABLE_KEYS)} may differ")
+            raise _refusal(first, s)
 
 
-def _first_difference(a: dict, b: dict) -> tuple[str, Any, Any]:
-    for key, value0, value in differences(a, b):
+def _refusal(first: RunSettings, other: RunSettings) -> ConfigError:
+    """The error naming the first key that keeps `other` out of `first`'s batch."""
+    for key, value0, value in differences(first.config, other.config):
         if key not in BATCHABLE_KEYS and key not in RECORDED_PER_SLOT:
-            return key, value, value0
-    return "dataset.data_seed", b.get("seed"), a.get("seed")  # equal configs but the seed picks different data
+            return ConfigError(key, value, f"equal in every run of a batch (the first has {value0!r}); only "
+                                           f"{', '.join(BATCHABLE_KEYS)} may differ")
+    # Equal configs but for the seed, which also picks the data while dataset.data_seed is null.
+    return ConfigError("seed", other.seed, f"equal in every run of a batch (the first has {first.seed}) while "
+                                           "dataset.data_seed is null, since the seed then also draws the data; "
+                                           "set dataset.data_seed (e.g. dataset.data_seed=0) to batch runs that "
+                                           "differ only in seed")
 
 
 def batch_settings(settings: Sequence[RunSettings]) -> RunSettings:

@@ -472,6 +472,8 @@ class Metric:
     maximize: bool = False  # larger is better (a tuning objective's direction)
 
     def values(self, problem: Problem, w: torch.Tensor) -> np.ndarray:
+        import torch  # here, not at the top: the contracts load no torch (the results tables and sinks need none)
+
         data = problem.data_split(self.split)
         split = DataSplit(*(data if data is not None else (None, None)), problem.objective)
         with torch.no_grad():

@@ -23,12 +23,16 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-OUT = Path(__file__).parent / "out"
+from statistics import median
+
+from children import run_child
+from outputs import publish
+
+CHILD_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 COMMON = ["dataset=synthetic_lazy", "model=logreg", "dataset.cache_mb=0", "algorithm.sampler=scheme_i",
           "algorithm.clients_per_round=100", "algorithm.local_steps=20", "algorithm.batch_size=24",
           "algorithm.client_lr=0.05", "heterogeneity=false", "progress=false", "rounds=100000"]
@@ -89,7 +93,7 @@ def case_child(n: int, sizes: str, executor: str, rounds: int) -> dict:
     if executor == "ray":
         runner.close()
     mb = 2**20
-    return {"problem_s": problem_s, "setup_s": setup_s, "ms_per_round": 1000 * _median(times),
+    return {"problem_s": problem_s, "setup_s": setup_s, "ms_per_round": 1000 * median(times),
             "driver_peak_mb": peak_rss_bytes() / mb, "driver_after_imports_mb": after_imports / mb,
             "shard_peak_mb": [m["peak"] / mb for m in shards],
             "population_bytes": int(getattr(problem.sizes, "nbytes", lambda: 0)())}
@@ -126,19 +130,6 @@ def paired_child(cases: list[list], rounds: int) -> dict:
     return {"s_per_round": times, "distinct_clients": distinct}
 
 
-def run_child(kind: str, payload: dict) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-    out = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(payload)], capture_output=True,
-                         text=True, check=False, env=env)
-    if out.returncode != 0:
-        raise RuntimeError(f"benchmark child {kind} {payload} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
 def main() -> None:
@@ -166,13 +157,14 @@ def main() -> None:
     for executor in executors:
         for sizes in SIZES:
             for n in ns:
-                m = run_child("case", {"n": n, "sizes": sizes, "executor": executor, "rounds": args.rounds})
+                m = run_child(__file__, "case", {"n": n, "sizes": sizes, "executor": executor, "rounds": args.rounds},
+                              CHILD_ENV)
                 record["cases"][f"{n}/{sizes}/{executor}"] = m
                 shards = " / ".join(f"{v:.0f}" for v in m["shard_peak_mb"]) or "-"
                 lines.append(f"  {n:>11,} {sizes:<10}{executor:<9}{m['setup_s']:>9.2f}{m['ms_per_round']:>10.1f}"
                              f"{m['driver_peak_mb']:>11.0f}{shards:>13}{m['population_bytes'] / 1e6:>10.2f}MB")
-    out = run_child("paired", {"cases": [[n, s] for s in SIZES for n in (ns[0], ns[-1])],
-                               "rounds": 2 * args.rounds})
+    out = run_child(__file__, "paired", {"cases": [[n, s] for s in SIZES for n in (ns[0], ns[-1])],
+                                         "rounds": 2 * args.rounds}, CHILD_ENV)
     paired, distinct = out["s_per_round"], out["distinct_clients"]
     record["paired_s_per_round"], record["distinct_clients"] = paired, distinct
     small, large = ns[0], ns[-1]
@@ -182,17 +174,14 @@ def main() -> None:
     record.update(ratio_large_over_small=ratios, lognormal_over_fixed=lognormal_over_fixed,
                   ratio_per_distinct_client=per_client)
     lines += ["", f"  paired inline rounds ({2 * args.rounds} each, medians in ms): "
-              + ", ".join(f"N={k}: {1000 * _median(v):.1f}" for k, v in paired.items()),
+              + ", ".join(f"N={k}: {1000 * median(v):.1f}" for k, v in paired.items()),
               "  distinct clients trained per round: "
               + ", ".join(f"N={k}: {v:.1f}" for k, v in distinct.items()),
               *(f"  N={large:,} / N={small:,} ({s} sizes): {r:.2f}x a round (goal <= 1.2x), "
                 f"{per_client[s]:.2f}x a distinct client" for s, r in ratios.items()),
               f"  lognormal / fixed sizes at N={large:,}: {lognormal_over_fixed:.2f}x (goal <= 1.5x)",
               "  population: bytes the problem holds for all N clients (the sizes' block sums)"]
-    record["loadavg_at_end"] = os.getloadavg()
-    print("\n".join(lines))
-    OUT.mkdir(exist_ok=True)
-    (OUT / "population.json").write_text(json.dumps(record, indent=2))
+    publish(record, lines, "population")
 
 
 if __name__ == "__main__":

@@ -28,13 +28,15 @@ import json
 import os
 import platform
 import resource
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-OUT = Path(__file__).parent / "out"
+from statistics import median
+
+from children import run_child
+from outputs import publish
 CNN = ["model=cnn", "dataset=mnist", "dataset.num_clients=10", "algorithm.clients_per_round=4",
        "algorithm.sampler=scheme_ii", "algorithm.local_steps=20", "algorithm.batch_size=32",
        "algorithm.client_lr=0.05", "heterogeneity=false"]
@@ -170,13 +172,6 @@ def lazy_timing_child(cases: dict[str, list[str]], rounds: int) -> dict:
     return {"s_per_round": times}
 
 
-def run_child(kind: str, payload: dict) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", kind, json.dumps(payload)], capture_output=True,
-                         text=True, check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"benchmark child {kind} {payload} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
 
 def child(kind: str, payload: dict) -> None:
     if kind == "cnn":
@@ -187,11 +182,6 @@ def child(kind: str, payload: dict) -> None:
         result = lazy_timing_child(payload["cases"], payload["rounds"])
     print(json.dumps(result))
 
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
 def main() -> None:
@@ -210,7 +200,7 @@ def main() -> None:
     if not args.skip_cnn:
         with tempfile.TemporaryDirectory() as data:
             write_mnist_shaped(Path(data), 6000, 1000)
-            cnn = run_child("cnn", {"data_dir": data, "rounds": args.rounds})
+            cnn = run_child(__file__, "cnn", {"data_dir": data, "rounds": args.rounds})
         t = cnn["s_per_round"]
         overhead = sum(t["ray, 1 shard"]) / sum(t["inline, 1 thread"])
         fastest = min((n for n in t if n.startswith("inline")), key=lambda n: sum(t[n]))
@@ -219,7 +209,7 @@ def main() -> None:
                          "fastest_inline": fastest}
         lines += ["", f"(a) CNN on MNIST-shaped data, K=4, 20 local steps, b=32, {args.rounds} paired rounds",
                   f"  {'':<22}{'s/round':>10}"]
-        lines += [f"  {name:<22}{_median(v):>10.3f}" for name, v in t.items()]
+        lines += [f"  {name:<22}{median(v):>10.3f}" for name, v in t.items()]
         lines += [f"  Ray overhead (1 shard / inline 1 thread, the same compute): {overhead:.2f}x (goal <= 1.3x)",
                   f"  2 shards / fastest inline ({fastest}): {whole:.2f}x; "
                   f"starting the 1-shard executor took {cnn['ray_start_s']:.1f} s"]
@@ -230,9 +220,9 @@ def main() -> None:
                  "N=100,000": ["dataset.num_clients=100000"]}
         capped = {"N=1,000, cache 16 MB": ["dataset.num_clients=1000", "dataset.cache_mb=16"],
                   "N=100,000, cache 16 MB": ["dataset.num_clients=100000", "dataset.cache_mb=16"]}
-        memory = {name: run_child("lazy-memory", {"overrides": extra, "rounds": rounds})
+        memory = {name: run_child(__file__, "lazy-memory", {"overrides": extra, "rounds": rounds})
                   for name, extra in {**cases, **capped}.items()}
-        t = run_child("lazy-timing", {"cases": cases, "rounds": rounds})["s_per_round"]
+        t = run_child(__file__, "lazy-timing", {"cases": cases, "rounds": rounds})["s_per_round"]
         ratio = sum(t["N=100,000"]) / sum(t["N=1,000"])
         ratio_uncached = sum(t["N=100,000"]) / sum(t["N=1,000, no cache"])
         record["lazy"] = {"memory": memory, "s_per_round": t, "ratio_100k_over_1k": ratio,
@@ -241,7 +231,7 @@ def main() -> None:
                   f"  {'':<22}{'s/round':>9}{'driver MB':>11}{'(net)':>7}{'shard MB':>16}{'(net)':>12}"]
         for name, m in memory.items():
             net = [p - a for p, a in zip(m["shard_peak_mb"], m["shard_after_imports_mb"])]
-            timing = f"{_median(t[name]):>9.3f}" if name in t else f"{'-':>9}"
+            timing = f"{median(t[name]):>9.3f}" if name in t else f"{'-':>9}"
             lines.append(f"  {name:<22}{timing}{m['driver_peak_mb']:>11.0f}"
                          f"{m['driver_peak_mb'] - m['driver_after_imports_mb']:>7.0f}"
                          f"{' / '.join(f'{v:.0f}' for v in m['shard_peak_mb']):>16}"
@@ -249,10 +239,7 @@ def main() -> None:
         lines += [f"  N=100,000 / N=1,000: {ratio:.2f}x (goal <= 1.5x); "
                   f"N=100,000 / N=1,000 without the cache: {ratio_uncached:.2f}x",
                   "  (net: peak minus the process's size after its imports)"]
-    record["loadavg_at_end"] = os.getloadavg()
-    print("\n".join(lines))
-    OUT.mkdir(exist_ok=True)
-    (OUT / "ray.json").write_text(json.dumps(record, indent=2))
+    publish(record, lines, "ray")
 
 
 if __name__ == "__main__":

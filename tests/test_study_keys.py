@@ -92,3 +92,14 @@ def test_batchable_keys_are_read_from_their_declarations():
                                    "algorithm.momentum", "algorithm.server_momentum", "algorithm.lr_schedule",
                                    "algorithm.lr_beta", "algorithm.lr_gamma", "algorithm.decay_at",
                                    "algorithm.decay_factor", "algorithm.lr_decay"}
+
+
+def test_a_config_name_that_starts_with_a_digit_stays_bare_in_a_sweep_point():
+    """A sweep's grid values are its points' labels: `model: [logreg, 2nn]` gives points model=2nn, not '2nn'
+    (the reproductions select their rows by these labels)."""
+    from fedharness.config.overrides import format_value
+    from fedharness.studies.sweep import expand, load_spec
+
+    assert [format_value(v) for v in ("2nn", "3d", "true", "1e-3", "a b")] == ["2nn", "3d", "'true'", "'1e-3'",
+                                                                              "'a b'"]
+    assert {job.point["model"] for job in expand(load_spec("repro_yang_noniid", []))} == {"logreg", "2nn"}

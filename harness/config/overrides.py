@@ -8,12 +8,17 @@ string, 1e-05 stays a float.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Mapping
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 
 from fedharness.base.mappings import flatten
 
 BARE = re.compile(r"[A-Za-z_][\w\-./]*")  # text Hydra reads as this very string when it is not one of READ_AS_OTHER
+WORD = re.compile(r"[\w\-./]+")  # other text without spaces or quotes: bare where Hydra reads it back (2nn, 3d)
 READ_AS_OTHER = ("true", "false", "null", "inf", "nan")  # bare, in any case, Hydra reads these as bool, None, float
 
 
@@ -32,9 +37,23 @@ def format_value(value: Any) -> str:
     if isinstance(value, Mapping):
         return "{" + ",".join(f"{k}:{format_value(v)}" for k, v in value.items()) + "}"
     text = str(value)
-    if BARE.fullmatch(text) and text.lower() not in READ_AS_OTHER:
-        return text
+    if (BARE.fullmatch(text) and text.lower() not in READ_AS_OTHER) or (WORD.fullmatch(text) and _reads_back(text)):
+        return text  # bare where Hydra reads it back as this string: a config name such as 2nn stays 2nn
     return _quoted(text)
+
+
+@functools.cache
+def _parser() -> OverridesParser:
+    return OverridesParser.create()
+
+
+def _reads_back(text: str) -> bool:
+    """Whether Hydra reads the bare text as this very string (not a number, bool, None, list, or an error)."""
+    try:
+        parsed = _parser().parse_override(f"key={text}").value()
+    except HydraException:
+        return False
+    return isinstance(parsed, str) and parsed == text
 
 
 def _quoted(text: str) -> str:

@@ -69,6 +69,13 @@ class Checkpointer(Callback):
     def _due(self, rnd: int) -> bool:
         return 0 < rnd < self.rounds and rnd % self.every == 0
 
+    def saved_round(self) -> int:
+        """The round of the checkpoint in the store (0: none yet), read back rather than taken from `round`: a
+        signal can land after state.pt is in place (the store's rename done, its fsync not) and before `round` is
+        set, and a "resume with" line must name the checkpoint a resume will load."""
+        payload = _load_state(self.store, self.run_id)
+        return 0 if payload is None else int(payload["round"])
+
     def on_round_end(self, context: RoundContext) -> None:
         if self._due(context.round) and context.round % self.eval_every != 0:  # no rows this round
             self.save(context.state)

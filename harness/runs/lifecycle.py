@@ -311,5 +311,5 @@ class RunRecord(Callback):
 
     @property
     def checkpoint_round(self) -> int | None:
-        """The last checkpointed round (0: none yet); None: the run keeps no checkpoints."""
-        return None if self.checkpointer is None else self.checkpointer.round or 0
+        """The checkpointed round a resume continues from (0: none yet); None: the run keeps no checkpoints."""
+        return None if self.checkpointer is None else self.checkpointer.saved_round()

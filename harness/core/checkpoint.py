@@ -58,7 +58,6 @@ class Checkpointer(Callback):
         self.run_id = run_id
         self.sink, self.store, self.executor = sink, sink.store, executor
         self.every, self.eval_every, self.rounds = settings.checkpoint_every, settings.eval_every, settings.rounds
-        self.round: int | None = None  # the last round saved (a resumed run sets its checkpoint's)
         meta = layout.checkpoint_meta_key(run_id)
         if not self.store.exists(meta):  # a resumed run keeps its original meta
             text = json.dumps({"format": FORMAT, "run_id": run_id, "started_at": started,
@@ -70,9 +69,9 @@ class Checkpointer(Callback):
         return 0 < rnd < self.rounds and rnd % self.every == 0
 
     def saved_round(self) -> int:
-        """The round of the checkpoint in the store (0: none yet), read back rather than taken from `round`: a
-        signal can land after state.pt is in place (the store's rename done, its fsync not) and before `round` is
-        set, and a "resume with" line must name the checkpoint a resume will load."""
+        """The round of the checkpoint in the store (0: none yet), read back rather than noted when saved: a signal
+        can land after state.pt is in place (the store's rename done, its fsync not) and before a note is taken,
+        and a "resume with" line must name the checkpoint a resume will load."""
         payload = _load_state(self.store, self.run_id)
         return 0 if payload is None else int(payload["round"])
 
@@ -92,7 +91,6 @@ class Checkpointer(Callback):
         buf = io.BytesIO()
         torch.save(payload, buf)
         self.store.write(layout.checkpoint_state_key(self.run_id), buf.getvalue())
-        self.round = state.round  # before the rows: a signal in flush must not name the previous checkpoint
         self.sink.flush(part)
 
 

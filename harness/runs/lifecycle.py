@@ -291,8 +291,6 @@ class RunRecord(Callback):
         self.checkpointer = None
         if settings.checkpoint_every:
             self.checkpointer = Checkpointer(settings, run_id, self.started, self.sink, executor)
-            if resumed is not None and resumed.state is not None:
-                self.checkpointer.round = resumed.round
         wandb = open_wandb(settings, run_id, store)  # None unless wandb.enabled; offline without an API key
         self.hooks = [h for h in (self.sink, self, wandb, *hooks, UserCallbacks(callbacks) if callbacks else None,
                                   self.checkpointer) if h is not None]

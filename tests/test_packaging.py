@@ -23,7 +23,8 @@ from fedharness.cli import main as cli_main
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("harness", "algorithms", "partitions", "conf", "pyproject.toml", "README.md", "LICENSE")
 # What only the extras install (and scipy, which nothing needs): left out of the no-extras venv, by import name
-EXTRAS_ONLY = ("ray", "wandb", "wandb_workspaces", "optuna", "cmaes", "sqlalchemy", "psycopg", "sklearn", "scipy")
+EXTRAS_ONLY = ("ray", "wandb", "wandb_workspaces", "optuna", "cmaes", "sqlalchemy", "psycopg", "sklearn", "scipy",
+               "h5py", "datasets", "dp_accounting")
 # ... and by the names of their files in site-packages (packages, .dist-info, .libs)
 LEFT_OUT = {*EXTRAS_ONLY, "psycopg_binary", "psycopg2", "psycopg2_binary", "scikit_learn"}
 

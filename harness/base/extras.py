@@ -1,8 +1,8 @@
 """Optional features and the pip extra that installs each.
 
-`pip install fedharness` runs the default benchmark and writes Parquet; Ray, W&B, Optuna (with PostgreSQL) and
-scikit-learn's data set come with extras. Asking for a feature whose extra is missing is one line naming the
-extra (a ConfigError: exit status 2 on the command line), never a traceback from deep inside.
+`pip install fedharness` runs the default benchmark and writes Parquet; Ray, W&B, Optuna (with PostgreSQL),
+scikit-learn's data set, the federated data formats (HDF5, Hugging Face) and the privacy accountant come with
+extras. Asking for a feature whose extra is missing is one line naming the extra (a ConfigError: exit status 2 on the command line), never a traceback from deep inside.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ EXTRA_OF: dict[str, str] = {
     "sqlalchemy": "tune",
     "psycopg": "tune",
     "sklearn": "data",
+    "h5py": "federated",
+    "datasets": "federated",
+    "dp_accounting": "privacy",
 }
 
 

@@ -14,3 +14,6 @@ class PooledData:
     x_test: np.ndarray | None
     y_test: np.ndarray | None
     owner: np.ndarray | None = None  # each training sample's own client (generated data: partition=natural)
+    # each test sample's own client, where the data set has a held-out split per client (LEAF, TFF): the
+    # per-client evaluation's data under partition=natural; owners are named as in `owner`
+    test_owner: np.ndarray | None = None

@@ -74,7 +74,9 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
         return made
     pooled = made if isinstance(made, PooledData) else user_pooled(option.name, made)
     y, yt = pooled.y, pooled.y_test
-    num_classes = int(y.max() if yt is None else max(y.max(), yt.max())) + 1  # a user data set may have no test
+    num_classes = pooled.num_classes  # a data set that knows its classes (a vocabulary) says so
+    if num_classes is None:  # a user data set may have no test
+        num_classes = int(y.max() if yt is None else max(y.max(), yt.max())) + 1
     objective = build_model(settings, tuple(pooled.x.shape[1:]), num_classes)
     index = _partition(settings, pooled, seed)
     return DataProblem(objective, pooled.x, y, index, pooled.x_test, yt, batch_size, dtype, settings.device, budget)

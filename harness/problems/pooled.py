@@ -17,3 +17,5 @@ class PooledData:
     # each test sample's own client, where the data set has a held-out split per client (LEAF, TFF): the
     # per-client evaluation's data under partition=natural; owners are named as in `owner`
     test_owner: np.ndarray | None = None
+    # the number of classes (a text task: the vocabulary) when the data set knows it; None: max label + 1
+    num_classes: int | None = None

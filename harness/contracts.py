@@ -410,6 +410,25 @@ class SeriesHook(Protocol):
     def series(self, hs: AverageState) -> dict[str, tuple[torch.Tensor, np.ndarray]]: ...
 
 
+@runtime_checkable
+class Privacy(Protocol):
+    """Client-level DP of a round's sum (algorithms/privacy.py DPFedAvg): the shards clip each update to the clip
+    norm, the server adds noise to the sum, an accountant says what the rounds so far cost. Its per-replica state
+    lives in the run's counters (checkpointed, and recorded as rounds/ columns)."""
+
+    def init_counters(self, replicas: int) -> dict[str, np.ndarray]: ...
+
+    def clip_norms(self, counters: dict[str, np.ndarray]) -> np.ndarray:
+        """[R] each replica's clip norm this round."""
+
+    def release(self, delta: torch.Tensor, seed: int | np.ndarray, replicas: np.ndarray, rnd: int,
+                unclipped: np.ndarray, counters: dict[str, np.ndarray]) -> torch.Tensor:
+        """The round's Delta [R, dim] with its noise; `unclipped` [R]: clients within the clip norm."""
+
+    def epsilon(self, rounds: int) -> float:
+        """Epsilon spent after `rounds` rounds."""
+
+
 @dataclass
 class Algorithm:
     """The parts an algorithm is composed of (algorithms/registry.py builds it from the `algorithm` config)."""
@@ -447,7 +466,7 @@ class Executor(Protocol):
 ROUND_COLUMNS = ("run_id", "replica", "series", "round", "local_steps", "grad_evals", "bytes_up", "bytes_down",
                  "wall_s", "sim_s", "train_loss", "train_loss_se", "subopt", "dist_to_opt", "grad_norm_sq",
                  "test_loss", "test_acc", "lr", "server_lr", "tau_eff", "chi2",
-                 "slowdown")  # the rounds/ table's own (sinks/parquet.py)
+                 "slowdown", "epsilon", "dp_clip_norm")  # the rounds/ table's own (sinks/parquet.py)
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from fedharness.contracts import (Algorithm, Callback, Coefficients, LocalSolver, Metric, Problem, ReplicaLayout,
-                                  RoundContext, SeriesHook, ServerContext, ServerState, UpdateAggregator)
+from fedharness.contracts import (Algorithm, Callback, Coefficients, LocalSolver, Metric, Privacy, Problem,
+                                  ReplicaLayout, RoundContext, SeriesHook, ServerContext, ServerState,
+                                  UpdateAggregator)
 from fedharness.core.buffers import average_into, buffer_dim
 from fedharness.core.executors import RoundPlan
 from fedharness.core.slots import SlotSet, slot_algorithm
@@ -97,7 +98,7 @@ class Engine:
                  hooks: Sequence[Callback] = (), **options):
         """A solo run: one slot with `algorithm`'s own parts, its replica `layout` (Richardson-Romberg couples
         replicas) and `series` (extra recorded iterates: Polyak averages, RR extrapolation). `options`:
-        reference, network, metrics, end_status."""
+        reference, network, metrics, end_status, privacy."""
         layout = layout or ReplicaLayout.seeds(replicas)
         slots = SlotSet.solo(algorithm, seed, len(layout), rounds, eval_every)
         self._start(problem, slots, algorithm, executor, layout, series or [], [list(hooks)], **options)
@@ -105,9 +106,10 @@ class Engine:
     def _start(self, problem: Problem, slots: SlotSet, algorithm: Algorithm, executor, layout: ReplicaLayout,
                series: list[SeriesHook], hooks: list[list[Callback]], *, trainer: LocalSolver | None = None,
                reference=None, network: NetworkModel | None = None, metrics: Sequence[Metric] = (),
-               end_status: Callable[[BaseException], str] = _failed) -> None:
+               end_status: Callable[[BaseException], str] = _failed, privacy: Privacy | None = None) -> None:
         self.problem, self.alg, self.executor, self.reference = problem, algorithm, executor, reference
         self.slots, self.trainer = slots, trainer
+        self.privacy = privacy  # DP-FedAvg (algorithms/privacy.py): clipping in the shards, noise on the sum
         self.layout, self.stream_replicas, self.series = layout, layout.stream_ids, series
         self.rounds, self.seed = int(slots.rounds.max()), int(slots.seeds[0])
         self.network = network or NetworkModel()
@@ -129,6 +131,8 @@ class Engine:
     def _state_at_start(self, x: torch.Tensor) -> RunState:
         zeros = {k: np.zeros(len(x), dtype=np.int64) for k in ("local_steps", "grad_evals", "bytes_up", "bytes_down")}
         zeros["sim_s"] = np.zeros(len(x))  # simulated seconds (NetworkModel), float
+        if self.privacy is not None:
+            zeros.update(self.privacy.init_counters(len(x)))  # the clip norm, per replica
         ctx = self.alg.solver.init_server_ctx(x)
         return RunState(0, x, self.alg.server.init_state(x), zeros, ctx, [h.init_state(x) for h in self.series])
 
@@ -162,12 +166,18 @@ class Engine:
     def step(self, state: RunState) -> RunState:
         plan, coefs = self.plan_round(state.round)
         plan.server_ctx = state.server_ctx
+        if self.privacy is not None:
+            plan.clip_norm = self.privacy.clip_norms(state.counters)
         result = self.executor.local_updates(state.x, plan)
         if plan.send_updates:
             delta = aggregate_updates(self.alg.aggregator, plan, result.updates, state.x,
                                       self.problem.memory_budget)
         else:
             delta = result.delta
+        if self.privacy is not None:
+            unclipped = np.zeros(len(state.x)) if result.unclipped is None else result.unclipped
+            delta = self.privacy.release(delta, plan.seed, plan.stream_replicas, plan.round, unclipped,
+                                         state.counters)
         first = plan.step_lrs[..., 0]  # the round's first step size: [] or, in a batch of slots, [R]
         x = self.alg.server.step(state.x, delta, state.server_state, first * self.layout.lr_factor)
         if buffer_dim(self.problem):  # running statistics: the aggregated average, no server optimizer step
@@ -204,7 +214,8 @@ class Engine:
             row = {"replica": int(r), "series": series, "round": state.round, "wall_s": state.wall_s,
                    "train_loss": ev.train_loss[i], "grad_norm_sq": ev.grad_norm_sq[i],
                    "server_lr": self.alg.server.server_lr,
-                   "lr": None if np.isnan(self._last_lr[src]) else self._last_lr[src]}
+                   "lr": None if np.isnan(self._last_lr[src]) else self._last_lr[src],
+                   "epsilon": None if self.privacy is None else self.privacy.epsilon(state.round)}
             row.update({k: v[src].item() for k, v in state.counters.items()})  # int64 -> int, sim_s -> float
             for name, values in (("train_loss_se", ev.train_loss_se), ("subopt", subopt), ("dist_to_opt", dist),
                                  ("test_loss", ev.test_loss),

@@ -25,6 +25,7 @@ from fedharness.runs.batch import Slot, batch_settings, check_batch, per_copy_va
 from fedharness.runs.lifecycle import (EvalFunction, RunInterrupted, RunRecord, end_status, error_text,
                                        interrupts_raised)
 from fedharness.assembly.build import algorithm_for, build_parts
+from fedharness.assembly.privacy import calibrated, privacy_for
 from fedharness.base.runtime import apply_runtime, auto_threads, step_work, use_threads
 from fedharness.assembly.reference_policy import run_client_minima, run_reference
 from fedharness.errors import require
@@ -76,6 +77,7 @@ def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Pre
     set_threads(settings, problem)  # threads=null follows the problem's size: before kernel timing and reference
     resumed_kernel = checkpointed(settings, "kernel", store) if settings.resume else None
     settings = settings.replace(kernel=resolve_kernel(settings, problem, resumed_kernel))
+    settings = calibrated(settings)  # dp.target_epsilon: the noise multiplier, before the run starts
     layout, series = build_series(settings.replicas, **settings.algorithm.params)  # rr=H needs a fixed H
     reference = run_reference(settings, problem)  # per `reference: auto | on | off`
     return Prepared(settings, problem, algorithm, reference, layout, series)
@@ -119,7 +121,8 @@ def build_engine(run: Prepared, executor, hooks: Sequence[Sequence[Callback]] = 
     """The engine of a prepared run: alone (its own parts, replica layout and series), or the batch `slots` (several
     runs, trained with the prepared run's solver); `hooks[i]`: slot i's."""
     options = dict(reference=run.reference, network=NetworkModel.of(run.settings.network),
-                   metrics=[METRICS[name] for name in run.settings.metrics], end_status=end_status)
+                   metrics=[METRICS[name] for name in run.settings.metrics], end_status=end_status,
+                   privacy=privacy_for(run.settings, run.problem))
     if slots is not None:
         return BatchedEngine(run.problem, slots, run.algorithm.solver, executor, hooks=hooks, **options)
     s = run.settings
@@ -180,7 +183,8 @@ def _execute(slots: Sequence[Slot], batch_id: str | None, store: ResultsStore | 
     set_threads(base)
     store = open_store(base.results_dir) if store is None else store
     run = prepare_run(base, store)
-    recorded = [run.settings] if len(slots) == 1 else [s.replace(kernel=run.settings.kernel) for s in settings]
+    recorded = [run.settings] if len(slots) == 1 else [s.replace(kernel=run.settings.kernel, dp=run.settings.dp)
+                                                       for s in settings]
     slots_of_batch = slot_set(run, recorded)
     exact = exact_references(run.settings, run.problem, run.reference)
     resumed = load_resume(run.settings, store) if run.settings.resume else None  # before any cluster or file

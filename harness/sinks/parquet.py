@@ -22,6 +22,7 @@ ROUND_SCHEMA = pa.schema([
     ("grad_norm_sq", pa.float64()), ("test_loss", pa.float64()), ("test_acc", pa.float64()),
     ("lr", pa.float64()), ("server_lr", pa.float64()),
     ("tau_eff", pa.float64()), ("chi2", pa.float64()), ("slowdown", pa.float64()),
+    ("epsilon", pa.float64()), ("dp_clip_norm", pa.float64()),  # DP runs (algorithms/privacy.py); else null
 ])
 
 RUN_SCHEMA = pa.schema([
@@ -36,6 +37,7 @@ RUN_SCHEMA = pa.schema([
     ("callbacks", pa.string()), ("metrics", pa.string()),  # JSON lists: the run's callbacks and its own metrics
     ("split_invariant", pa.bool_()),  # rows independent of the shard split (docs/cluster.md, Same bits)
     ("batch_id", pa.string()),  # the batched run it trained in as one slot (harness/runs/batch.py); null: alone
+    ("epsilon", pa.float64()),  # a DP run's privacy spent at dp.delta after rounds_done (null: no DP, or no noise)
 ])
 
 

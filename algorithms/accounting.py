@@ -72,3 +72,16 @@ def calibrate(kind: str, q: float, rounds: int, delta: float, target_epsilon: fl
     with _quiet_orders():
         return float(calibration.calibrate_dp_mechanism(lambda: new_accountant(kind),
                                                         lambda z: run_event(q, z, rounds), target_epsilon, delta))
+
+
+def composed_epsilon(kind: str, runs: list[tuple[float, float, int]], delta: float) -> float:
+    """Epsilon at `delta` of several DP runs on the same clients, each (q, z, rounds): what a tuning study or a
+    sweep on private data has spent in all (every trial looks at the data; tuning on private data costs privacy)."""
+    noisy = [(q, z, rounds) for q, z, rounds in runs if rounds > 0]
+    if not noisy:
+        return 0.0
+    if any(z == 0 for _, z, _ in noisy):
+        return math.inf
+    event = _dp_accounting().ComposedDpEvent([run_event(q, z, rounds) for q, z, rounds in noisy])
+    with _quiet_orders():
+        return float(new_accountant(kind).compose(event).get_epsilon(delta))

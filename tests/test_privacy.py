@@ -229,3 +229,12 @@ def test_bad_dp_input_is_one_line_exit_2_and_nothing_written(overrides, key, tmp
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"'{key}'" in err, err
     assert not results.exists()
+
+
+@pytest.mark.parametrize("kind", ["rdp", pytest.param("pld", marks=pytest.mark.slow)])  # pld: ~7 s
+def test_a_studys_trials_compose_as_one_run_of_all_their_rounds(kind):
+    """Three trials of 20 rounds each cost what one run of 60 rounds costs (same q and z), more than one trial."""
+    trials = accounting.composed_epsilon(kind, [(0.1, 1.2, 20)] * 3, 1e-5)
+    assert trials == pytest.approx(library_epsilon(kind, 0.1, 1.2, 60, 1e-5), rel=1e-3)
+    assert trials > library_epsilon(kind, 0.1, 1.2, 20, 1e-5)
+    assert accounting.composed_epsilon(kind, [(0.1, 0.0, 5)], 1e-5) == float("inf")

@@ -238,3 +238,31 @@ def test_a_studys_trials_compose_as_one_run_of_all_their_rounds(kind):
     assert trials == pytest.approx(library_epsilon(kind, 0.1, 1.2, 60, 1e-5), rel=1e-3)
     assert trials > library_epsilon(kind, 0.1, 1.2, 20, 1e-5)
     assert accounting.composed_epsilon(kind, [(0.1, 0.0, 5)], 1e-5) == float("inf")
+
+
+def test_dp_runs_batched_as_slots_give_their_solo_rows(tmp_path):
+    """Tuning trials and sweep points train as slots of one batched run: each slot's noise, clip norm and epsilon
+    are those of the same run alone (its own seed's streams, its own replicas)."""
+    from fedharness.runs.batch import Slot
+    from fedharness.runs.execute import execute_batch
+
+    common = [f"results_dir={tmp_path}", *DIGITS, "dataset.data_seed=0", "dp.adaptive=true",
+              "dp.count_noise_multiplier=1", "dp.clip_norm=0.5", "rounds=4", "eval_every=2"]
+    slots = [Slot(load_settings([*common, f"seed={seed}", f"algorithm.client_lr={lr}"]), run_id=f"slot{seed}")
+             for seed, lr in ((1, 0.05), (2, 0.1))]
+    assert [r.status for r in execute_batch(slots)] == ["ok", "ok"]
+    for slot in slots:
+        assert execute(slot.settings, run_id=f"alone{slot.run_id}").status == "ok"
+        assert rounds_of(tmp_path, slot.run_id) == rounds_of(tmp_path, f"alone{slot.run_id}")
+
+
+def test_a_batch_calibrating_one_noise_multiplier_refuses_slots_of_different_rounds(tmp_path):
+    from fedharness.errors import ConfigError
+    from fedharness.runs.batch import check_batch
+
+    common = [f"results_dir={tmp_path}", *DIGITS, "dp.noise_multiplier=null", "dp.target_epsilon=2"]
+    with pytest.raises(ConfigError, match="'rounds'"):
+        check_batch([load_settings([*common, "rounds=4"]), load_settings([*common, "rounds=6"])])
+    check_batch([load_settings([*common, "rounds=4", "seed=1", "dataset.data_seed=0"]),
+                 load_settings([*common, "rounds=4", "seed=2", "dataset.data_seed=0"])])
+    assert not (tmp_path / "runs").exists()

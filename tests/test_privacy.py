@@ -266,3 +266,21 @@ def test_a_batch_calibrating_one_noise_multiplier_refuses_slots_of_different_rou
     check_batch([load_settings([*common, "rounds=4", "seed=1", "dataset.data_seed=0"]),
                  load_settings([*common, "rounds=4", "seed=2", "dataset.data_seed=0"])])
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow  # two trials of up to 60 rounds and Optuna's storage: ~20 s under load
+def test_a_tuning_study_reports_what_all_its_dp_trials_spent_together(tmp_path, capsys):
+    args = ["tune", "tune=default", "dataset=digits", "dp.noise_multiplier=1.0", "tune.n_trials=2", "tune.plots=false",
+            "tune.budget.total=60", "tune.sampler.name=random", "progress=false", "reference=off",
+            f"results_dir={tmp_path}"]
+    assert main(args) == 0
+    line = [x for x in capsys.readouterr().out.splitlines() if "privacy:" in x]
+    runs = ds.dataset(tmp_path / "runs", format="parquet").to_table().to_pylist()
+    assert len(runs) == 2 and all(r["epsilon"] > 0 for r in runs)
+    event = dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(10 / 20, dp_accounting.GaussianDpEvent(1.0)), r["rounds_done"])
+        for r in runs])
+    want = dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(1e-5)
+    assert want > max(r["epsilon"] for r in runs)
+    assert line == [f"  privacy: the 2 DP trials together spent epsilon = {want:.4g} at delta = 1e-05 (rdp; each "
+                    "trial's own epsilon is in runs/)"]

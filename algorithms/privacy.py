@@ -4,8 +4,8 @@ et al. 2021).
 A round: the poisson sampler takes each client with probability q = K/N and weighs it 1/K (the fixed-denominator
 estimator: K = qN is the expected count, not the drawn one); each shard clips every client's update to the
 replica's clip norm C before its partial sum (core/executors.py), so one client moves the sum by at most C/K; here
-the server adds Gaussian noise of std z_update * C / K to that sum, once, from the counter-based streams keyed by
-(seed, replica, round), so a DP run has the same bits at any shard count and on resume. The accountant
+the server adds Gaussian noise of std z_update * C / K to that sum, once, drawn by a generator seeded from the
+counter-based streams' key (seed, replica, round), so a DP run has the same bits at any shard count and on resume. The accountant
 (algorithms/accounting.py) charges each round as a Poisson-subsampled Gaussian of noise multiplier z.
 
 Adaptive clipping: the shards also count the clients whose update was within C; the server adds noise of std
@@ -69,9 +69,13 @@ class DPFedAvg:
 
     def noise(self, seed, replicas: np.ndarray, rnd: int, clip: np.ndarray, dim: int) -> np.ndarray:
         """The noise on the round's Delta [R, dim] float64: std z_update * C_r / K, from the streams."""
-        key = streams.stream_key(seed, streams.DP_NOISE, replicas, rnd, 0)
+        # one Philox generator per (seed, replica, round), seeded from the streams: as reproducible as the streams'
+        # own normals and ~10x faster for a large model (1e6 parameters: 0.4 s against 3.4 s for 4 replicas)
+        keys = np.broadcast_to(streams.stream_key(seed, streams.DP_NOISE, replicas, rnd, 0), (len(replicas),))
+        draws = np.stack([np.random.Generator(np.random.Philox(int(s))).standard_normal(dim)
+                          for s in streams.seeds(keys, 1)[:, 0]])
         std = self.update_noise * np.asarray(clip, dtype=np.float64) / self.expected_clients
-        return streams.normal(key, dim) * std[:, None]
+        return draws * std[:, None]
 
     def release(self, delta: torch.Tensor, seed, replicas: np.ndarray, rnd: int, unclipped: np.ndarray,
                 counters: dict[str, np.ndarray]) -> torch.Tensor:

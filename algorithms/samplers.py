@@ -167,7 +167,7 @@ class PoissonSampling(_PartialSampler):
     q_k = 1/K: the fixed-denominator estimator (McMahan et al. 2018), unbiased for the clients' plain mean update.
     The sampling that DP-FedAvg's privacy amplification assumes (algorithms/privacy.py). The sample's size varies:
     each replica's row lists its clients in id order, padded to the round's largest sample with weight-0 entries
-    (not trained); a replica that drew nobody moves nothing (`active`)."""
+    (not trained) that repeat its first client; a replica that drew nobody moves nothing (`active`)."""
 
     def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
         taken = _uniforms(seed, replicas, rnd, self.num_clients) < self.K / self.num_clients
@@ -177,6 +177,7 @@ class PoissonSampling(_PartialSampler):
         weights = np.zeros((len(replicas), width))
         for r, row in enumerate(taken):
             chosen = np.flatnonzero(row)
+            clients[r] = chosen[0] if len(chosen) else 0  # padding repeats a sampled client: its tau, weight 0
             clients[r, :len(chosen)] = chosen
             weights[r, :len(chosen)] = 1.0 / self.K
         return Selection(clients, weights, np.ones(clients.shape), counts > 0)

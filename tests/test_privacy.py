@@ -66,6 +66,7 @@ def test_poisson_sampling_takes_each_client_with_probability_k_over_n_and_weighs
             taken[ids] += 1
             sizes.append(len(ids))
             assert sel.active[r] == (len(ids) > 0)
+            assert (sel.clients[r][~real] == (ids[0] if len(ids) else 0)).all()  # padding: weight 0, a sampled id
     # 1600 Bernoulli(0.2) draws per client: std of the share 0.01; the mean over 50 clients within 0.005 of q
     assert taken.mean() / (4 * rounds) == pytest.approx(K / N, abs=0.005)
     assert np.mean(sizes) == pytest.approx(K, rel=0.03)

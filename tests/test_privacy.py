@@ -285,3 +285,25 @@ def test_a_tuning_study_reports_what_all_its_dp_trials_spent_together(tmp_path, 
     assert want > max(r["epsilon"] for r in runs)
     assert line == [f"  privacy: the 2 DP trials together spent epsilon = {want:.4g} at delta = 1e-05 (rdp; each "
                     "trial's own epsilon is in runs/)"]
+
+
+def test_the_engine_adds_exactly_the_mechanisms_noise_once_per_round():
+    """The same round with z = 1.5 and with z = 0 (same clipping and sample): the models differ by exactly the noise
+    DPFedAvg.noise draws for (seed, replica, round), std z C / K (the server's sgd step has lr 1)."""
+    from fedharness.assembly.privacy import privacy_for
+    from fedharness.core.engine import Engine
+
+    def one_round(z: float):
+        settings = load_settings([*DIGITS, f"dp.noise_multiplier={z}", "dtype=float64", "replicas=3", "seed=7"])
+        problem, algorithm = build_parts(settings)
+        privacy = privacy_for(settings, problem)
+        engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver, 2), rounds=1, seed=7,
+                        replicas=3, eval_every=1, privacy=privacy)
+        state = engine.initial_state()
+        return engine.step(state).x, privacy, problem.dim
+
+    noisy, privacy, dim = one_round(1.5)
+    clean, _, _ = one_round(0.0)
+    want = privacy.noise(7, np.arange(3), 0, np.ones(3), dim)
+    np.testing.assert_allclose((noisy - clean).numpy(), want, rtol=1e-9, atol=1e-12)
+    assert want.std() == pytest.approx(1.5 * 1.0 / 10, rel=0.05)  # 1950 draws: 5% is 3 standard errors

@@ -95,6 +95,12 @@ class SoftmaxRegression(Model):
         nll = -logp.gather(2, y.expand(w.shape[0], -1).unsqueeze(-1)).squeeze(-1)
         return nll.sum(-1), (logits.argmax(-1) == y).sum(-1)
 
+    def sample_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sample's cross-entropy and correctness per replica: ([R, n], [R, n]) (contracts.SampleTerms)."""
+        logits = self.logits(w, x)
+        nll = -torch.log_softmax(logits, dim=-1).gather(2, y.expand(w.shape[0], -1).unsqueeze(-1)).squeeze(-1)
+        return nll, logits.argmax(-1) == y
+
     def regularizer(self, w: torch.Tensor) -> torch.Tensor:
         return self.l2 * (w * w).sum(-1)
 
@@ -119,6 +125,12 @@ class LinearRegression(SoftmaxRegression):
         target = torch.nn.functional.one_hot(y, self.num_classes).to(pred.dtype)
         loss = 0.5 * ((pred - target) ** 2).sum((-1, -2))
         return loss, (pred.argmax(-1) == y).sum(-1)
+
+    def sample_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sample's squared error and correctness per replica: ([R, n], [R, n]) (contracts.SampleTerms)."""
+        pred = self.logits(w, x)
+        target = torch.nn.functional.one_hot(y, self.num_classes).to(pred.dtype)
+        return 0.5 * ((pred - target) ** 2).sum(-1), pred.argmax(-1) == y
 
 
 # The linear models (`model=auto` is logreg for a data set; the analytic data sets are their own model).
@@ -275,6 +287,18 @@ class NetObjective(Model):
             logits = functional_call(self.net, state, (x,))
             losses.append(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
             correct.append((logits.argmax(-1) == y).sum())
+        return torch.stack(losses), torch.stack(correct)
+
+    def sample_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sample's cross-entropy and correctness per replica, ([R, n], [R, n]), in eval mode as loss_terms
+        (contracts.SampleTerms)."""
+        self.net.eval()
+        losses, correct = [], []
+        for r in range(w.shape[0]):
+            params, buffers = self.layout.split(w[r])
+            logits = functional_call(self.net, self.layout.module_state(params, buffers), (x,))
+            losses.append(torch.nn.functional.cross_entropy(logits, y, reduction="none"))
+            correct.append(logits.argmax(-1) == y)
         return torch.stack(losses), torch.stack(correct)
 
     def regularizer(self, w: torch.Tensor) -> torch.Tensor:

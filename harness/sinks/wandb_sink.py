@@ -164,7 +164,8 @@ class WandbSink(Callback):
         artifact = wandb.Artifact(f"results-{self.run_id}", type="parquet",
                                   description="this run's rows of the results contract (runs/ and rounds/)")
         with tempfile.TemporaryDirectory() as staging:  # the store may be remote; add_file copies (policy mutable)
-            for key in [*self.store.list(layout.run_folder(layout.ROUNDS, self.run_id)), layout.run_key(self.run_id)]:
+            for key in [*self.store.list(layout.run_folder(layout.ROUNDS, self.run_id)), layout.run_key(self.run_id),
+                        *self.store.list(layout.run_folder(layout.CLIENTS, self.run_id))]:
                 data = self.store.read(key)
                 if data is not None:
                     path = Path(staging, key)

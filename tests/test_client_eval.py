@@ -15,7 +15,7 @@ import fedharness
 from fedharness.contracts import Callback, ClientScores
 from fedharness.errors import ConfigError
 from fedharness.problems import MODELS, build_problem
-from fedharness.problems.client_eval import _by_owner, label_matched_split, sample_clients
+from fedharness.problems.client_eval import _by_owner, label_matched_split, evaluated_clients
 from fedharness.runs.execute import build_engine, build_executor, execute, prepare_run
 
 DIGITS = ["dataset=digits", "dataset.num_clients=6", "algorithm.batch_size=8", "algorithm.local_steps=2",
@@ -146,13 +146,13 @@ def test_synthetic_clients_hold_out_their_own_samples(run_config):
 
 
 def test_sample_of_clients_is_fixed_uniform_and_distinct():
-    a = sample_clients(7, 3550, 100)
-    assert np.array_equal(a, sample_clients(7, 3550, 100)) and len(np.unique(a)) == 100
+    a = evaluated_clients(7, 3550, 100)
+    assert np.array_equal(a, evaluated_clients(7, 3550, 100)) and len(np.unique(a)) == 100
     assert np.all(np.diff(a) > 0) and a.max() < 3550
-    assert not np.array_equal(a, sample_clients(8, 3550, 100))
-    assert np.array_equal(sample_clients(7, 50, None), np.arange(50))
-    assert np.array_equal(sample_clients(7, 50, 80), np.arange(50))
-    hits = np.bincount(np.concatenate([sample_clients(s, 20, 5) for s in range(400)]), minlength=20)
+    assert not np.array_equal(a, evaluated_clients(8, 3550, 100))
+    assert np.array_equal(evaluated_clients(7, 50, None), np.arange(50))
+    assert np.array_equal(evaluated_clients(7, 50, 80), np.arange(50))
+    hits = np.bincount(np.concatenate([evaluated_clients(s, 20, 5) for s in range(400)]), minlength=20)
     assert hits.min() > 60 and hits.max() < 140  # 100 expected per client
 
 
@@ -162,7 +162,7 @@ def test_run_writes_columns_and_clients_table(run_config, tmp_path):
     rounds = pd.read_parquet(tmp_path / "results" / "rounds")
     clients = pd.read_parquet(tmp_path / "results" / "clients")
     assert result.status == "ok" and len(rounds) == 2 * 3
-    assert len(clients) == 2 * 3 * 4 and sorted(clients.client.unique()) == sorted(sample_clients(settings.seed, 6, 4))
+    assert len(clients) == 2 * 3 * 4 and sorted(clients.client.unique()) == sorted(evaluated_clients(settings.seed, 6, 4))
     for (rep, rnd), mine in clients.groupby(["replica", "round"]):
         row = rounds[(rounds.replica == rep) & (rounds["round"] == rnd)].iloc[0]
         assert row.client_acc_mean == pytest.approx(mine.acc.mean(), rel=1e-12)

@@ -80,7 +80,7 @@ def label_matched_split(y_train: np.ndarray, index: list[np.ndarray], y_test: np
     return _group(client, n)
 
 
-def sample_clients(seed: int, num_clients: int, count: int | None) -> np.ndarray:
+def evaluated_clients(seed: int, num_clients: int, count: int | None) -> np.ndarray:
     """The clients per-client evaluation scores, ascending: all of them (count None or >= N), or a uniform sample of
     `count` without replacement, a pure function of (seed, N, count): the same clients every evaluation."""
     if count is None or count >= num_clients:

@@ -20,7 +20,7 @@ from fedharness.core.executors import InlineExecutor, LoopExecutor
 from fedharness.core.kernels import resolve_kernel
 from fedharness.core.slots import SlotSet
 from fedharness.algorithms.series import build_series
-from fedharness.problems.client_eval import sample_clients
+from fedharness.problems.client_eval import evaluated_clients
 from fedharness.base.extras import require_extra
 from fedharness.runs.batch import Slot, batch_settings, check_batch, per_copy_values
 from fedharness.runs.lifecycle import (EvalFunction, RunInterrupted, RunRecord, end_status, error_text,
@@ -135,7 +135,7 @@ def clients_to_evaluate(settings: RunSettings, problem) -> np.ndarray | None:
     if not settings.eval.per_client:
         return None
     data_seed = settings.dataset.params.get("data_seed")
-    return sample_clients(settings.seed if data_seed is None else data_seed, problem.num_clients,
+    return evaluated_clients(settings.seed if data_seed is None else data_seed, problem.num_clients,
                           settings.eval.clients)
 
 

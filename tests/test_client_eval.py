@@ -179,6 +179,15 @@ class LastScores(Callback):
         self.scores = context.clients
 
 
+class CrashAt(Callback):
+    def __init__(self, round_: int):
+        self.round = round_
+
+    def on_evaluation(self, context) -> None:
+        if context.round == self.round:
+            raise RuntimeError(f"crashed at round {self.round}")
+
+
 def test_fedbn_clients_are_scored_with_their_own_buffers(run_config, bn_mlp):
     settings = run_config(*DIGITS, f"model={bn_mlp}", "model.buffers=local", "dtype=float64", "replicas=2",
                           "eval.per_client=true")
@@ -221,3 +230,36 @@ def test_batched_slots_score_as_their_solo_runs(run_config):
 def test_per_client_needs_held_out_data(run_config, dataset):
     with pytest.raises(ConfigError, match="eval.per_client"):
         build_problem(run_config(f"dataset={dataset}", "eval.per_client=true"), 8)
+
+
+def test_resumed_run_writes_each_clients_row_once_and_the_same(run_config, bn_mlp, tmp_path):
+    run = [*DIGITS, f"model={bn_mlp}", "model.buffers=local", "rounds=5", "checkpoint_every=2", "replicas=2",
+           "algorithm.sampler=scheme_i", "algorithm.clients_per_round=2", "eval.per_client=true",
+           "eval.clients_table=true"]
+    execute(run_config(*run, f"results_dir={tmp_path / 'whole'}"), run_id="whole")
+    with pytest.raises(RuntimeError, match="crashed at round 3"):  # after round 2's checkpoint, round 3's rows
+        execute(run_config(*run, f"results_dir={tmp_path / 'cut'}"), run_id="victim", callbacks=[CrashAt(3)])
+    assert sorted(pd.read_parquet(tmp_path / "cut" / "clients")["round"].unique()) == [0, 1, 2, 3]
+    execute(run_config(*run, f"results_dir={tmp_path / 'cut'}", "resume=victim"))
+    key = ["round", "replica", "client"]
+    got = pd.read_parquet(tmp_path / "cut" / "clients").sort_values(key).reset_index(drop=True)
+    want = pd.read_parquet(tmp_path / "whole" / "clients").sort_values(key).reset_index(drop=True)
+    assert len(got) == len(want) == 6 * 2 * 6 and not got.duplicated(key).any()
+    assert got[[*key, "n"]].equals(want[[*key, "n"]])
+    assert np.array_equal(got.loss.to_numpy(), want.loss.to_numpy())  # own buffers restored: the same bits
+
+
+RAY_CPUS = 2  # the conftest's local_ray: CPUs of this module's embedded Ray
+
+
+@pytest.mark.slow
+def test_fedbn_scores_on_two_ray_shards_equal_inline(local_ray, run_config, bn_mlp, tmp_path):
+    run = [*DIGITS, f"model={bn_mlp}", "model.buffers=local", "dtype=float64", "eval.per_client=true",
+           "eval.clients_table=true"]
+    execute(run_config(*run, f"results_dir={tmp_path / 'inline'}"))
+    execute(run_config(*run, f"results_dir={tmp_path / 'ray'}", "executor=ray", "ray.num_shards=2"))
+    key = ["round", "replica", "client"]
+    got = pd.read_parquet(tmp_path / "ray" / "clients").sort_values(key).reset_index(drop=True)
+    want = pd.read_parquet(tmp_path / "inline" / "clients").sort_values(key).reset_index(drop=True)
+    assert len(got) == len(want) == 3 * 6
+    assert np.array_equal(got.loss.to_numpy(), want.loss.to_numpy())  # own buffers gathered from the shards

@@ -263,3 +263,52 @@ def test_fedbn_scores_on_two_ray_shards_equal_inline(local_ray, run_config, bn_m
     want = pd.read_parquet(tmp_path / "inline" / "clients").sort_values(key).reset_index(drop=True)
     assert len(got) == len(want) == 3 * 6
     assert np.array_equal(got.loss.to_numpy(), want.loss.to_numpy())  # own buffers gathered from the shards
+
+
+@pytest.fixture
+def owned_dataset():
+    """`owned`: a Python-registered data set that names each sample's owner, train and test (as LEAF's loader
+    does); the registries restored afterwards."""
+    from fedharness.problems import DATASETS
+    from fedharness.problems.pooled import PooledData
+
+    def make(seed):
+        rng = np.random.default_rng(seed)
+        owners = np.array(["w3", "w1", "w2"])
+        owner, test_owner = rng.choice(owners, 90), np.concatenate([owners.repeat(4), ["w9"]])  # w9: no training
+        return PooledData(rng.standard_normal((90, 5)), rng.integers(0, 3, 90), rng.standard_normal((13, 5)),
+                          rng.integers(0, 3, 13), owner, test_owner)
+
+    saved = dict(DATASETS)
+    repo = ConfigStore.instance().repo
+    stored = set(repo.get("dataset", {}))
+    fedharness.register_dataset("owned", make, num_clients=3)
+    yield make
+    DATASETS.clear()
+    DATASETS.update(saved)
+    for name in set(repo.get("dataset", {})) - stored:
+        del repo["dataset"][name]
+
+
+def test_a_data_sets_test_owners_are_the_clients_held_out_data(run_config, owned_dataset):
+    problem = build_problem(run_config("dataset=owned", "dataset.data_seed=4", "eval.per_client=true"), 8)
+    pooled = owned_dataset(4)
+    for k, name in enumerate(["w1", "w2", "w3"]):  # natural (auto): clients in sorted owner order
+        assert np.array_equal(problem.client_test[k], np.flatnonzero(pooled.test_owner == name))
+        assert np.array_equal(problem.y[problem.offsets[k]:problem.offsets[k] + problem.sizes[k]].numpy(),
+                              pooled.y[pooled.owner == name])
+    scores = problem.client_scores(problem.init_params(1, 0) + 0.1, np.arange(3))
+    assert scores.n.tolist() == [4, 4, 4]  # w9's test sample is no client's
+
+
+def test_per_client_on_a_data_set_without_held_out_data_exits_2_writing_nothing(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "fedharness.cli", "run", "dataset=quadratic", "eval.per_client=true",
+                          f"results_dir={tmp_path / 'r'}", "progress=false"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 2 and not (tmp_path / "r").exists()
+    assert out.stderr.strip().splitlines() == [
+        "fedharness: error: invalid value for 'eval.per_client': True (false: dataset=quadratic has no held-out "
+        "data per client (per-client evaluation needs a data set with a test set))"]

@@ -80,7 +80,8 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
     made = DATASETS.build(option.name, option.params, context)
     if isinstance(made, Problem):
         require(not settings.eval.per_client or isinstance(made, ClientEvaluation), "eval.per_client", True,
-                f"false for dataset={option.name}: it has no held-out data per client (a data set with a test set)")
+                f"false: dataset={option.name} has no held-out data per client (per-client evaluation needs a data "
+                "set with a test set)")
         return made
     pooled = made if isinstance(made, PooledData) else user_pooled(option.name, made)
     y, yt = pooled.y, pooled.y_test
@@ -92,7 +93,7 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
     client_test = None
     if settings.eval.per_client:
         require(yt is not None, "eval.per_client", True,
-                f"false for dataset={option.name}: it has no test set to hold out per client")
+                f"false: dataset={option.name} has no test set to hold out per client")
         client_test = client_test_index(pooled, index, _partition_name(settings, pooled) == "natural", seed)
     return DataProblem(objective, pooled.x, y, index, pooled.x_test, yt, batch_size, dtype, settings.device, budget,
                        client_test)

@@ -312,3 +312,8 @@ def test_per_client_on_a_data_set_without_held_out_data_exits_2_writing_nothing(
     assert out.stderr.strip().splitlines() == [
         "fedharness: error: invalid value for 'eval.per_client': True (false: dataset=quadratic has no held-out "
         "data per client (per-client evaluation needs a data set with a test set))"]
+
+
+def test_more_clients_to_evaluate_than_there_are_is_refused(run_config):
+    with pytest.raises(ConfigError, match=r"'eval.clients': 7 \(null \(every client\) or at most the 6 clients\)"):
+        build_problem(run_config(*DIGITS, "eval.per_client=true", "eval.clients=7"), 8)

@@ -90,10 +90,17 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
         num_classes = int(y.max() if yt is None else max(y.max(), yt.max())) + 1
     objective = build_model(settings, tuple(pooled.x.shape[1:]), num_classes)
     index = _partition(settings, pooled, seed)
-    client_test = None
-    if settings.eval.per_client:
-        require(yt is not None, "eval.per_client", True,
-                f"false: dataset={option.name} has no test set to hold out per client")
-        client_test = client_test_index(pooled, index, _partition_name(settings, pooled) == "natural", seed)
     return DataProblem(objective, pooled.x, y, index, pooled.x_test, yt, batch_size, dtype, settings.device, budget,
-                       client_test)
+                       _held_out(settings, pooled, index, seed))
+
+
+def _held_out(settings: RunSettings, pooled: PooledData, index: list, seed: int) -> list | None:
+    """eval.per_client's held-out samples of each client (problems/client_eval.py); None when it is off."""
+    per_client, count = settings.eval.per_client, settings.eval.clients
+    if not per_client:
+        return None
+    require(pooled.y_test is not None, "eval.per_client", True,
+            f"false: dataset={settings.dataset.name} has no test set to hold out per client")
+    require(count is None or count <= len(index), "eval.clients", count,
+            f"null (every client) or at most the {len(index)} clients")
+    return client_test_index(pooled, index, _partition_name(settings, pooled) == "natural", seed)

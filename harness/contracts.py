@@ -300,6 +300,16 @@ class SampleTerms(Protocol):
 
 
 @runtime_checkable
+class CopyTerms(Protocol):
+    """A model that scores several copies (models) at once, each on its own samples (the built-in nets): FedBN's
+    clients, each with its own buffers, are then scored together."""
+
+    def copy_sample_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy m's model w[m] on its samples x[m], y[m] ([M, n, ...], [M, n]): each sample's loss and whether it is
+        predicted right, ([M, n], [M, n]), in eval mode."""
+
+
+@runtime_checkable
 class ClientEvaluation(Protocol):
     """A problem that evaluates each client on its own held-out data (eval.per_client; problems/client_eval.py)."""
 

@@ -317,3 +317,39 @@ def test_per_client_on_a_data_set_without_held_out_data_exits_2_writing_nothing(
 def test_more_clients_to_evaluate_than_there_are_is_refused(run_config):
     with pytest.raises(ConfigError, match=r"'eval.clients': 7 \(null \(every client\) or at most the 6 clients\)"):
         build_problem(run_config(*DIGITS, "eval.per_client=true", "eval.clients=7"), 8)
+
+
+def test_own_buffer_clients_scored_as_copies_equal_one_at_a_time(run_config, bn_mlp, monkeypatch):
+    import fedharness.problems.client_eval as client_eval
+
+    settings = run_config(*DIGITS, "dataset.num_clients=7", "partition=dirichlet", "partition.alpha=0.5",
+                          f"model={bn_mlp}", "model.buffers=local", "dtype=float64", "eval.per_client=true",
+                          "replicas=2")
+    problem = build_problem(settings, 8)
+    b = problem.objective.buffer_dim
+    w = problem.init_params(2, 0) + 0.2 * torch.randn(2, problem.dim, dtype=torch.float64,
+                                                      generator=torch.Generator().manual_seed(3))
+    w[:, -b:] = w[:, -b:].abs() + 0.5  # running variances stay positive
+    own = {(r, k): w[r, -b:] * (1 + 0.3 * k + 0.1 * r) for r in range(2) for k in (0, 2, 3, 5, 6)}  # not 1, 4
+    want = np.zeros((2, 7))
+    with torch.no_grad():
+        for k in range(7):
+            wk = w.clone()
+            for r in range(2):
+                if (r, k) in own:
+                    wk[r, -b:] = own[(r, k)]
+            rows = torch.as_tensor(problem.client_test[k])
+            want[:, k] = problem.objective.loss_terms(wk, problem.x_test[rows], problem.y_test[rows])[0].numpy()
+    sizes = sorted(len(problem.client_test[k]) for k in (0, 2, 3, 5, 6))
+    batches: list[list[int]] = []
+    real = client_eval._copy_batch
+    monkeypatch.setattr(client_eval, "_copy_batch", lambda *a: (batches.append(list(a[6])), real(*a))[1])
+    # a chunk that holds two clients' padded samples but not all five, and leaves the largest to the loop
+    chunk = sizes[-2] * 2
+    monkeypatch.setattr(problem, "eval_chunk", lambda replicas: chunk)
+    got = problem.client_scores(w, np.arange(7), own)
+    assert rel(got.loss, want / got.n) < 1e-6
+    fits = [k for k in (0, 2, 3, 5, 6) if len(problem.client_test[k]) <= chunk]  # the others: one at a time
+    assert sorted(j for batch in batches for j in batch) == fits and len(batches) > 1
+    for batch in batches:  # padded samples of a batch within the chunk
+        assert len(batch) * max(len(problem.client_test[j]) for j in batch) <= chunk

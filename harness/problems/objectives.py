@@ -293,13 +293,22 @@ class NetObjective(Model):
         """Each sample's cross-entropy and correctness per replica, ([R, n], [R, n]), in eval mode as loss_terms
         (contracts.SampleTerms)."""
         self.net.eval()
-        losses, correct = [], []
-        for r in range(w.shape[0]):
-            params, buffers = self.layout.split(w[r])
-            logits = functional_call(self.net, self.layout.module_state(params, buffers), (x,))
-            losses.append(torch.nn.functional.cross_entropy(logits, y, reduction="none"))
-            correct.append(logits.argmax(-1) == y)
-        return torch.stack(losses), torch.stack(correct)
+        terms = [self._sample_terms_of_copy(*self.layout.split(w[r]), x, y) for r in range(w.shape[0])]
+        return torch.stack([t[0] for t in terms]), torch.stack([t[1] for t in terms])
+
+    def copy_sample_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy m's model w[m] on its own samples x[m], y[m]: ([M, n], [M, n]) losses and correctness, in eval mode,
+        the copies under vmap where the module allows it (contracts.CopyTerms)."""
+        self.net.eval()
+        if self.vmappable:
+            return vmap(self._sample_terms_of_copy)(*self.layout.split(w), x, y)
+        terms = [self._sample_terms_of_copy(*self.layout.split(w[m]), x[m], y[m]) for m in range(len(w))]
+        return torch.stack([t[0] for t in terms]), torch.stack([t[1] for t in terms])
+
+    def _sample_terms_of_copy(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+                              x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = functional_call(self.net, self.layout.module_state(params, buffers), (x,))
+        return torch.nn.functional.cross_entropy(logits, y, reduction="none"), logits.argmax(-1) == y
 
     def regularizer(self, w: torch.Tensor) -> torch.Tensor:
         if self.buffer_dim:

@@ -300,13 +300,14 @@ class SampleTerms(Protocol):
 
 
 @runtime_checkable
-class CopyTerms(Protocol):
-    """A model that scores several copies (models) at once, each on its own samples (the built-in nets): FedBN's
-    clients, each with its own buffers, are then scored together."""
+class BufferTerms(Protocol):
+    """A model scored with several sets of its buffers at once, its parameters shared, each set on its own samples
+    (the built-in nets): FedBN's clients, each with its own buffers, are then scored together."""
 
-    def copy_sample_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy m's model w[m] on its samples x[m], y[m] ([M, n, ...], [M, n]): each sample's loss and whether it is
-        predicted right, ([M, n], [M, n]), in eval mode."""
+    def buffer_sample_terms(self, w: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor,
+                            y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model w [dim] with buffers[m] ([M, buffer_dim]) on samples x[m], y[m] ([M, n, ...], [M, n]): each
+        sample's loss and whether it is predicted right, ([M, n], [M, n]), in eval mode."""
 
 
 @runtime_checkable

@@ -319,7 +319,7 @@ def test_more_clients_to_evaluate_than_there_are_is_refused(run_config):
         build_problem(run_config(*DIGITS, "eval.per_client=true", "eval.clients=7"), 8)
 
 
-def test_own_buffer_clients_scored_as_copies_equal_one_at_a_time(run_config, bn_mlp, monkeypatch):
+def test_own_buffer_clients_scored_in_batches_equal_one_at_a_time(run_config, bn_mlp, monkeypatch):
     import fedharness.problems.client_eval as client_eval
 
     settings = run_config(*DIGITS, "dataset.num_clients=7", "partition=dirichlet", "partition.alpha=0.5",
@@ -342,8 +342,8 @@ def test_own_buffer_clients_scored_as_copies_equal_one_at_a_time(run_config, bn_
             want[:, k] = problem.objective.loss_terms(wk, problem.x_test[rows], problem.y_test[rows])[0].numpy()
     sizes = sorted(len(problem.client_test[k]) for k in (0, 2, 3, 5, 6))
     batches: list[list[int]] = []
-    real = client_eval._copy_batch
-    monkeypatch.setattr(client_eval, "_copy_batch", lambda *a: (batches.append(list(a[6])), real(*a))[1])
+    real = client_eval._own_buffer_batch
+    monkeypatch.setattr(client_eval, "_own_buffer_batch", lambda *a: (batches.append(list(a[6])), real(*a))[1])
     # a chunk that holds two clients' padded samples but not all five, and leaves the largest to the loop
     chunk = sizes[-2] * 2
     monkeypatch.setattr(problem, "eval_chunk", lambda replicas: chunk)

@@ -15,9 +15,9 @@ Whose held-out data is which (docs/results.md, Per-client evaluation):
 Scores are computed in one pass over the evaluated clients' held-out samples, a chunk at a time: the model gives
 each sample's loss and correctness for every replica (contracts.SampleTerms) and the sums are scattered by client,
 so the clients and the replicas are one computation. A client with its own buffers (model.buffers=local, FedBN)
-has its own model: such clients are scored as copies, each (replica, client) model on that client's samples
-padded to the longest in its batch, the copies under vmap (contracts.CopyTerms). A model without these
-capabilities is evaluated one client at a time (loss_terms).
+has its own model: such clients are scored in batches, each replica's parameters with every client's own buffers
+on that client's samples padded to the longest in the batch, the buffer sets under vmap
+(contracts.BufferTerms). A model without these capabilities is evaluated one client at a time (loss_terms).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from fedharness.base import streams
-from fedharness.contracts import ClientScores, CopyTerms, Model, SampleTerms
+from fedharness.contracts import BufferTerms, ClientScores, Model, SampleTerms
 from fedharness.problems.pooled import PooledData
 
 SPLIT_TAG = 28  # the data seed's generator for the label-matched split: np.random.default_rng([seed, SPLIT_TAG])
@@ -107,8 +107,8 @@ def client_scores(objective: Model, x: torch.Tensor, y: torch.Tensor, held_out: 
                           loss, correct)
         else:
             alone = list(range(len(clients)))
-        if alone and isinstance(objective, CopyTerms):
-            alone = _copy_sums(objective, x, y, held_out, w, clients, alone, buffers, chunk, loss, correct)
+        if alone and isinstance(objective, BufferTerms):
+            alone = _own_buffer_sums(objective, x, y, held_out, w, clients, alone, buffers, chunk, loss, correct)
         for j in alone:
             k = int(clients[j])
             wk = _with_buffers(w, k, buffers, objective.buffer_dim) if k in own else w
@@ -134,44 +134,45 @@ def _scatter_sums(objective: SampleTerms, x: torch.Tensor, y: torch.Tensor, held
         correct.index_add_(1, col_t[start:start + chunk], c.double())
 
 
-def _copy_sums(objective: CopyTerms, x: torch.Tensor, y: torch.Tensor, held_out: list[np.ndarray],
-               w: torch.Tensor, clients: np.ndarray, cols: list[int], buffers: Mapping[tuple[int, int], torch.Tensor],
-               chunk: int, loss: torch.Tensor, correct: torch.Tensor) -> list[int]:
-    """Columns `cols` (clients with their own buffers) of loss and correct, batches of clients at once: every
-    (replica, client) model a copy, on the client's samples padded to the batch's longest (at most `chunk` padded
-    samples a replica). Returns the columns left over: clients with more than `chunk` samples."""
+def _own_buffer_sums(objective: BufferTerms, x: torch.Tensor, y: torch.Tensor, held_out: list[np.ndarray],
+                     w: torch.Tensor, clients: np.ndarray, cols: list[int],
+                     buffers: Mapping[tuple[int, int], torch.Tensor], chunk: int, loss: torch.Tensor,
+                     correct: torch.Tensor) -> list[int]:
+    """Columns `cols` (clients with their own buffers) of loss and correct, batches of clients at once: each
+    replica's parameters with every client's buffers, on the client's samples padded to the batch's longest (at
+    most `chunk` padded samples). Returns the columns left over: clients with more than `chunk` samples."""
     sizes = {j: len(held_out[int(clients[j])]) for j in cols}
     order = sorted((j for j in cols if sizes[j] <= chunk), key=sizes.get)
     batch: list[int] = []
     for j in order:  # ascending sizes: a batch's longest is its last
         if batch and (len(batch) + 1) * sizes[j] > chunk:
-            _copy_batch(objective, x, y, held_out, w, clients, batch, buffers, loss, correct)
+            _own_buffer_batch(objective, x, y, held_out, w, clients, batch, buffers, loss, correct)
             batch = []
         batch.append(j)
     if batch:
-        _copy_batch(objective, x, y, held_out, w, clients, batch, buffers, loss, correct)
+        _own_buffer_batch(objective, x, y, held_out, w, clients, batch, buffers, loss, correct)
     return [j for j in cols if sizes[j] > chunk]
 
 
-def _copy_batch(objective: CopyTerms, x: torch.Tensor, y: torch.Tensor, held_out: list[np.ndarray], w: torch.Tensor,
-                clients: np.ndarray, batch: list[int], buffers: Mapping[tuple[int, int], torch.Tensor],
-                loss: torch.Tensor, correct: torch.Tensor) -> None:
-    replicas, longest = w.shape[0], max(len(held_out[int(clients[j])]) for j in batch)
+def _own_buffer_batch(objective: BufferTerms, x: torch.Tensor, y: torch.Tensor, held_out: list[np.ndarray],
+                      w: torch.Tensor, clients: np.ndarray, batch: list[int],
+                      buffers: Mapping[tuple[int, int], torch.Tensor], loss: torch.Tensor,
+                      correct: torch.Tensor) -> None:
+    longest, b = max(len(held_out[int(clients[j])]) for j in batch), objective.buffer_dim
     index = np.zeros((len(batch), longest), dtype=np.int64)  # padding reads row 0 and is masked out
     mask = np.zeros((len(batch), longest), dtype=bool)
     for i, j in enumerate(batch):
         rows = held_out[int(clients[j])]
         index[i, :len(rows)], mask[i, :len(rows)] = rows, True
-    models = torch.stack([_with_buffers(w, int(clients[j]), buffers, objective.buffer_dim) for j in batch])
     flat = torch.as_tensor(index.reshape(-1), device=x.device)
-    xs = x.index_select(0, flat).view(len(batch), 1, longest, *x.shape[1:]).expand(-1, replicas, *([-1] * x.dim()))
-    ys = y.index_select(0, flat).view(len(batch), 1, longest).expand(-1, replicas, -1)
-    l, c = objective.copy_sample_terms(models.reshape(-1, w.shape[1]), xs.reshape(-1, longest, *x.shape[1:]),
-                                       ys.reshape(-1, longest))
-    keep = torch.as_tensor(mask, device=w.device)[:, None, :]
-    cols = torch.as_tensor(batch, device=w.device)
-    loss[:, cols] = (l.double().view(len(batch), replicas, longest) * keep).sum(-1).T
-    correct[:, cols] = (c.double().view(len(batch), replicas, longest) * keep).sum(-1).T
+    xs = x.index_select(0, flat).view(len(batch), longest, *x.shape[1:])
+    ys = y.index_select(0, flat).view(len(batch), longest)
+    keep, cols = torch.as_tensor(mask, device=w.device), torch.as_tensor(batch, device=w.device)
+    for r in range(w.shape[0]):  # a client that has not trained in replica r: the server's buffers
+        sets = torch.stack([buffers.get((r, int(clients[j])), w[r, -b:]).to(w.device, w.dtype) for j in batch])
+        l, c = objective.buffer_sample_terms(w[r], sets, xs, ys)
+        loss[r, cols] = (l.double() * keep).sum(-1)
+        correct[r, cols] = (c.double() * keep).sum(-1)
 
 
 def _client_sums(objective: Model, x: torch.Tensor, y: torch.Tensor, rows: np.ndarray, w: torch.Tensor,

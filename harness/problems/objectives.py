@@ -296,13 +296,20 @@ class NetObjective(Model):
         terms = [self._sample_terms_of_copy(*self.layout.split(w[r]), x, y) for r in range(w.shape[0])]
         return torch.stack([t[0] for t in terms]), torch.stack([t[1] for t in terms])
 
-    def copy_sample_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy m's model w[m] on its own samples x[m], y[m]: ([M, n], [M, n]) losses and correctness, in eval mode,
-        the copies under vmap where the module allows it (contracts.CopyTerms)."""
+    def buffer_sample_terms(self, w: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor,
+                            y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model w [dim] with buffers[m] on its own samples x[m], y[m]: ([M, n], [M, n]) losses and correctness,
+        in eval mode; the sets under vmap with the parameters shared, where the module allows it
+        (contracts.BufferTerms)."""
         self.net.eval()
+        params, _ = self.layout.split(w)
+        shapes = self.layout.buffer_shapes
+        parts = torch.split(buffers, [int(np.prod(s)) for s in shapes], dim=-1)
+        sets = {n: p.reshape(len(buffers), *s) for n, p, s in zip(self.layout.buffer_names, parts, shapes)}
         if self.vmappable:
-            return vmap(self._sample_terms_of_copy)(*self.layout.split(w), x, y)
-        terms = [self._sample_terms_of_copy(*self.layout.split(w[m]), x[m], y[m]) for m in range(len(w))]
+            return vmap(self._sample_terms_of_copy, in_dims=(None, 0, 0, 0))(params, sets, x, y)
+        terms = [self._sample_terms_of_copy(params, {n: b[m] for n, b in sets.items()}, x[m], y[m])
+                 for m in range(len(buffers))]
         return torch.stack([t[0] for t in terms]), torch.stack([t[1] for t in terms])
 
     def _sample_terms_of_copy(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],

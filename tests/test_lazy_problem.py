@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from fedharness.core.executors import InlineExecutor
@@ -62,3 +63,11 @@ def test_lazy_train_loss_above_eval_clients_is_an_estimate_with_its_standard_err
     exact = eager.evaluate(w).train_loss  # F over all 60 clients: within a few standard errors of the estimate
     assert np.all(np.abs(ev.train_loss - exact) < 4 * ev.train_loss_se)
     assert not np.allclose(ev.train_loss, exact, rtol=1e-6)  # an estimate, not F itself
+
+
+def test_one_eval_client_below_the_population_is_refused(run_config):
+    from fedharness.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'dataset.eval_clients': 1 \(at least 2 while below num_clients=5"):
+        build_parts(run_config("dataset=synthetic_lazy", "dataset.num_clients=5", "dataset.eval_clients=1"))
+    assert build_parts(run_config("dataset=synthetic_lazy", "dataset.num_clients=1", "dataset.eval_clients=1"))

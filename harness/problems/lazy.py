@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from fedharness.contracts import ClientKeys, Evaluation, Model, Problem
+from fedharness.errors import require
 from fedharness.keys import Key, integer, number
 from fedharness.problems import synthetic
 from fedharness.problems.client_eval import client_scores
@@ -179,5 +180,7 @@ def build_lazy_synthetic(model: Callable[[tuple[int, ...], int], Model], num_cli
                          memory_budget: int | None) -> LazySyntheticProblem:
     """`dataset=synthetic_lazy`: `dataset=synthetic`'s clients, generated when sampled; `model(in_shape,
     num_classes)` builds the model the config names (problems.build_problem's)."""
+    require(eval_clients >= 2 or num_clients <= eval_clients, "dataset.eval_clients", eval_clients,
+            f"at least 2 while below num_clients={num_clients} (the train loss's standard error needs two draws)")
     return LazySyntheticProblem(model((synthetic.FEATURES,), synthetic.CLASSES), num_clients, alpha, beta, seed,
                                 samples_per_client, batch_size, dtype, device, cache_mb, eval_clients, memory_budget)

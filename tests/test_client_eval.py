@@ -353,3 +353,10 @@ def test_own_buffer_clients_scored_in_batches_equal_one_at_a_time(run_config, bn
     assert sorted(j for batch in batches for j in batch) == fits and len(batches) > 1
     for batch in batches:  # padded samples of a batch within the chunk
         assert len(batch) * max(len(problem.client_test[j]) for j in batch) <= chunk
+
+
+def test_blobs_clients_hold_out_the_test_samples_drawn_with_theirs(run_config):
+    settings = run_config("dataset=blobs", "dataset.num_clients=4", "dataset.samples_per_client=30",
+                          "dataset.variant=heterogeneous", "eval.per_client=true")
+    problem = build_problem(settings, 8)
+    assert [s.tolist() for s in problem.client_test] == [list(range(3 * k, 3 * k + 3)) for k in range(4)]

@@ -98,7 +98,8 @@ def client_scores(objective: Model, x: torch.Tensor, y: torch.Tensor, held_out: 
     sizes = np.array([len(held_out[k]) for k in clients], dtype=np.int64)
     loss = torch.zeros(w.shape[0], len(clients), dtype=torch.float64, device=w.device)
     correct = torch.zeros_like(loss)
-    own = {k for _, k in buffers} if buffers else set()
+    buffers = buffers or {}
+    own = {k for _, k in buffers}
     together = [j for j, k in enumerate(clients) if int(k) not in own]
     alone = [j for j, k in enumerate(clients) if int(k) in own]
     with torch.no_grad():
@@ -191,7 +192,7 @@ def _client_sums(objective: Model, x: torch.Tensor, y: torch.Tensor, rows: np.nd
 def _with_buffers(w: torch.Tensor, client: int, buffers: Mapping[tuple[int, int], torch.Tensor], b: int) -> torch.Tensor:
     """w with the client's own buffers in the rows that have some (the others keep the server's)."""
     out = w.clone()
-    for (row, k), values in buffers.items():
-        if k == client:
-            out[row, -b:] = values.to(out.device, out.dtype)
+    for row in range(len(w)):
+        if (row, client) in buffers:
+            out[row, -b:] = buffers[(row, client)].to(out.device, out.dtype)
     return out

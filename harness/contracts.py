@@ -59,6 +59,10 @@ class Evaluation:
     exact_train_loss: np.ndarray | None = None
 
 
+CLIENT_STATS = ("mean", "se", "p10", "p50", "p90")
+CLIENT_COLUMNS = tuple(f"client_{m}_{s}" for m in ("acc", "loss") for s in CLIENT_STATS)  # eval.per_client's
+
+
 @dataclass
 class ClientScores:
     """Per-client evaluation (eval.per_client): every evaluated client's loss and accuracy on its own held-out data.
@@ -86,7 +90,7 @@ class ClientScores:
         out: dict[str, float | None] = {}
         for name, values in (("acc", self.acc[i, has]), ("loss", self.loss[i, has])):
             if len(values) == 0:
-                out.update({f"client_{name}_{s}": None for s in ("mean", "se", "p10", "p50", "p90")})
+                out.update({f"client_{name}_{s}": None for s in CLIENT_STATS})
                 continue
             p10, p50, p90 = np.percentile(values, (10, 50, 90))
             sampled = len(self.clients) < self.population and len(values) > 1
@@ -516,8 +520,7 @@ class Executor(Protocol):
 ROUND_COLUMNS = ("run_id", "replica", "series", "round", "local_steps", "grad_evals", "bytes_up", "bytes_down",
                  "wall_s", "sim_s", "train_loss", "train_loss_se", "subopt", "dist_to_opt", "grad_norm_sq",
                  "test_loss", "test_acc", "lr", "server_lr", "tau_eff", "chi2",
-                 "slowdown", *(f"client_{m}_{s}" for m in ("acc", "loss") for s in ("mean", "se", "p10", "p50", "p90"))
-                 )  # the rounds/ table's own (sinks/parquet.py); client_*: eval.per_client
+                 "slowdown", *CLIENT_COLUMNS)  # the rounds/ table's own (sinks/parquet.py)
 
 
 @dataclass(frozen=True)

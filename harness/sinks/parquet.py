@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from fedharness.results import layout
-from fedharness.contracts import Callback, ClientScores, RoundContext
+from fedharness.contracts import CLIENT_COLUMNS, Callback, ClientScores, RoundContext
 from fedharness.results.store import ResultsStore
 from fedharness.results.tables import table_bytes, write_table
 
@@ -24,7 +24,7 @@ ROUND_SCHEMA = pa.schema([
     ("tau_eff", pa.float64()), ("chi2", pa.float64()), ("slowdown", pa.float64()),
     # eval.per_client: the distribution over clients of their held-out accuracy and loss (se: null when every
     # client is evaluated); null when per-client evaluation is off
-    *((f"client_{m}_{s}", pa.float64()) for m in ("acc", "loss") for s in ("mean", "se", "p10", "p50", "p90")),
+    *((name, pa.float64()) for name in CLIENT_COLUMNS),
 ])
 
 CLIENT_SCHEMA = pa.schema([  # clients/ (eval.clients_table): one row per (replica, evaluated round, client)

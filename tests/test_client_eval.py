@@ -301,17 +301,15 @@ def test_a_data_sets_test_owners_are_the_clients_held_out_data(run_config, owned
     assert scores.n.tolist() == [4, 4, 4]  # w9's test sample is no client's
 
 
-def test_per_client_on_a_data_set_without_held_out_data_exits_2_writing_nothing(tmp_path):
-    import subprocess
-    import sys
+def test_per_client_on_a_data_set_without_held_out_data_exits_2_writing_nothing(tmp_path, capsys):
+    from fedharness.cli import main
 
-    out = subprocess.run([sys.executable, "-m", "fedharness.cli", "run", "dataset=quadratic", "eval.per_client=true",
-                          f"results_dir={tmp_path / 'r'}", "progress=false"], capture_output=True, text=True,
-                         timeout=300)
-    assert out.returncode == 2 and not (tmp_path / "r").exists()
-    assert out.stderr.strip().splitlines() == [
+    results = tmp_path / "r"
+    assert main(["run", "dataset=quadratic", "eval.per_client=true", f"results_dir={results}", "progress=false"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
         "fedharness: error: invalid value for 'eval.per_client': True (false: dataset=quadratic has no held-out "
         "data per client (per-client evaluation needs a data set with a test set))"]
+    assert not results.exists()
 
 
 def test_more_clients_to_evaluate_than_there_are_is_refused(run_config):

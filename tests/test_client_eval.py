@@ -358,3 +358,30 @@ def test_blobs_clients_hold_out_the_test_samples_drawn_with_theirs(run_config):
                           "dataset.variant=heterogeneous", "eval.per_client=true")
     problem = build_problem(settings, 8)
     assert [s.tolist() for s in problem.client_test] == [list(range(3 * k, 3 * k + 3)) for k in range(4)]
+
+
+TUNE_P10 = ["tune", "tune=default", "dataset=synthetic", "dataset.num_clients=8", "tune.n_trials=1",
+            "tune.budget.total=20", "tune.space.local_steps.high=4", "tune.plots=false",
+            "tune.objective.metric=client_acc_p10", "progress=false"]
+
+
+def test_a_study_for_the_worst_clients_needs_per_client_evaluation(tmp_path, capsys):
+    from fedharness.cli import main
+
+    assert main([*TUNE_P10, f"results_dir={tmp_path / 'r'}"]) == 2 and not (tmp_path / "r").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'tune.objective.metric': 'client_acc_p10'" in err[0] and "eval.per_client" in err[0]
+
+
+@pytest.mark.slow
+def test_a_study_tunes_for_the_worst_clients(tmp_path):
+    from fedharness.cli import main
+
+    results = tmp_path / "results"
+    assert main([*TUNE_P10, "eval.per_client=true", f"results_dir={results}"]) == 0
+    trials = pd.read_parquet(results / "trials")
+    rounds = pd.read_parquet(results / "rounds")
+    assert (trials.direction == "maximize").all() and len(trials) == 1
+    for t in trials.itertuples():  # the score: the final round's client_acc_p10, mean over replicas
+        mine = rounds[rounds.run_id == t.run_id]
+        assert t.value == pytest.approx(mine[mine["round"] == mine["round"].max()].client_acc_p10.mean(), rel=1e-12)

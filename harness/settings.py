@@ -136,6 +136,18 @@ class DPSettings:
         return self.noise_multiplier is not None or self.target_epsilon is not None
 
 
+@dataclass(frozen=True, slots=True)
+class EvalSettings:
+    """Per-client evaluation (docs/results.md, Per-client evaluation): each client on its own held-out data."""
+
+    per_client: bool = key(boolean("evaluate every client (or `clients` of them) on its own held-out data: "
+                                   "rounds/ gains client_acc_* and client_loss_* (mean, se, p10, p50, p90)"))
+    clients: int | None = key(integer("a fixed uniform sample of this many clients (drawn once from the data "
+                                      "seed), the mean's standard error in client_*_se", lo=2, null="every client"))
+    clients_table: bool = key(boolean("also write clients/: one row per (replica, round, client) with n, loss, "
+                                      "acc"))
+
+
 # --- a group's option -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +244,7 @@ class RunSettings:
     network: NetworkSettings = section(NetworkSettings)
     wandb: WandbSettings = section(WandbSettings)
     dp: DPSettings = section(DPSettings)
+    eval: EvalSettings = section(EvalSettings)
     dataset: PartSettings = part()
     partition: PartSettings = part()
     model: PartSettings = part()

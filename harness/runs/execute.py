@@ -20,6 +20,7 @@ from fedharness.core.executors import InlineExecutor, LoopExecutor
 from fedharness.core.kernels import resolve_kernel
 from fedharness.core.slots import SlotSet
 from fedharness.algorithms.series import build_series
+from fedharness.problems.client_eval import evaluated_clients
 from fedharness.base.extras import require_extra
 from fedharness.runs.batch import Slot, batch_settings, check_batch, per_copy_values
 from fedharness.runs.lifecycle import (EvalFunction, RunInterrupted, RunRecord, end_status, error_text,
@@ -122,12 +123,23 @@ def build_engine(run: Prepared, executor, hooks: Sequence[Sequence[Callback]] = 
     runs, trained with the prepared run's solver); `hooks[i]`: slot i's."""
     options = dict(reference=run.reference, network=NetworkModel.of(run.settings.network),
                    metrics=[METRICS[name] for name in run.settings.metrics], end_status=end_status,
-                   privacy=privacy_for(run.settings, run.problem))
+                   privacy=privacy_for(run.settings, run.problem),
+                   client_eval=clients_to_evaluate(run.settings, run.problem))
     if slots is not None:
         return BatchedEngine(run.problem, slots, run.algorithm.solver, executor, hooks=hooks, **options)
     s = run.settings
     return Engine(run.problem, run.algorithm, executor, rounds=s.rounds, seed=s.seed, replicas=s.replicas,
                   eval_every=s.eval_every, layout=run.layout, series=run.series, hooks=hooks[0], **options)
+
+
+def clients_to_evaluate(settings: RunSettings, problem) -> np.ndarray | None:
+    """eval.per_client's clients: all, or `eval.clients` of them drawn by the data seed (so every slot of a batch,
+    which share the data, scores the same ones); None when per-client evaluation is off."""
+    if not settings.eval.per_client:
+        return None
+    data_seed = settings.dataset.params.get("data_seed")
+    return evaluated_clients(settings.seed if data_seed is None else data_seed, problem.num_clients,
+                          settings.eval.clients)
 
 
 def slot_set(run: Prepared, settings: Sequence[RunSettings]) -> SlotSet | None:

@@ -284,7 +284,8 @@ class RunRecord(Callback):
                  hooks: Sequence[Callback] = (), callbacks: Sequence[Any] = (), batch_id: str | None = None,
                  resumed: Resume | None = None):
         self.settings, self.run_id, self.exact, self.batch_id = settings, run_id, exact, batch_id
-        self.sink = ParquetSink(store, run_id, extra_columns=settings.metrics)
+        self.sink = ParquetSink(store, run_id, extra_columns=settings.metrics,
+                                clients_table=settings.eval.clients_table)
         self.started = resumed.started if resumed else now()
         self.callback_names = [callback_name(cb) for cb in callbacks]
         self.outcome: RunOutcome | None = None

@@ -181,20 +181,34 @@ def _results(tmp_path):
     return pd.read_parquet(tmp_path / "res" / "runs"), pd.read_parquet(tmp_path / "res" / "rounds")
 
 
-@pytest.mark.parametrize("kind", ["leaf_images", "leaf_text", "tff"])
+def _write_hf(folder, rng):
+    import datasets
+
+    rows = _hf_rows(rng, USERS, dict(zip(USERS, [3, 2, 4, 2, 3])))
+    features = datasets.Features({"writer_id": datasets.Value("string"), "image": datasets.Image(),
+                                  "character": datasets.Value("int64")})
+    del rows["pixels"]
+    datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(folder))
+
+
+@pytest.mark.parametrize("kind", ["leaf_images", "leaf_text", "tff", "hf"])
 def test_a_run_on_natural_clients_ends_ok(tmp_path, kind):
     rng = np.random.default_rng(5)
     if kind == "tff":
         write_tff_emnist(tmp_path / "d", rng, USERS)
+    elif kind == "hf":
+        _write_hf(tmp_path / "d", rng)
     else:
         write_leaf(tmp_path / "d", leaf_images(rng, USERS) if kind == "leaf_images" else leaf_text(rng, USERS))
-    name = "tff" if kind == "tff" else "leaf"
+    name = kind.split("_")[0]
+    column = ["dataset.client_column=writer_id"] if kind == "hf" else []
     # logreg on raw letter ids (the char LSTM is model=char_lstm) needs a small step to stay finite
     lr = ["algorithm.client_lr=0.0001"] if kind == "leaf_text" else []
     r = fedharness.run([f"dataset={name}", f"dataset.path={tmp_path / 'd'}", f"dataset.cache_dir={tmp_path / 'c'}",
-                        f"results_dir={tmp_path / 'res'}", *RUN, *lr])
+                        f"results_dir={tmp_path / 'res'}", *RUN, *lr, *column])
     assert r.runs.loc[0, "status"] == "ok" and r.runs.loc[0, "partition"] == "auto"
-    assert len(r.rounds) == 3 and r.rounds["test_acc"].notna().all()
+    # a saved data set without a test split has no test metrics
+    assert len(r.rounds) == 3 and r.rounds["test_acc"].notna().all() == (kind != "hf")
     cfg = json.loads(r.runs.loc[0, "config_json"])
     assert cfg["dataset"]["num_clients"] is None
 
@@ -291,6 +305,20 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, what, overr
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"fedharness: error: invalid value for '{key}': ") and expected in err[0], err[0]
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no results, no cache
+
+
+def test_rules_that_need_the_number_of_clients_wait_for_the_data(tmp_path, capsys):
+    write_leaf(tmp_path / "d", leaf_images(np.random.default_rng(9), USERS))
+    common = ["run", f"results_dir={tmp_path / 'res'}", "dataset=leaf", f"dataset.path={tmp_path / 'd'}",
+              f"dataset.cache_dir={tmp_path / 'c'}", "progress=false"]
+    assert main([*common, "algorithm.sampler=scheme_ii", "algorithm.clients_per_round=6"]) == 2
+    assert main([*common, "num_shards=6"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["fedharness: error: invalid value for 'algorithm.clients_per_round': 6 (must be <= the number of "
+                   "clients (5) when sampling without replacement)",
+                   "fedharness: error: invalid value for 'num_shards': 6 (at most the number of clients "
+                   "(dataset.num_clients = 5))"]
+    assert not (tmp_path / "res").exists()
 
 
 def test_natural_is_still_refused_for_centralised_image_sets(tmp_path, capsys):

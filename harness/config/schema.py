@@ -261,6 +261,16 @@ def results_dir_writable(cfg: dict[str, Any]) -> None:
                           f"{err.strerror or err}") from None
 
 
+CLIENT_RULES = (shards_within_clients, sampled_within_clients, per_client_steps)  # the rules that need N
+
+
+def check_data_clients(cfg: dict[str, Any], num_clients: int) -> None:
+    """dataset.num_clients=null (every client the data has): the rules that need N, once the data have said it."""
+    known = {**cfg, "dataset": {**cfg["dataset"], "num_clients": num_clients}}
+    for rule in CLIENT_RULES:
+        rule(known)
+
+
 RULES: tuple[Callable[[dict[str, Any]], None], ...] = (
     metrics_registered, model_fits_dataset, partition_fits_dataset, ray_keys_need_ray, shards_within_clients,
     sampled_within_clients,

@@ -11,7 +11,7 @@ import pytest
 
 import fedharness
 from fedharness.cli import main
-from fedharness.problems import federated
+from fedharness.problems import federated, leaf
 from fedharness.problems.leaf import LETTERS, load_leaf
 from fedharness.problems.tff import BOS, CHARS, EOS, PAD, load_tff
 from federated_fakes import leaf_images, leaf_text, write_leaf, write_tff_emnist, write_tff_shakespeare
@@ -75,7 +75,7 @@ def test_cache_is_read_after_the_first_load_and_rebuilt_when_a_file_changes(tmp_
     def no_parsing(*args, **kwargs):
         raise AssertionError("the cached index must be read, not the JSON")
 
-    monkeypatch.setattr(json, "load", no_parsing)
+    monkeypatch.setattr(leaf, "parse_json", no_parsing)
     again = load_leaf(str(tmp_path / "d"), str(tmp_path / "cache"))
     assert isinstance(again.train.x, np.memmap)  # memory-mapped: read when touched
     np.testing.assert_array_equal(again.train.x, first.train.x)

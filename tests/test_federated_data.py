@@ -280,6 +280,7 @@ BAD = [  # (what is wrong, overrides, the key named, words of what is expected)
     ("not leaf", lambda d: ["dataset=leaf", f"dataset.path={d}"], "dataset.path", "expected LEAF JSON"),
     ("empty client", lambda d: ["dataset=leaf", f"dataset.path={d}"], "dataset.path", "no training samples"),
     ("missing path", lambda d: ["dataset=leaf"], "dataset.path", "required"),
+    ("malformed h5", lambda d: ["dataset=tff", f"dataset.path={d}"], "dataset.path", "not an HDF5 file"),
     ("no such path", lambda d: ["dataset=tff", f"dataset.path={d}/nothing"], "dataset.path", "no such file"),
     ("no client column", lambda d: ["dataset=hf", f"dataset.path={d}", "dataset.client_column=user"],
      "dataset.client_column", "its columns: writer_id, x, label"),
@@ -288,7 +289,11 @@ BAD = [  # (what is wrong, overrides, the key named, words of what is expected)
 
 @pytest.mark.parametrize("what,overrides,key,expected", BAD, ids=[b[0] for b in BAD])
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, what, overrides, key, expected):
-    if what == "no client column":
+    if what == "malformed h5":
+        d = tmp_path / "data"
+        d.mkdir()
+        (d / "fed_emnist_train.h5").write_bytes(b"<html>not found</html>")
+    elif what == "no client column":
         import pyarrow as pa
         import pyarrow.parquet as pq
 
@@ -296,7 +301,7 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, what, overr
         pq.write_table(pa.table({"writer_id": ["a"], "x": [[0.5] * 4], "label": [1]}),
                        tmp_path / "data" / "train-00000-of-00001.parquet")
         d = tmp_path / "data"
-    else:
+    elif what != "malformed h5":
         d = _bad_leaf(tmp_path, what)
     before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     code = main(["run", f"results_dir={tmp_path / 'res'}", f"dataset.cache_dir={tmp_path / 'cache'}",

@@ -14,6 +14,7 @@ copied whole into memory. The columns:
 from __future__ import annotations
 
 import io
+import logging
 import re
 from pathlib import Path
 from typing import Any, Iterator
@@ -39,12 +40,17 @@ def _tables(root: str, path: Path | None) -> dict[str, Any]:
     """split -> an object whose `batches()` yields pyarrow record batches, and `columns`."""
     datasets = require_extra("datasets", "dataset", "hf")
     if path is None:  # a Hub id: downloaded into the datasets cache, then read like a saved folder
+        hub_log = logging.getLogger("huggingface_hub")  # its retries log each failed request: one line is ours
+        level = hub_log.level
+        hub_log.setLevel(logging.ERROR)
         try:
             loaded = datasets.load_dataset(root)
         except Exception as err:  # no network, no such id: the user's to fix
             reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ConfigError(federated.PATH_KEY, root, f"not a local path, and loading it from the Hub failed "
                                                         f"({reason}); expected {WHAT}") from None
+        finally:
+            hub_log.setLevel(level)
         return {s: _Arrow(d) for s, d in loaded.items() if s in ("train", "test")}
     if path.is_dir() and not any(path.rglob("*.parquet")):
         try:

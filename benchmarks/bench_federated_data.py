@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import shutil
 import sys
 import tempfile
@@ -47,14 +46,20 @@ WARMUP = 1
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    """This process's peak resident memory (VmHWM: unlike ru_maxrss, not inherited from the parent that forked)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
 
 
 def skewed_sizes(rng: np.random.Generator, shape: dict, clients: int) -> np.ndarray:
-    """Sample counts per client: lognormal with LEAF's mean and standard deviation, at least 2 (train and test)."""
+    """Sample counts per client: lognormal with LEAF's coefficient of variation, scaled to LEAF's mean (so the
+    total is LEAF's: the heavy tail of one draw would otherwise miss it), at least 2 (train and test)."""
     sigma2 = np.log1p((shape["std"] / shape["mean"]) ** 2)
-    return np.maximum(2, np.rint(rng.lognormal(np.log(shape["mean"]) - sigma2 / 2, np.sqrt(sigma2), clients))
-                      ).astype(np.int64)
+    draw = rng.lognormal(-sigma2 / 2, np.sqrt(sigma2), clients)
+    return np.maximum(2, np.rint(draw * shape["mean"] * clients / draw.sum())).astype(np.int64)
 
 
 def _write(folder: Path, split: str, index: int, users: list[str], xs: list[str], ys: list[str],
@@ -137,7 +142,7 @@ def load_child(path: str, cache: str, model: str, rounds: int) -> dict:
     problem, algorithm = build_parts(settings)
     setup_s = time.perf_counter() - start
     out = {"setup_s": setup_s, "peak_mb": peak_rss_mb(), "imports_mb": before, "clients": problem.num_clients,
-           "samples": int(problem.sizes.sum()), "stored_mb": problem.x.element_size() * problem.x.numel() / 2**20,
+           "train_samples": int(problem.sizes.sum()), "stored_mb": problem.x.element_size() * problem.x.numel() / 2**20,
            "ms_per_round": None, "model": model if model in MODELS else None}
     if rounds and model in MODELS:
         from fedharness.algorithms.series import build_series
@@ -173,7 +178,7 @@ def main() -> None:
     lines = [f"dataset=leaf on {os.cpu_count()} CPU(s), load average {os.getloadavg()[0]:.1f} at start; "
              f"FedAvg K=10 (scheme I), 10 steps of b=20, 1 thread; {args.rounds} timed rounds",
              f"  {'data set':<12}{'clients':>8}{'samples':>10}{'JSON MB':>9}{'write s':>8} | {'load':<7}"
-             f"{'set-up s':>9}{'peak MB':>9}{'stored MB':>10} | {'model':<12}{'ms/round':>9}"]
+             f"{'set-up s':>9}{'peak MB':>9}{'imports':>8}{'stored MB':>10} | {'model':<12}{'ms/round':>9}"]
     try:
         for name, write, count in (("femnist", write_femnist, args.writers),
                                    ("shakespeare", write_shakespeare, args.roles)):
@@ -192,13 +197,15 @@ def main() -> None:
                 ms = "-" if m["ms_per_round"] is None else f"{m['ms_per_round']:.1f}"
                 shown = m["model"] or f"{model} (absent)"
                 lines.append(f"{head} | {load if load != 'logreg' else 'cached':<7}{m['setup_s']:>9.2f}"
-                             f"{m['peak_mb']:>9.0f}{m['stored_mb']:>10.0f} | {shown if load != 'first' else '':<12}"
+                             f"{m['peak_mb']:>9.0f}{m['imports_mb']:>8.0f}{m['stored_mb']:>10.0f} | "
+                             f"{shown if load != 'first' else '':<12}"
                              f"{ms if load != 'first' else '':>9}")
     finally:
         if not args.dir:
             shutil.rmtree(root, ignore_errors=True)
     lines.append("  set-up: the problem built (first: JSON parsed and the per-client cache written; cached: the "
-                 "cache memory-mapped); peak: the process's resident memory; stored: the training samples as kept")
+                 "cache memory-mapped); peak: the process's peak resident memory (imports: after importing torch "
+                 "and fedharness); stored: the training samples as kept")
     publish(record, lines, "federated_data")
 
 

@@ -25,7 +25,7 @@ from fedharness.problems import federated
 from fedharness.problems.federated import Chunk, FederatedData, bad_file, codes_or_floats
 from fedharness.registry.groups import DATASETS
 
-try:  # the `federated` extra: LEAF's JSON parsed 3.3x faster, into the same lists and floats
+try:  # the `federated` extra: LEAF's JSON parsed over 3x faster, into the same lists and floats
     from orjson import loads as parse_json
 except ImportError:
     from json import loads as parse_json

@@ -247,7 +247,26 @@ def test_natural_clients_are_the_owners_and_num_clients_draws_some(tmp_path):
         build_problem(load_settings([*base, "dataset.num_clients=6"]), 2)
 
 
-def test_a_registered_data_set_with_owners_runs_natural(tmp_path):
+@pytest.fixture
+def registered_here():
+    """Data sets this test registers are gone afterwards (the registry and the config store as they were)."""
+    from hydra.core.config_store import ConfigStore
+    from fedharness import extend
+    from fedharness.registry.groups import DATASETS
+
+    saved, nodes = dict(DATASETS), dict(extend._NODES)
+    repo = ConfigStore.instance().repo
+    stored = set(repo.get("dataset", {}))
+    yield
+    DATASETS.clear()
+    DATASETS.update(saved)
+    extend._NODES.clear()
+    extend._NODES.update(nodes)
+    for name in set(repo.get("dataset", {})) - stored:
+        del repo["dataset"][name]
+
+
+def test_a_registered_data_set_with_owners_runs_natural(tmp_path, registered_here):
     rng = np.random.default_rng(7)
     x, y = rng.normal(size=(60, 4)), rng.integers(0, 3, 60)
     owner = np.repeat(["ann", "bob", "cy"], [10, 20, 30])

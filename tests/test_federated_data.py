@@ -175,10 +175,22 @@ def test_hf_saved_dataset_and_parquet_every_sample_and_owner(tmp_path):
                 np.testing.assert_array_equal(y, [rows["character"][i] for i in mine])
 
 
-def _results(tmp_path):
-    import pandas as pd
+def test_hf_text_columns_are_leaf_letters(tmp_path):
+    """flwrlabs/shakespeare's layout: character_id, x (80 characters) and y (the next one), one split."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from fedharness.problems.hf import load_hf
 
-    return pd.read_parquet(tmp_path / "res" / "runs"), pd.read_parquet(tmp_path / "res" / "rounds")
+    written = leaf_text(np.random.default_rng(10), USERS)["train"]
+    rows = [(u, x, y) for u, (xs, ys) in written.items() for x, y in zip(xs, ys)]
+    pq.write_table(pa.table({"character_id": [r[0] for r in rows], "x": [r[1] for r in rows],
+                             "y": [r[2] for r in rows]}), tmp_path / "shakespeare.parquet")
+    data = load_hf(str(tmp_path / "shakespeare.parquet"), "character_id", cache_dir=str(tmp_path / "cache"))
+    assert data.num_classes == 80 and data.x_scale is None and data.test is None
+    got = _by_owner(data, "train")
+    for user, (xs, ys) in written.items():
+        x, y = got[user]
+        assert ["".join(LETTERS[i] for i in row) for row in x] == xs and [LETTERS[i] for i in y] == ys
 
 
 def _write_hf(folder, rng):

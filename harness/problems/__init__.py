@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedharness.contracts import Model, Problem
 # The modules that register the built-ins, in the order `fedharness list` shows them.
-from fedharness.problems import objectives, nets  # noqa: F401  (objectives first: auto, logreg, linreg)
+from fedharness.problems import objectives, nets, text_nets  # noqa: F401  (objectives first: auto, logreg, linreg)
 from fedharness.problems import synthetic, lazy, blobs, quadratic, quadratic_lazy, li_toy, loaders  # noqa: F401
 from fedharness.problems.data import DataProblem
 from fedharness.problems.nets import require_net
@@ -35,8 +36,9 @@ from fedharness.settings import RunSettings
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def build_model(settings: RunSettings, in_shape: tuple[int, ...], num_classes: int) -> Model:
-    """The Model `settings.model` names, for samples of shape `in_shape` and `num_classes` classes."""
+def build_model(settings: RunSettings, in_shape: tuple[int, ...], num_classes: int, tokens: bool = False) -> Model:
+    """The Model `settings.model` names, for samples of shape `in_shape` and `num_classes` classes; `tokens`: the
+    samples are int64 token ids (a text data set's), which a network takes as they are."""
     option = settings.model
     made = MODELS.build(option.name, option.params, {"in_shape": in_shape, "num_classes": num_classes})
     if isinstance(made, Model):
@@ -44,7 +46,8 @@ def build_model(settings: RunSettings, in_shape: tuple[int, ...], num_classes: i
     net = require_net(option.name, made)
     kernel = "vmap" if settings.kernel == "auto" else settings.kernel  # auto: core/kernels.py resolves it for the run
     return NetObjective(net, option.name, option.params.get("l2", 0.0), in_shape, autocast_dtype(settings.precision),
-                        kernel, option.params.get("buffers", "average"))  # a `_target_` model may leave both out
+                        kernel, option.params.get("buffers", "average"),  # a `_target_` model may leave both out
+                        tokens)
 
 
 def _partition(settings: RunSettings, pooled: PooledData, seed: int) -> list:
@@ -74,9 +77,11 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
         return made
     pooled = made if isinstance(made, PooledData) else user_pooled(option.name, made)
     y, yt = pooled.y, pooled.y_test
+    tokens = pooled.x.dtype == np.int64  # int64 samples are token ids (a text task's), as the data sets give them
     num_classes = pooled.num_classes  # a data set that knows its classes (a vocabulary) says so
-    if num_classes is None:  # a user data set may have no test
-        num_classes = int(y.max() if yt is None else max(y.max(), yt.max())) + 1
-    objective = build_model(settings, tuple(pooled.x.shape[1:]), num_classes)
+    if num_classes is None:  # a user data set may have no test; a vocabulary covers the input tokens too
+        seen = [a.max() for a in (y, yt, *((pooled.x, pooled.x_test) if tokens else ())) if a is not None]
+        num_classes = int(max(seen)) + 1
+    objective = build_model(settings, tuple(pooled.x.shape[1:]), num_classes, tokens)
     index = _partition(settings, pooled, seed)
     return DataProblem(objective, pooled.x, y, index, pooled.x_test, yt, batch_size, dtype, settings.device, budget)

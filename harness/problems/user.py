@@ -27,7 +27,8 @@ def _arrays(name: str, part: str, data: Any) -> tuple[np.ndarray, np.ndarray]:
             f"{part}: x and y must be non-empty with one label per sample, got shapes {x.shape} and {y.shape}")
     require(np.issubdtype(y.dtype, np.integer) and y.min() >= 0, "dataset", name,
             f"{part}: labels must be integers >= 0 (class indices), got {y.dtype} from {y.min()} to {y.max()}")
-    return (x if np.issubdtype(x.dtype, np.floating) else x.astype(np.float32)), y.astype(np.int64, copy=False)
+    kept = np.issubdtype(x.dtype, np.floating) or x.dtype == np.int64  # int64: token ids, for a text model
+    return (x if kept else x.astype(np.float32)), y.astype(np.int64, copy=False)
 
 
 def user_pooled(name: str, out: Any) -> PooledData:

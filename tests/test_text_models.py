@@ -101,18 +101,15 @@ def _text(seed: int, n: int = 48, seq: int = SEQ, vocab: int = VOCAB, floats: bo
 
 
 @pytest.fixture
-def text_data():
-    """`text` (int64 token windows) and `text_floats` registered for the test, the registries restored."""
-    saved = dict(DATASETS)
+def text_data(monkeypatch):
+    """`text` (int64 token windows) and `text_floats` registered for the test only (monkeypatch undoes both
+    entries and the config store's dataset group afterwards)."""
     repo = ConfigStore.instance().repo
-    stored = set(repo.get("dataset", {}))
+    monkeypatch.setitem(repo, "dataset", dict(repo.get("dataset", {})))
+    for name in ("text", "text_floats"):
+        monkeypatch.setitem(DATASETS, name, None)
     fedharness.register_dataset("text", _text, num_clients=4, n=48, seq=SEQ, vocab=VOCAB)
     fedharness.register_dataset("text_floats", _text, num_clients=4, floats=True)
-    yield "text"
-    DATASETS.clear()
-    DATASETS.update(saved)
-    for name in set(repo.get("dataset", {})) - stored:
-        del repo["dataset"][name]
 
 
 def _text_run(run_config, *extra: str):

@@ -137,5 +137,6 @@ def _build_word_lstm(in_shape: tuple[int, ...], num_classes: int, pad_id: int | 
     return WordLSTM(vocab_size=num_classes, pad_id=pad_id)
 
 
+TOKEN_MODELS = ("char_lstm", "word_lstm")  # the built-in models that read int64 token ids
 MODELS.add("char_lstm", _build_char_lstm, {"l2": L2})
 MODELS.add("word_lstm", _build_word_lstm, {"l2": L2, "pad_id": PAD_ID})

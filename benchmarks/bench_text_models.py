@@ -67,7 +67,7 @@ class TorchCharLSTM(nn.Module):
 def engine_for(dataset: str, model: str, kernel: str, steps: int):
     cfg = load_settings([f"dataset={dataset}", "dataset.num_clients=20", f"algorithm.clients_per_round={K}",
                          f"algorithm.local_steps={steps}", f"algorithm.batch_size={BATCH}", "algorithm.client_lr=0.5",
-                         f"model={model}", f"kernel={kernel}", "progress=false"])
+                         f"model={model}", f"kernel={kernel}", "memory_budget_gb=0.5", "progress=false"])
     problem, algorithm = build_parts(cfg)  # not prepare_run: the process's threads stay the benchmark's
     engine = build_engine(Prepared(cfg, problem, algorithm, None, *build_series(cfg.replicas)),
                           InlineExecutor(problem, algorithm.solver))

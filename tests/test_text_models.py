@@ -155,10 +155,14 @@ def test_a_char_lstm_run_on_a_registered_text_data_set_ends_ok(tmp_path, text_da
 
 @pytest.mark.filterwarnings("ignore:There is a performance drop")  # nn.LSTM under vmap: its batching fallback
 def test_activation_estimate_counts_every_lstm_step():
-    """Leaf outputs of one sample: the embedding (80 x 8), h and c at each of 2 x 80 steps, the logits; a module
-    returning a tuple (nn.LSTM's) is counted too."""
+    """An LSTM keeps, at each of its 2 x 80 steps, at least 6 H values for the backward pass (sigmoid of three
+    gates, tanh of the fourth, the previous c, tanh of c) and at most 16 H; the estimate is twice that a sample
+    (SAVED_FACTOR), linear in the batch. A module returning a tuple (nn.LSTM's output, (h, c)) is measured too."""
     objective = NetObjective(build_net("char_lstm", (SEQ,), VOCAB), "char_lstm", 0.0, (SEQ,), tokens=True)
-    assert objective.activation_bytes(1, 4) == 3 * 4 * (SEQ * 8 + 2 * SEQ * 2 * 256 + VOCAB)
+    steps, hidden = 2 * SEQ, 256
+    one = objective.activation_bytes(1, 4)
+    assert 2 * 4 * 6 * hidden * steps <= one <= 2 * 4 * 16 * hidden * steps
+    assert objective.activation_bytes(10, 4) == 10 * one
 
     class TorchLSTM(nn.Module):
         def __init__(self):
@@ -169,7 +173,7 @@ def test_activation_estimate_counts_every_lstm_step():
             return self.lstm(x)[0][:, -1]
 
     plain = NetObjective(TorchLSTM(), "torch_lstm", 0.0, (5, 3))
-    assert plain.activation_bytes(2, 4) == 3 * 2 * 4 * (5 * 4 + 4 + 4)  # output, h_n and c_n
+    assert plain.activation_bytes(2, 4) >= 3 * 2 * 4 * (5 * 4 + 4 + 4)  # at least its output, h_n and c_n
 
 
 def test_a_model_that_cannot_read_the_samples_is_named(run_config, text_data):

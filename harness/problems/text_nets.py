@@ -29,14 +29,12 @@ PAD_ID = integer("word_lstm: the padding token's id, whose steps leave the LSTM 
                  "StackOverflow: 0); null: no padding", lo=0, null="no padding")  # `model.pad_id`
 
 
-class LSTMStep(nn.Module):
-    """One LSTM cell update from the gates' pre-activations [B, 4H] and the cell state [B, H] to (h, c). No
-    parameters: a module so that the activation estimate (NetObjective.activation_bytes) sees every step."""
-
-    def forward(self, gates: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        i, f, g, o = gates.chunk(4, dim=-1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        return torch.sigmoid(o) * torch.tanh(c), c
+def lstm_cell(gates: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One LSTM cell update from the gates' pre-activations [B, 4H] (nn.LSTM's order: input, forget, cell,
+    output) and the cell state [B, H] to (h, c)."""
+    i, f, g, o = gates.chunk(4, dim=-1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
 
 
 class LSTMLayer(nn.Module):
@@ -50,7 +48,6 @@ class LSTMLayer(nn.Module):
         self.weight_ih = nn.Parameter(torch.empty(4 * hidden_size, input_size))
         self.weight_hh = nn.Parameter(torch.empty(4 * hidden_size, hidden_size))
         self.bias = nn.Parameter(torch.empty(4 * hidden_size))
-        self.step = LSTMStep()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -64,7 +61,7 @@ class LSTMLayer(nn.Module):
         h = c = x.new_zeros(x.shape[0], self.hidden_size)
         outputs = []
         for t in range(x.shape[1]):
-            h_new, c_new = self.step(projected[:, t] + h @ self.weight_hh.T, c)
+            h_new, c_new = lstm_cell(projected[:, t] + h @ self.weight_hh.T, c)
             if keep is not None:
                 mask = keep[:, t, None]
                 h_new, c_new = torch.where(mask, h_new, h), torch.where(mask, c_new, c)

@@ -13,6 +13,7 @@ from torch import nn
 import fedharness
 from closeness import assert_close_to_scale
 from fedharness.contracts import ClientKeys
+from fedharness.core import kernels
 from fedharness.errors import ConfigError
 from fedharness.problems import DATASETS
 from fedharness.problems.nets import build_net, count_params
@@ -129,7 +130,7 @@ def test_token_ids_reach_the_model_as_int64(run_config, text_data):
 @pytest.mark.parametrize("model", ["char_lstm", "word_lstm"])
 def test_vectorized_clients_equal_the_per_client_path(run_config, text_data, model):
     problem, _, _ = prepare(_text_run(run_config, f"model={model}", "dtype=float64", "kernel=vmap",
-                                      "dataset.seq=10"))
+                                      "dataset.seq=5"))
     assert problem.objective.vmappable  # the functional LSTM batches under vmap: no per-client fallback
     keys = ClientKeys(np.arange(4), np.zeros(4, dtype=np.int64), 0, 0)
     w = problem.init_params(4, 0)  # four different models
@@ -139,6 +140,14 @@ def test_vectorized_clients_equal_the_per_client_path(run_config, text_data, mod
         grads[kernel] = problem.grad(w, problem.round_batches(keys, 1), 0)
     assert grads["vmap"].abs().max() > 1e-3 and not torch.equal(grads["vmap"][0], grads["vmap"][1])
     assert_close_to_scale(grads["loop"], grads["vmap"], rtol=1e-12)
+
+
+def test_kernel_auto_times_token_models_on_token_ids():
+    """kernel=auto's timing feeds the model token ids of its shape (float samples would fail in the embedding)."""
+    objective = NetObjective(build_net("char_lstm", (6,), VOCAB), "char_lstm", 0.0, (6,), tokens=True)
+    assert objective.inputs(2, 3).dtype == torch.int64 and objective.inputs(2, 3).shape == (2, 3, 6)
+    timings = kernels.measure(objective, 2, 3, torch.device("cpu"), torch.float32)
+    assert list(timings) == ["vmap", "loop"] and all(0 < s < 60 for s in timings.values())
 
 
 def test_a_char_lstm_run_on_a_registered_text_data_set_ends_ok(tmp_path, text_data):

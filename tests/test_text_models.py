@@ -153,13 +153,16 @@ def test_kernel_auto_times_token_models_on_token_ids():
 def test_a_char_lstm_run_on_a_registered_text_data_set_ends_ok(tmp_path, text_data):
     result = fedharness.run(["dataset=text", "dataset.n=24", "model=char_lstm", "algorithm.clients_per_round=2",
                              "algorithm.local_steps=1", "algorithm.batch_size=4", "rounds=2", "eval_every=2",
-                             "kernel=vmap", "progress=false", f"results_dir={tmp_path / 'results'}"])
+                             "kernel=vmap", "eval.per_client=true", "progress=false",
+                             f"results_dir={tmp_path / 'results'}"])
     row = result.runs.loc[0]
     assert (result.status, row["model"], row["dataset"]) == ("ok", "char_lstm", "text")
     loss = result.rounds["train_loss"].to_numpy()
     assert len(loss) == 2 and np.isfinite(loss).all()  # rounds 0 and 2
     assert abs(loss[0] - np.log(VOCAB)) < 0.2  # about uniform over the vocabulary at the start
     assert result.rounds["test_acc"].between(0, 1).all()
+    spread = result.rounds[["client_acc_p10", "client_acc_p90"]].to_numpy()  # each client on its own data
+    assert spread.shape == (2, 2) and ((spread >= 0) & (spread <= 1)).all()
 
 
 @pytest.mark.filterwarnings("ignore:There is a performance drop")  # nn.LSTM under vmap: its batching fallback

@@ -15,6 +15,7 @@ import torch
 from fedharness.base.runtime import available_ram
 from fedharness.errors import ConfigError
 from fedharness.problems.nets import build_net, count_params
+from fedharness.problems.text_nets import TOKEN_MODELS
 from fedharness.settings import PartSettings, RunSettings
 
 # n_k ~ lognormal(4, 2) + 50 has mean exp(4 + 2^2 / 2) + 50 (Li et al.'s Synthetic).
@@ -63,6 +64,8 @@ def model_params(run: RunSettings) -> int:
         return 0
     if model in ("auto", "logreg", "linreg"):
         return (math.prod(shape) + 1) * classes
+    if model in TOKEN_MODELS:  # these data sets have no token ids: the model's build names the mismatch
+        return 0
     with torch.device("meta"):  # shapes only: nothing is allocated
         return count_params(build_net(model, shape, classes))
 

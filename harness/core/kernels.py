@@ -52,10 +52,10 @@ def synchronize(device: torch.device | str) -> None:
 
 def measure(objective, copies: int, batch: int, device: torch.device, dtype: torch.dtype) -> dict[str, float]:
     """Median seconds of one batched gradient of `copies` client copies, per formulation (random inputs of the
-    model's shape: the time of a network's step does not depend on the pixel values)."""
+    model's shape: the time of a network's step does not depend on the pixel values, nor on the token ids)."""
     gen = torch.Generator().manual_seed(0)
     w = objective.init(1, 0, dtype).to(device).expand(copies, -1).contiguous()
-    x = torch.randn(copies, batch, *objective.in_shape, generator=gen, dtype=dtype).to(device)
+    x = objective.inputs(copies, batch, dtype=dtype, generator=gen).to(device)  # token ids: zeros
     y = torch.zeros(copies, batch, dtype=torch.int64, device=device)
     chosen, timings = objective.kernel, {}
     try:

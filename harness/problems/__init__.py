@@ -21,7 +21,7 @@ import torch
 
 from fedharness.contracts import ClientEvaluation, Model, Problem
 # The modules that register the built-ins, in the order `fedharness list` shows them.
-from fedharness.problems import objectives, nets  # noqa: F401  (objectives first: auto, logreg, linreg)
+from fedharness.problems import objectives, nets, text_nets  # noqa: F401  (objectives first: auto, logreg, linreg)
 from fedharness.problems import synthetic, lazy, blobs, quadratic, quadratic_lazy, li_toy, loaders  # noqa: F401
 from fedharness.problems import leaf, tff, hf  # noqa: F401  (federated files: natural clients)
 from fedharness.problems.client_eval import client_test_index
@@ -40,8 +40,9 @@ from fedharness.settings import RunSettings
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def build_model(settings: RunSettings, in_shape: tuple[int, ...], num_classes: int) -> Model:
-    """The Model `settings.model` names, for samples of shape `in_shape` and `num_classes` classes."""
+def build_model(settings: RunSettings, in_shape: tuple[int, ...], num_classes: int, tokens: bool = False) -> Model:
+    """The Model `settings.model` names, for samples of shape `in_shape` and `num_classes` classes; `tokens`: the
+    samples are int64 token ids (a text data set's), which a network takes as they are."""
     option = settings.model
     made = MODELS.build(option.name, option.params, {"in_shape": in_shape, "num_classes": num_classes})
     if isinstance(made, Model):
@@ -49,7 +50,8 @@ def build_model(settings: RunSettings, in_shape: tuple[int, ...], num_classes: i
     net = require_net(option.name, made)
     kernel = "vmap" if settings.kernel == "auto" else settings.kernel  # auto: core/kernels.py resolves it for the run
     return NetObjective(net, option.name, option.params.get("l2", 0.0), in_shape, autocast_dtype(settings.precision),
-                        kernel, option.params.get("buffers", "average"))  # a `_target_` model may leave both out
+                        kernel, option.params.get("buffers", "average"),  # a `_target_` model may leave both out
+                        tokens)
 
 
 def _partition_name(settings: RunSettings, pooled: PooledData) -> str:
@@ -102,10 +104,13 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
     pooled = made if isinstance(made, PooledData) else user_pooled(option.name, made)
     pooled, num_clients = _clients(settings, pooled, seed)
     y, yt = pooled.y, pooled.y_test
+    # integer samples without a pixel scale are token ids (a text task's): int64 from a user, uint8 from a loader
+    tokens = np.issubdtype(pooled.x.dtype, np.integer) and pooled.x_scale is None
     num_classes = pooled.num_classes  # a data set that knows its classes (a vocabulary) says so
-    if num_classes is None:  # a user data set may have no test
-        num_classes = int(y.max() if yt is None else max(y.max(), yt.max())) + 1
-    objective = build_model(settings, tuple(pooled.x.shape[1:]), num_classes)
+    if num_classes is None:  # a user data set may have no test; a vocabulary covers the input tokens too
+        seen = [a.max() for a in (y, yt, *((pooled.x, pooled.x_test) if tokens else ())) if a is not None]
+        num_classes = int(max(seen)) + 1
+    objective = build_model(settings, tuple(pooled.x.shape[1:]), num_classes, tokens)
     index = _partition(settings, pooled, num_clients, seed)
     return DataProblem(objective, pooled.x, y, index, pooled.x_test, yt, batch_size, dtype, settings.device, budget,
                        _held_out(settings, pooled, index, seed), x_scale=pooled.x_scale)

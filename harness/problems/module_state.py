@@ -78,8 +78,9 @@ class DropoutSite:
     shape: tuple[int, ...]
 
 
-def dropout_sites(net: nn.Module, in_shape: tuple[int, ...], name: str) -> list[DropoutSite]:
-    """The dropout calls of one train-mode forward pass, in call order, found by a probe on two zero samples."""
+def dropout_sites(net: nn.Module, samples: torch.Tensor, name: str) -> list[DropoutSite]:
+    """The dropout calls of one train-mode forward pass, in call order, found by a probe on `samples` (two, of
+    the kind the model takes: zeros, or token ids)."""
     for module_name, m in net.named_modules():
         if isinstance(m, (nn.AlphaDropout, nn.FeatureAlphaDropout)):
             raise ConfigError("model", name, f"module '{module_name}' is an {type(m).__name__}; the engine draws "
@@ -99,7 +100,7 @@ def dropout_sites(net: nn.Module, in_shape: tuple[int, ...], name: str) -> list[
     try:
         net.eval()  # no BatchNorm statistics move; the hooks see the shapes all the same
         with torch.no_grad():
-            net(torch.zeros(2, *in_shape))
+            net(samples)
     finally:
         net.train(training)
         for h in hooks:

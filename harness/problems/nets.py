@@ -8,6 +8,7 @@ masks come from the run's random streams. Parameter counts match the papers
 
 * ``TwoNN``    784-200-200-10 MLP (Yang et al.)            199,210 params
 * ``CNN``      conv5x5x32-pool-conv5x5x64-pool-fc512-fc10   582,026 on MNIST
+* ``FemnistCNN`` LEAF's FEMNIST CNN: the same with "same" padding and fc2048, 62 classes   6,603,710 on FEMNIST
 * ``VGG11``    VGG-11 without batch norm (FedNova)        9,750,922 on CIFAR-10
 * ``ResNet18`` CIFAR ResNet-18, GroupNorm for BatchNorm  11,173,962 on CIFAR-10
 * ``ResNet18`` with ``norm="batch"`` (``resnet18_bn``): the same with BatchNorm, the default network of most
@@ -75,6 +76,29 @@ class CNN(nn.Module):
         self.fc2 = nn.Linear(512, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+
+class FemnistCNN(nn.Module):
+    """LEAF's FEMNIST CNN (femnist/cnn.py): conv5x5x32 "same" - relu - pool2 - conv5x5x64 "same" - relu - pool2 -
+    fc2048 - relu - fc. On 28x28 the maps are 14x14 then 7x7, so fc2048 has 7*7*64 inputs."""
+
+    def __init__(self, in_channels: int = 1, image_size: int | tuple[int, int] = 28, num_classes: int = 62):
+        super().__init__()
+        h, w = (s // 4 for s in _pair(image_size))  # two 2x2 pools; "same" convs keep the size
+        if h < 1 or w < 1:
+            raise ConfigError("model", "femnist_cnn", f"images of at least 4x4, got {image_size}")
+        self.shape = (in_channels, *_pair(image_size))
+        self.conv1 = nn.Conv2d(in_channels, 32, kernel_size=5, padding=2)
+        self.conv2 = nn.Conv2d(32, 64, kernel_size=5, padding=2)
+        self.fc1 = nn.Linear(64 * h * w, 2048)
+        self.fc2 = nn.Linear(2048, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.reshape(-1, *self.shape)  # LEAF's samples are flat 784-vectors
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         x = F.relu(self.fc1(x.flatten(1)))
@@ -197,6 +221,14 @@ def _build_cnn(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return CNN(in_channels=c, image_size=(h, w), num_classes=num_classes)
 
 
+def _build_femnist_cnn(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    side = math.isqrt(int(in_shape[0])) if len(in_shape) == 1 else 0
+    if side and side * side == in_shape[0]:  # a flat square image, as LEAF's JSON holds them
+        return FemnistCNN(in_channels=1, image_size=side, num_classes=num_classes)
+    c, h, w = _image_shape("femnist_cnn", in_shape)
+    return FemnistCNN(in_channels=c, image_size=(h, w), num_classes=num_classes)
+
+
 def _build_vgg11(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     c, h, w = _image_shape("vgg11", in_shape)
     return VGG11(in_channels=c, image_size=(h, w), num_classes=num_classes)
@@ -215,6 +247,7 @@ def _build_resnet18_bn(in_shape: tuple[int, ...], num_classes: int) -> nn.Module
 NETS: dict[str, Callable[[tuple[int, ...], int], nn.Module]] = {
     "2nn": _build_2nn,
     "cnn": _build_cnn,
+    "femnist_cnn": _build_femnist_cnn,
     "vgg11": _build_vgg11,
     "resnet18": _build_resnet18,
     "resnet18_bn": _build_resnet18_bn,

@@ -15,9 +15,10 @@ import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.utils._pytree import tree_leaves
 
 from fedharness.contracts import Model
-from fedharness.errors import require
+from fedharness.errors import ConfigError, require
 from fedharness.keys import choice, number
 from fedharness.problems.module_state import ModuleLayout, draw_masks, dropout_sites, masked_dropout
 from fedharness.registry.groups import MODELS
@@ -139,6 +140,8 @@ MODELS.add("logreg", SoftmaxRegression, {"l2": L2})
 MODELS.add("linreg", LinearRegression, {"l2": L2})
 
 ACTIVATION_FACTOR = 3  # a layer's output, kept for backward, its gradient, and workspace
+# what the backward pass keeps, and the gradients it computes from it (char_lstm's peak over 2,000 samples: 1.9x)
+SAVED_FACTOR = 2
 
 
 class NetObjective(Model):
@@ -155,20 +158,24 @@ class NetObjective(Model):
     `kernel` (vmap | loop | loop_channels_last, harness/core/kernels.py): how `batch_grad` computes the copies'
     gradients; all give the same gradients up to rounding. A module torch.func.vmap cannot run (a probe at
     construction says so, in one log line) trains one copy at a time: `vmap` then means `loop`.
+    `tokens`: the samples are int64 token ids (a text model's embedding reads them), kept int64 by `prepare`;
+    otherwise they are cast to the run's float dtype.
     """
 
     convex = False
 
     def __init__(self, net: nn.Module, name: str, l2: float, in_shape: tuple[int, ...],
-                 autocast: torch.dtype | None = None, kernel: str = "vmap", buffers: str = "average"):
-        self.net, self.name, self.l2 = net, name, l2
+                 autocast: torch.dtype | None = None, kernel: str = "vmap", buffers: str = "average",
+                 tokens: bool = False):
+        self.net, self.name, self.l2, self.tokens = net, name, l2, tokens
         require(buffers in ("average", "local"), "model.buffers", buffers, "average | local")
         self.in_shape, self.autocast, self.buffers = in_shape, autocast, buffers
         self.layout = ModuleLayout(net, name)
         self.names, self.shapes, self.numels = self.layout.names, self.layout.shapes, self.layout.numels
         self.param_dim, self.buffer_dim = self.layout.param_dim, self.layout.buffer_dim
         self.dim = self.param_dim + self.buffer_dim
-        self.sites = dropout_sites(net, in_shape, name)
+        self._check_forward()
+        self.sites = dropout_sites(net, self.inputs(2), name)
         self._sample_activations: int | None = None
         self._grad = vmap(grad(self._loss, has_aux=True))
         self._client_grad = {"loop": grad(self._loss, has_aux=True),
@@ -185,13 +192,35 @@ class NetObjective(Model):
     def kernel(self, value: str) -> None:
         self._kernel = "loop" if value == "vmap" and not self.vmappable else value
 
+    def inputs(self, *lead: int, dtype: torch.dtype = torch.float32,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+        """Samples [*lead, *in_shape] of the kind the model takes, for probes and timings: token id 0 (an id of
+        any vocabulary), else zeros, or standard normal values from `generator`."""
+        if self.tokens:
+            return torch.zeros(*lead, *self.in_shape, dtype=torch.int64)
+        if generator is None:
+            return torch.zeros(*lead, *self.in_shape, dtype=dtype)
+        return torch.randn(*lead, *self.in_shape, generator=generator, dtype=dtype)
+
+    def _check_forward(self) -> None:
+        """A model that cannot read the data's samples is refused here, in one line, before any work."""
+        try:
+            self.net.eval()
+            with torch.no_grad():
+                self.net(self.inputs(2))
+        except Exception as err:
+            why = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+            kind = "int64 token ids (the data set's samples are int64)" if self.tokens else "float samples"
+            raise ConfigError("model", self.name, f"a model whose forward pass takes {kind} of shape "
+                              f"{tuple(self.in_shape)}; it failed with: {why}") from None
+
     def _probe_vmap(self) -> bool:
         """Whether vmap runs the module's training step: one batched gradient of two copies on two zero samples."""
         params = {n: p.detach() for n, p in self.net.named_parameters()}
         buffers = {n: b.detach() for n, b in self.net.named_buffers() if n in self.layout.buffer_names}
         two = lambda t: t.expand(2, *t.shape).clone()  # noqa: E731
         masks = [torch.ones(2, 2, *s.shape) for s in self.sites]
-        x, y = torch.zeros(2, 2, *self.in_shape), torch.zeros(2, 2, dtype=torch.int64)
+        x, y = self.inputs(2, 2), torch.zeros(2, 2, dtype=torch.int64)
         try:
             self.net.train()
             self._grad({n: two(p) for n, p in params.items()}, {n: two(b) for n, b in buffers.items()}, masks, x, y)
@@ -203,7 +232,7 @@ class NetObjective(Model):
             return False
 
     def prepare(self, x: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.as_tensor(x, dtype=dtype).to(device)
+        return torch.as_tensor(x, dtype=torch.int64 if self.tokens else dtype).to(device)
 
     def init(self, replicas: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
         """Each replica gets its own default (Kaiming) initialisation, seeded by (seed, replica); buffers start at
@@ -230,7 +259,8 @@ class NetObjective(Model):
         with masked_dropout(self.sites, masks), torch.autocast(x.device.type, dtype=self.autocast or torch.bfloat16,
                                                                enabled=self.autocast is not None):
             logits = functional_call(self.net, state, (x,))
-        loss = torch.nn.functional.cross_entropy(logits.to(x.dtype), y)
+        float_dtype = next(iter(params.values())).dtype  # the samples' dtype, unless they are token ids
+        loss = torch.nn.functional.cross_entropy(logits.to(float_dtype), y)
         if self.l2:
             loss = loss + self.l2 * sum((p * p).sum() for p in params.values())
         return loss, {n: state[n] for n in self.layout.buffer_names}
@@ -323,21 +353,49 @@ class NetObjective(Model):
         return self.l2 * (w * w).sum(-1)
 
     def activation_bytes(self, batch: int, itemsize: int) -> int:
-        """Bytes of one client copy's forward/backward over `batch` samples, from the layer outputs of a
-        probe forward pass on one sample (measured once, in eval mode: no running statistic moves)."""
+        """Bytes of one client copy's forward/backward over `batch` samples, from a probe forward pass on one
+        sample (measured once, in eval mode: no running statistic moves): ACTIVATION_FACTOR times its layer
+        outputs, or SAVED_FACTOR times what autograd keeps for the backward pass where that is more (a recurrent
+        layer keeps its gates at every step, which its outputs do not show)."""
         if self._sample_activations is None:
-            found = []
-            hooks = [m.register_forward_hook(lambda m, i, out: found.append(out.numel()))
-                     for m in self.net.modules() if not list(m.children())]
-            try:
-                self.net.eval()
-                with torch.no_grad():
-                    self.net(torch.zeros(1, *self.in_shape))
-            finally:
-                for h in hooks:
-                    h.remove()
-            self._sample_activations = sum(found)
-        return ACTIVATION_FACTOR * batch * self._sample_activations * itemsize
+            self.net.eval()
+            sample = self.inputs(1)
+            self._sample_activations = max(ACTIVATION_FACTOR * _leaf_outputs(self.net, sample),
+                                           SAVED_FACTOR * _saved_for_backward(self.net, sample))
+        return batch * self._sample_activations * itemsize
+
+
+def _leaf_outputs(net: nn.Module, sample: torch.Tensor) -> int:
+    """Elements the leaf modules output on `sample` (a module may return several tensors: nn.LSTM's)."""
+    found = []
+
+    def record(module, args, out):
+        found.extend(t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+
+    hooks = [m.register_forward_hook(record) for m in net.modules() if not list(m.children())]
+    try:
+        with torch.no_grad():
+            net(sample)
+    finally:
+        for h in hooks:
+            h.remove()
+    return sum(found)
+
+
+def _saved_for_backward(net: nn.Module, sample: torch.Tensor) -> int:
+    """Elements autograd keeps for the backward pass of `sample`'s forward, each storage once, parameters not."""
+    params = {p.untyped_storage().data_ptr() for p in net.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            storages[storage.data_ptr()] = storage.nbytes() // t.element_size()
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        net(sample)
+    return sum(storages.values())
 
 
 @contextlib.contextmanager

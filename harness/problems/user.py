@@ -34,7 +34,8 @@ def _arrays(name: str, part: str, data: Any) -> tuple[np.ndarray, np.ndarray, np
             f"{part}: labels must be integers >= 0 (class indices), got {y.dtype} from {y.min()} to {y.max()}")
     require(owner is None or owner.shape == y.shape, "dataset", name,
             f"{part}: one owner per sample, got shape {None if owner is None else owner.shape} for {len(y)} samples")
-    x = x if np.issubdtype(x.dtype, np.floating) else x.astype(np.float32)
+    kept = np.issubdtype(x.dtype, np.floating) or x.dtype == np.int64  # int64: token ids, for a text model
+    x = x if kept else x.astype(np.float32)
     return x, y.astype(np.int64, copy=False), owner
 
 

@@ -1,0 +1,139 @@
+"""Recurrent networks of the federated text benchmarks, over int64 token ids [B, seq_len]:
+
+* ``char_lstm``  LEAF's Shakespeare model (shakespeare/stacked_lstm.py): embedding 8, two LSTM layers of 256,
+                 the next character from the last output                 817,872 params (vocabulary 80)
+* ``word_lstm``  Reddi et al. 2021's StackOverflow next-word model: embedding 96, one LSTM layer of 670, dense
+                 96, dense vocabulary; pad tokens (id 0, TFF's) are skipped   4,050,748 params (vocabulary 10,004)
+
+The LSTM is written with torch ops, one time step after another, so that torch.func.vmap batches it over the
+client copies like any other layer: nn.LSTM's fused kernel has no batching rule, and under vmap it falls back to
+a slow loop over the copies (a warning says so). Its gates are nn.LSTM's (input, forget, cell, output, the same
+initialisation) with one bias per layer, as the TensorFlow/Keras LSTMs of LEAF and Reddi et al. have, so the
+parameter counts are the papers'; nn.LSTM with bias_ih = bias and bias_hh = 0 computes the same function.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedharness.errors import ConfigError
+from fedharness.keys import integer
+from fedharness.problems.objectives import L2
+from fedharness.registry.groups import MODELS
+
+PAD_ID = integer("word_lstm: the padding token's id, whose steps leave the LSTM state as it was (TFF's "
+                 "StackOverflow: 0); null: no padding", lo=0, null="no padding")  # `model.pad_id`
+
+
+def lstm_cell(gates: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One LSTM cell update from the gates' pre-activations [B, 4H] (nn.LSTM's order: input, forget, cell,
+    output) and the cell state [B, H] to (h, c)."""
+    i, f, g, o = gates.chunk(4, dim=-1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+class LSTMLayer(nn.Module):
+    """One LSTM layer over [B, T, input_size] -> outputs [B, T, H], from a zero state. `keep` [B, T] (bool,
+    optional): where False the step leaves h and c as they were and outputs the previous h, so a padded sequence
+    ends in the state of its real tokens, padded on either side."""
+
+    def __init__(self, input_size: int, hidden_size: int):
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.weight_ih = nn.Parameter(torch.empty(4 * hidden_size, input_size))
+        self.weight_hh = nn.Parameter(torch.empty(4 * hidden_size, hidden_size))
+        self.bias = nn.Parameter(torch.empty(4 * hidden_size))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        bound = 1.0 / math.sqrt(self.hidden_size)  # nn.LSTM's initialisation
+        for p in (self.weight_ih, self.weight_hh, self.bias):
+            nn.init.uniform_(p, -bound, bound)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        # The input's share of every step's gates in one product; only h's share is sequential.
+        projected = F.linear(x, self.weight_ih, self.bias)
+        h = c = x.new_zeros(x.shape[0], self.hidden_size)
+        outputs = []
+        for t in range(x.shape[1]):
+            h_new, c_new = lstm_cell(projected[:, t] + h @ self.weight_hh.T, c)
+            if keep is not None:
+                mask = keep[:, t, None]
+                h_new, c_new = torch.where(mask, h_new, h), torch.where(mask, c_new, c)
+            h, c = h_new, c_new
+            outputs.append(h)
+        return torch.stack(outputs, dim=1)
+
+
+class LSTM(nn.Module):
+    """Stacked LSTM layers: the last one's outputs [B, T, H]; `keep` as LSTMLayer's, for every layer."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1):
+        super().__init__()
+        sizes = [input_size] + [hidden_size] * (num_layers - 1)
+        self.layers = nn.ModuleList(LSTMLayer(n, hidden_size) for n in sizes)
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, keep)
+        return x
+
+
+class CharLSTM(nn.Module):
+    """LEAF's Shakespeare next-character model: embedding 8, two LSTM layers of 256, a dense layer on the last
+    output to the vocabulary (the 80 characters LEAF uses)."""
+
+    def __init__(self, vocab_size: int = 80, embed: int = 8, hidden: int = 256, layers: int = 2):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embed)
+        self.lstm = LSTM(embed, hidden, layers)
+        self.fc = nn.Linear(hidden, vocab_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.lstm(self.embedding(x))[:, -1])
+
+
+class WordLSTM(nn.Module):
+    """Reddi et al.'s StackOverflow next-word model (TFF's create_recurrent_model): embedding 96, one LSTM layer
+    of 670, a dense projection to 96 (no activation), a dense layer to the vocabulary (its 10,000 words and the
+    pad, out-of-vocabulary, beginning and end ids). Here one next token per sequence, read from the last output;
+    steps on `pad_id` are skipped, as Keras' mask_zero does."""
+
+    def __init__(self, vocab_size: int = 10_004, embed: int = 96, hidden: int = 670, pad_id: int | None = 0):
+        super().__init__()
+        self.pad_id = pad_id
+        self.embedding = nn.Embedding(vocab_size, embed)
+        self.lstm = LSTM(embed, hidden, 1)
+        self.projection = nn.Linear(hidden, embed)
+        self.fc = nn.Linear(embed, vocab_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = None if self.pad_id is None else x != self.pad_id
+        return self.fc(self.projection(self.lstm(self.embedding(x), keep)[:, -1]))
+
+
+def _sequence_length(name: str, in_shape: tuple[int, ...]) -> int:
+    if len(in_shape) != 1:
+        raise ConfigError("model", name, f"token sequences of shape (seq_len,) (int64 ids), got samples of shape "
+                          f"{tuple(in_shape)}")
+    return int(in_shape[0])
+
+
+def _build_char_lstm(in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    _sequence_length("char_lstm", in_shape)
+    return CharLSTM(vocab_size=num_classes)
+
+
+def _build_word_lstm(in_shape: tuple[int, ...], num_classes: int, pad_id: int | None = 0) -> nn.Module:
+    _sequence_length("word_lstm", in_shape)
+    return WordLSTM(vocab_size=num_classes, pad_id=pad_id)
+
+
+TOKEN_MODELS = ("char_lstm", "word_lstm")  # the built-in models that read int64 token ids
+MODELS.add("char_lstm", _build_char_lstm, {"l2": L2})
+MODELS.add("word_lstm", _build_word_lstm, {"l2": L2, "pad_id": PAD_ID})

@@ -19,6 +19,7 @@ import torch
 from fedharness.contracts import (Algorithm, Callback, Coefficients, LocalSolver, Metric, Problem, ReplicaLayout,
                                   RoundContext, SeriesHook, ServerContext, ServerState, UpdateAggregator)
 from fedharness.core.buffers import average_into, buffer_dim
+from fedharness.core.byzantine import Adversary, forge_updates
 from fedharness.core.executors import RoundPlan
 from fedharness.core.slots import SlotSet, slot_algorithm
 from fedharness.core.updates import aggregate_updates
@@ -97,7 +98,7 @@ class Engine:
                  hooks: Sequence[Callback] = (), **options):
         """A solo run: one slot with `algorithm`'s own parts, its replica `layout` (Richardson-Romberg couples
         replicas) and `series` (extra recorded iterates: Polyak averages, RR extrapolation). `options`:
-        reference, network, metrics, end_status."""
+        reference, network, metrics, end_status, adversary."""
         layout = layout or ReplicaLayout.seeds(replicas)
         slots = SlotSet.solo(algorithm, seed, len(layout), rounds, eval_every)
         self._start(problem, slots, algorithm, executor, layout, series or [], [list(hooks)], **options)
@@ -105,13 +106,14 @@ class Engine:
     def _start(self, problem: Problem, slots: SlotSet, algorithm: Algorithm, executor, layout: ReplicaLayout,
                series: list[SeriesHook], hooks: list[list[Callback]], *, trainer: LocalSolver | None = None,
                reference=None, network: NetworkModel | None = None, metrics: Sequence[Metric] = (),
-               end_status: Callable[[BaseException], str] = _failed) -> None:
+               end_status: Callable[[BaseException], str] = _failed, adversary: Adversary | None = None) -> None:
         self.problem, self.alg, self.executor, self.reference = problem, algorithm, executor, reference
         self.slots, self.trainer = slots, trainer
         self.layout, self.stream_replicas, self.series = layout, layout.stream_ids, series
         self.rounds, self.seed = int(slots.rounds.max()), int(slots.seeds[0])
         self.network = network or NetworkModel()
         self.metrics, self.end_status = tuple(metrics), end_status  # metrics: a user's extra columns
+        self.adversary = adversary  # attack=NAME: Byzantine clients' updates forged before aggregation
         self.hooks = dict(zip(slots.ids, hooks))
         self.round_hooks = {i: [h for h in hs if _acts_at_round_end(h)] for i, hs in self.hooks.items()}
         self.bytes_per_param = torch.finfo(problem.dtype).bits // 8
@@ -164,8 +166,8 @@ class Engine:
         plan.server_ctx = state.server_ctx
         result = self.executor.local_updates(state.x, plan)
         if plan.send_updates:
-            delta = aggregate_updates(self.alg.aggregator, plan, result.updates, state.x,
-                                      self.problem.memory_budget)
+            chunks = result.updates if self.adversary is None else forge_updates(self.adversary, plan, result.updates)
+            delta = aggregate_updates(self.alg.aggregator, plan, chunks, state.x, self.problem.memory_budget)
         else:
             delta = result.delta
         first = plan.step_lrs[..., 0]  # the round's first step size: [] or, in a batch of slots, [R]

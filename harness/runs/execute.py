@@ -24,7 +24,7 @@ from fedharness.base.extras import require_extra
 from fedharness.runs.batch import Slot, batch_settings, check_batch, per_copy_values
 from fedharness.runs.lifecycle import (EvalFunction, RunInterrupted, RunRecord, end_status, error_text,
                                        interrupts_raised)
-from fedharness.assembly.build import algorithm_for, build_parts
+from fedharness.assembly.build import adversary_for, algorithm_for, build_parts
 from fedharness.base.runtime import apply_runtime, auto_threads, step_work, use_threads
 from fedharness.assembly.reference_policy import run_client_minima, run_reference
 from fedharness.errors import require
@@ -67,6 +67,7 @@ class Prepared:
     reference: Any
     layout: Any
     series: list
+    adversary: Any = None  # attack=NAME: core/byzantine.py's Adversary (None: no attack)
 
 
 def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Prepared:
@@ -77,8 +78,9 @@ def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Pre
     resumed_kernel = checkpointed(settings, "kernel", store) if settings.resume else None
     settings = settings.replace(kernel=resolve_kernel(settings, problem, resumed_kernel))
     layout, series = build_series(settings.replicas, **settings.algorithm.params)  # rr=H needs a fixed H
+    adversary = adversary_for(settings, algorithm)  # before the reference solve: a refused attack costs nothing
     reference = run_reference(settings, problem)  # per `reference: auto | on | off`
-    return Prepared(settings, problem, algorithm, reference, layout, series)
+    return Prepared(settings, problem, algorithm, reference, layout, series, adversary)
 
 
 def prepare(settings: RunSettings):
@@ -119,7 +121,8 @@ def build_engine(run: Prepared, executor, hooks: Sequence[Sequence[Callback]] = 
     """The engine of a prepared run: alone (its own parts, replica layout and series), or the batch `slots` (several
     runs, trained with the prepared run's solver); `hooks[i]`: slot i's."""
     options = dict(reference=run.reference, network=NetworkModel.of(run.settings.network),
-                   metrics=[METRICS[name] for name in run.settings.metrics], end_status=end_status)
+                   metrics=[METRICS[name] for name in run.settings.metrics], end_status=end_status,
+                   adversary=run.adversary)
     if slots is not None:
         return BatchedEngine(run.problem, slots, run.algorithm.solver, executor, hooks=hooks, **options)
     s = run.settings

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-tune bench-writer reproduce list clean
+.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-tune bench-writer reproduce robustness list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -46,6 +46,10 @@ bench-population: $(STAMP)  ## N = 10^3, 10^6, 10^8 lazily generated clients: se
 
 reproduce: $(STAMP)  ## every paper claim at smoke scale: docs/reproductions/*.png, results.json (docs/reproductions.md)
 	$(BIN)/python -m fedharness.studies.reproduce $(ARGS)
+
+robustness: $(STAMP)  ## every aggregation rule against every attack on digits (154 runs): docs/robustness/ table and figure
+	$(BIN)/fedharness sweep sweep=robustness $(ARGS)
+	$(BIN)/python -m fedharness.studies.robustness results/sweeps/robustness --out docs/robustness
 
 list: $(STAMP)
 	$(BIN)/fedharness list

@@ -109,3 +109,21 @@ def test_bucketed_rules_give_the_same_models_at_any_shard_split(run_config, algo
     three, _ = trajectory(cfg, InlineExecutor(problem, alg.solver, 3), 3, problem, alg)
     assert (one[-1] - one[0]).norm() > 1e-3 * one[0].norm()
     assert max_rel_diff(three, one) == 0
+
+
+def test_the_robustness_table_holds_each_rules_mean_and_spread_over_seeds(tmp_path):
+    import fedharness
+    from fedharness.studies.robustness import final_accuracy, markdown
+
+    small = [f"results_dir={tmp_path}", "progress=false", *BASE, "partition=iid", "dataset=blobs", "rounds=2",
+             "replicas=3", "algorithm=fedavg_median"]
+    fedharness.run(small)
+    runs = fedharness.run([*small, "attack=sign_flip", "attack.fraction=0.2", "algorithm=fedavg_cclip"])
+    acc = final_accuracy(str(tmp_path))
+    assert len(acc) == 6 and set(acc["rule"]) == {"median", "CC + bucketing (s=2)"}
+    final = runs.rounds[runs.rounds["round"] == 2]["test_acc"] * 100
+    table = markdown(acc)
+    row = next(line for line in table.splitlines() if line.startswith("| CC + bucketing"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == f"{final.mean():.1f} ± {final.std():.1f}"  # under sign_flip 20%
+    assert "| rule | none | sign_flip 20% |" in table and cells[1] == "nan ± nan"  # not run without an attack

@@ -229,3 +229,25 @@ def test_ray_shards_give_the_inline_rows(local_ray, tmp_path, attack):
                             f"results_dir={tmp_path / 'clean'}"]).rounds
     assert len(inline) == 2 and inline[COMPARED].equals(ray[COMPARED])
     assert inline["train_loss"].iloc[-1] != clean["train_loss"].iloc[-1]  # the attack changed the run
+
+
+def test_a_batch_of_seeds_under_attack_gives_each_seed_its_solo_rows(tmp_path):
+    """The batched engine's slots (each replica its own seed) draw their own Byzantine clients, as alone."""
+    from fedharness.config.load import load_settings
+    from fedharness.runs.batch import Slot
+    from fedharness.runs.execute import execute, execute_batch
+
+    def load(where: str, seed: int):
+        return load_settings([f"results_dir={tmp_path / where}", "progress=false", *BASE, "attack=alie",
+                              "dataset.data_seed=0", "replicas=1", f"seed={seed}", "rounds=3", "eval_every=1"])
+
+    for seed in (1, 2):
+        execute(load("solo", seed), run_id=f"solo-{seed}")
+    assert [r.status for r in execute_batch([Slot(load("batch", s), f"batch-{s}") for s in (1, 2)])] == ["ok"] * 2
+    read = lambda where, run: pd.read_parquet(tmp_path / where / "rounds" / f"run_id={run}")  # noqa: E731
+    for seed in (1, 2):
+        solo, batch = read("solo", f"solo-{seed}"), read("batch", f"batch-{seed}")
+        assert len(solo) == 4
+        pd.testing.assert_frame_equal(batch[COMPARED].reset_index(drop=True), solo[COMPARED].reset_index(drop=True),
+                                      rtol=1e-12)
+    assert read("solo", "solo-1")["train_loss"].iloc[-1] != read("solo", "solo-2")["train_loss"].iloc[-1]

@@ -85,12 +85,12 @@ def heat_map(acc: pd.DataFrame, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     parts = [p for p in PARTITIONS if p in set(acc["partition"])]
-    fig, axes = plt.subplots(1, len(parts), figsize=(7.5 * len(parts), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(parts), figsize=(6.5 * len(parts) + 1.5, 4.2), squeeze=False, sharey=True)
     for ax, partition in zip(axes[0], parts):
         mean, _ = summary(acc, partition)
         image = ax.imshow(mean.to_numpy(), vmin=0, vmax=100, cmap="RdYlGn", aspect="auto")
         ax.set_xticks(range(len(mean.columns)), mean.columns, rotation=60, ha="right", fontsize=8)
-        ax.set_yticks(range(len(mean.index)), mean.index, fontsize=8)
+        ax.set_yticks(range(len(mean.index)), mean.index, fontsize=8)  # shared: the left panel's labels
         for (i, j), value in np.ndenumerate(mean.to_numpy()):
             ax.text(j, i, f"{value:.0f}", ha="center", va="center", fontsize=7)
         ax.set_title(f"digits, {PARTITIONS[partition]}: final test accuracy (%)", fontsize=9)

@@ -251,3 +251,26 @@ def test_a_batch_of_seeds_under_attack_gives_each_seed_its_solo_rows(tmp_path):
         pd.testing.assert_frame_equal(batch[COMPARED].reset_index(drop=True), solo[COMPARED].reset_index(drop=True),
                                       rtol=1e-12)
     assert read("solo", "solo-1")["train_loss"].iloc[-1] != read("solo", "solo-2")["train_loss"].iloc[-1]
+
+
+def test_a_run_continued_from_its_round_2_state_meets_the_same_byzantine_clients(run_config):
+    """What --resume does: a fresh engine and executor from a saved round's state; the draws are keyed by round."""
+    cfg = run_config(*BASE, "attack=ipm", "attack.epsilon=2.0")
+    problem, algorithm = build_parts(cfg)
+
+    def engine():  # each its own attack object, as a resumed process builds it
+        return Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver, 2), rounds=4, seed=cfg.seed,
+                      replicas=cfg.replicas, eval_every=4, adversary=adversary_for(cfg, algorithm))
+
+    whole = engine()
+    state = whole.initial_state()
+    for _ in range(4):
+        state = whole.step(state)
+    first = engine()
+    half = first.initial_state()
+    for _ in range(2):
+        half = first.step(half)
+    resumed = engine()
+    for _ in range(2):
+        half = resumed.step(half)
+    assert half.round == 4 and torch.equal(half.x, state.x)

@@ -47,7 +47,7 @@ bench-population: $(STAMP)  ## N = 10^3, 10^6, 10^8 lazily generated clients: se
 reproduce: $(STAMP)  ## every paper claim at smoke scale: docs/reproductions/*.png, results.json (docs/reproductions.md)
 	$(BIN)/python -m fedharness.studies.reproduce $(ARGS)
 
-robustness: $(STAMP)  ## every aggregation rule against every attack on digits (154 runs): docs/robustness/ table and figure
+robustness: $(STAMP)  ## every aggregation rule against every attack on digits (182 runs): docs/robustness/ table and figure
 	$(BIN)/fedharness sweep sweep=robustness $(ARGS)
 	$(BIN)/python -m fedharness.studies.robustness results/sweeps/robustness --out docs/robustness
 

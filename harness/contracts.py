@@ -439,6 +439,14 @@ class Attack(Protocol):
 
 
 @runtime_checkable
+class Labelled(Protocol):
+    """A problem whose clients train on class labels (problems/data.py DataProblem): label flipping poisons them."""
+
+    def labels_flipped(self) -> "Problem":
+        """The same problem with every training label y replaced by C - 1 - y (C classes); a view, no copy of x."""
+
+
+@runtime_checkable
 class Executor(Protocol):
     """Where the sampled clients train (harness/core/executors.py's inline and loop executors,
     harness/backends/ray_executor.py's Ray shards): the engine hands it a round's plan and reads exact sums back."""

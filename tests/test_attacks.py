@@ -131,7 +131,7 @@ def test_the_byzantine_set_is_the_same_at_any_shard_split(run_config):
 def test_runs_with_an_attack_give_the_same_models_with_one_or_three_shards(run_config):
     cfg = run_config(*BASE, "attack=alie")
     problem, algorithm = build_parts(cfg)
-    adversary = adversary_for(cfg, algorithm)
+    adversary = adversary_for(cfg, algorithm, problem)
 
     def models(shards: int):
         engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver, shards), rounds=3,
@@ -166,6 +166,7 @@ BAD = [
     (["attack=sign_flip", "algorithm=fednova"], "algorithm.aggregator", "needs one that sees them"),
     (["attack=none", "attack.fraction=0.1"], "attack.fraction", "0 with attack=none"),
     (["algorithm=fedavg_median", "attack=ipm", "attack.epsilon=0"], "attack.epsilon", "> 0"),
+    (["dataset=quadratic", "attack=label_flip"], "attack", "class labels"),
 ]
 
 
@@ -219,7 +220,7 @@ COMPARED = ["round", "replica", "train_loss", "test_loss", "test_acc", "grad_nor
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attack", ["sign_flip", "alie"])
+@pytest.mark.parametrize("attack", ["sign_flip", "alie", "label_flip"])
 def test_ray_shards_give_the_inline_rows(local_ray, tmp_path, attack):
     run = ["dataset=digits", "algorithm=fedavg_median", f"attack={attack}", "attack.fraction=0.2", "rounds=5",
            "progress=false"]
@@ -260,7 +261,7 @@ def test_a_run_continued_from_its_round_2_state_meets_the_same_byzantine_clients
 
     def engine():  # each its own attack object, as a resumed process builds it
         return Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver, 2), rounds=4, seed=cfg.seed,
-                      replicas=cfg.replicas, eval_every=4, adversary=adversary_for(cfg, algorithm))
+                      replicas=cfg.replicas, eval_every=4, adversary=adversary_for(cfg, algorithm, problem))
 
     whole = engine()
     state = whole.initial_state()
@@ -274,3 +275,39 @@ def test_a_run_continued_from_its_round_2_state_meets_the_same_byzantine_clients
     for _ in range(2):
         half = resumed.step(half)
     assert half.round == 4 and torch.equal(half.x, state.x)
+
+
+def test_label_flip_trains_the_byzantine_clients_on_flipped_labels(run_config):
+    """The Byzantine clients' updates are those of honest training on labels numpy flipped (y -> C - 1 - y); the
+    others' are the clean updates; with fedavg (summed on the shards) too, on the loop executor alike."""
+    import copy
+    from dataclasses import replace
+
+    from fedharness.core.executors import LoopExecutor
+
+    cfg = run_config(*BASE, "attack=label_flip")
+    problem, algorithm = build_parts(cfg)
+    engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver, 2), rounds=1, seed=cfg.seed,
+                    replicas=cfg.replicas, eval_every=1, adversary=adversary_for(cfg, algorithm, problem))
+    state = engine.initial_state()
+    plan, _ = engine.plan_round(0)
+    assert plan.poisoned.sum() == 2 * cfg.replicas
+    got = engine.executor.local_updates(state.x, plan).updates
+    y = problem.y.numpy()
+    classes = max(y.max(), problem.y_test.numpy().max()) + 1
+    flipped = copy.copy(problem)
+    flipped.y = torch.as_tensor(classes - 1 - y)
+    clean_plan = replace(plan, poisoned=None)
+    on_flipped = InlineExecutor(flipped, algorithm.solver, 1).local_updates(state.x, clean_plan).updates
+    clean = InlineExecutor(problem, algorithm.solver, 1).local_updates(state.x, clean_plan).updates
+    loop = LoopExecutor(problem, algorithm.solver).local_updates(state.x, plan).updates
+    for r in range(cfg.replicas):
+        ids, rows = rows_of(plan, got, r)
+        bad = byzantine_mask(0.2, cfg.seed, r, 0, ids)
+        assert set(ids[bad]) == set(plan.clients[r][plan.poisoned[r]])
+        assert np.array_equal(rows[bad], rows_of(plan, on_flipped, r)[1][bad])
+        assert np.array_equal(rows[~bad], rows_of(plan, clean, r)[1][~bad])
+        assert np.abs(rows[bad] - rows_of(plan, clean, r)[1][bad]).max() > 1e-3 * np.abs(rows).max()
+        assert np.abs(rows_of(plan, loop, r)[1] - rows).max() < 1e-9 * np.abs(rows).max()
+    fedavg = run_config(*BASE, "attack=label_flip", "algorithm=fedavg", "algorithm.sampler=scheme_ii")
+    assert adversary_for(fedavg, build_parts(fedavg)[1], problem).flips_labels  # no update-seeing rule needed

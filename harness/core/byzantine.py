@@ -26,6 +26,7 @@ class Adversary:
 
     attack: Attack
     fraction: float
+    flips_labels: bool = False  # label_flip: the Byzantine clients train on flipped labels and send that update
 
 
 def byzantine_mask(fraction: float, seed: int, replica: int, rnd: int, ids: np.ndarray) -> np.ndarray:
@@ -35,6 +36,16 @@ def byzantine_mask(fraction: float, seed: int, replica: int, rnd: int, ids: np.n
     mask = np.zeros(len(ids), dtype=bool)
     mask[np.lexsort((ids, u))[:count]] = True
     return mask
+
+
+def byzantine_draws(adversary: Adversary, plan: RoundPlan) -> np.ndarray:
+    """[R, K] bool: the plan's draws that belong to a Byzantine client (every draw of one drawn twice)."""
+    out = np.zeros(plan.clients.shape, dtype=bool)
+    for r in range(len(plan.clients)):
+        ids, _ = client_rows(plan, r)
+        bad = byzantine_mask(adversary.fraction, replica_seed(plan, r), int(plan.stream_replicas[r]), plan.round, ids)
+        out[r] = np.isin(plan.clients[r], ids[bad]) & (plan.coef[r] != 0)
+    return out
 
 
 def forge_updates(adversary: Adversary, plan: RoundPlan, chunks: list[UpdateChunk]) -> list[UpdateChunk]:

@@ -19,7 +19,7 @@ import torch
 from fedharness.contracts import (Algorithm, Callback, Coefficients, LocalSolver, Metric, Problem, ReplicaLayout,
                                   RoundContext, SeriesHook, ServerContext, ServerState, UpdateAggregator)
 from fedharness.core.buffers import average_into, buffer_dim
-from fedharness.core.byzantine import Adversary, forge_updates
+from fedharness.core.byzantine import Adversary, byzantine_draws, forge_updates
 from fedharness.core.executors import RoundPlan
 from fedharness.core.slots import SlotSet, slot_algorithm
 from fedharness.core.updates import aggregate_updates
@@ -146,6 +146,8 @@ class Engine:
             coefs.idle(~sel.active)  # replicas none of whose sampled clients returned (dropout): Delta = 0
         plan = RoundPlan(rnd, self.seed, self.stream_replicas, sel.clients, coefs.coef, tau, lr_scale, lrs,
                          send_updates=isinstance(alg.aggregator, UpdateAggregator))  # else shards reduce in place
+        if self.adversary is not None and self.adversary.flips_labels:
+            plan.poisoned = byzantine_draws(self.adversary, plan)  # the shards train them on flipped labels
         return plan, coefs
 
     def _count(self, state: RunState, plan: RoundPlan) -> None:
@@ -166,7 +168,8 @@ class Engine:
         plan.server_ctx = state.server_ctx
         result = self.executor.local_updates(state.x, plan)
         if plan.send_updates:
-            chunks = result.updates if self.adversary is None else forge_updates(self.adversary, plan, result.updates)
+            forged = self.adversary is not None and not self.adversary.flips_labels
+            chunks = forge_updates(self.adversary, plan, result.updates) if forged else result.updates
             delta = aggregate_updates(self.alg.aggregator, plan, chunks, state.x, self.problem.memory_budget)
         else:
             delta = result.delta

@@ -78,7 +78,7 @@ def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Pre
     resumed_kernel = checkpointed(settings, "kernel", store) if settings.resume else None
     settings = settings.replace(kernel=resolve_kernel(settings, problem, resumed_kernel))
     layout, series = build_series(settings.replicas, **settings.algorithm.params)  # rr=H needs a fixed H
-    adversary = adversary_for(settings, algorithm)  # before the reference solve: a refused attack costs nothing
+    adversary = adversary_for(settings, algorithm, problem)  # before the reference solve: a refused attack costs nothing
     reference = run_reference(settings, problem)  # per `reference: auto | on | off`
     return Prepared(settings, problem, algorithm, reference, layout, series, adversary)
 

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-tune bench-writer reproduce robustness list clean
+.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-tune bench-writer reproduce robustness list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -43,6 +43,9 @@ bench-gpu: $(STAMP)  ## nets at paper scale, kernels, GPU-sharing shards, determ
 
 bench-population: $(STAMP)  ## N = 10^3, 10^6, 10^8 lazily generated clients: set-up, ms/round, memory (docs/performance.md)
 	$(BIN)/python benchmarks/bench_population.py $(ARGS)
+
+bench-client-eval: $(STAMP)  ## per-client evaluation at 3,550 clients: vectorized vs a loop over clients (docs/performance.md)
+	$(BIN)/python benchmarks/bench_client_eval.py $(ARGS)
 
 reproduce: $(STAMP)  ## every paper claim at smoke scale: docs/reproductions/*.png, results.json (docs/reproductions.md)
 	$(BIN)/python -m fedharness.studies.reproduce $(ARGS)

@@ -29,7 +29,8 @@ def _target_weights(q: np.ndarray, stats: WeightStats) -> np.ndarray:
     on the sample, exactly as scheme II (q = p N / K, s = 1) does.
     """
     t = q if stats.scale is None else q * stats.scale
-    return t / t.sum(1, keepdims=True)
+    with np.errstate(invalid="ignore"):  # a replica that sampled nobody (poisson): NaN, idled by the engine
+        return t / t.sum(1, keepdims=True)
 
 
 def _diagnostics(p: np.ndarray, coef: np.ndarray, stats: WeightStats, tau: np.ndarray, tau_eff: np.ndarray):
@@ -38,8 +39,10 @@ def _diagnostics(p: np.ndarray, coef: np.ndarray, stats: WeightStats, tau: np.nd
     tau_bar is the plain mean of the sampled clients' local steps (Wang et al. Thm 1: (1/m) sum tau_i).
     """
     eff = coef * stats.l1 if stats.scale is None else coef * stats.scale * stats.l1
-    w = eff / eff.sum(1, keepdims=True)
-    chi2 = ((p - w) ** 2 / w).sum(1)
+    with np.errstate(invalid="ignore"):
+        w = eff / eff.sum(1, keepdims=True)
+    # a weight-0 entry (poisson's padding: p = w = 0) adds nothing
+    chi2 = np.divide((p - w) ** 2, w, out=np.zeros_like(w), where=w > 0).sum(1)
     return chi2, tau.mean(1) / tau_eff
 
 

@@ -16,6 +16,7 @@ the new model w = sum_k q_k w_k becomes weights on the deltas:
                 + sum_{k in S} p_k w_k (McMahan et al.; biased, see docs/algorithms.md)
   yang_s1       K uniform draws with replacement, q_k = 1/K
   yang_s2       K uniform without replacement, q_k = 1/K
+  poisson       each client with probability K/N, q_k = 1/K (fixed denominator; a sample of random size)
 """
 
 from __future__ import annotations
@@ -158,6 +159,28 @@ class YangStrategy2(_PartialSampler):
     def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
         clients = self._without_replacement(seed, replicas, rnd)
         return Selection(clients, self._equal(clients), np.ones(clients.shape))
+
+
+@part("sampler", "poisson")
+class PoissonSampling(_PartialSampler):
+    """Each client independently with probability q = K/N (K = clients_per_round: the expected count), weight
+    q_k = 1/K: the fixed-denominator estimator (McMahan et al. 2018), unbiased for the clients' plain mean update.
+    The sampling that DP-FedAvg's privacy amplification assumes (algorithms/privacy.py). The sample's size varies:
+    each replica's row lists its clients in id order, padded to the round's largest sample with weight-0 entries
+    (not trained) that repeat its first client; a replica that drew nobody moves nothing (`active`)."""
+
+    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
+        taken = _uniforms(seed, replicas, rnd, self.num_clients) < self.K / self.num_clients
+        counts = taken.sum(axis=1)
+        width = max(1, int(counts.max()))
+        clients = np.zeros((len(replicas), width), dtype=np.int64)
+        weights = np.zeros((len(replicas), width))
+        for r, row in enumerate(taken):
+            chosen = np.flatnonzero(row)
+            clients[r] = chosen[0] if len(chosen) else 0  # padding repeats a sampled client: its tau, weight 0
+            clients[r, :len(chosen)] = chosen
+            weights[r, :len(chosen)] = 1.0 / self.K
+        return Selection(clients, weights, np.ones(clients.shape), counts > 0)
 
 
 class Dropout(Sampler):

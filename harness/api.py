@@ -83,6 +83,11 @@ class Result:
         """One row per (run, replica, series, evaluated round): the rounds/ table."""
         return read_run_table(self.store, run_table_keys(self.store, layout.ROUNDS, self.run_ids))
 
+    @property
+    def clients(self) -> pd.DataFrame:
+        """One row per (run, replica, evaluated round, client): the clients/ table (eval.clients_table=true)."""
+        return read_run_table(self.store, run_table_keys(self.store, layout.CLIENTS, self.run_ids))
+
 
 def run(overrides: Overrides = None, callbacks: Sequence[Callback] = (), **kwargs: Any) -> Result:
     """One run, as `fedharness run`: e.g. run({"dataset": "digits", "rounds": 20}) or run(["rounds=20"], seed=1).

@@ -59,6 +59,49 @@ class Evaluation:
     exact_train_loss: np.ndarray | None = None
 
 
+CLIENT_STATS = ("mean", "se", "p10", "p50", "p90")
+CLIENT_COLUMNS = tuple(f"client_{m}_{s}" for m in ("acc", "loss") for s in CLIENT_STATS)  # eval.per_client's
+
+
+@dataclass
+class ClientScores:
+    """Per-client evaluation (eval.per_client): every evaluated client's loss and accuracy on its own held-out data.
+
+    `clients` [S] are the client ids evaluated (all N, or a fixed uniform sample of S drawn without replacement),
+    `n` [S] their held-out samples, `loss` and `acc` [R, S] float64 their mean loss and accuracy per replica (NaN
+    where n = 0). `population` is N."""
+
+    clients: np.ndarray
+    n: np.ndarray
+    loss: np.ndarray
+    acc: np.ndarray
+    population: int
+
+    def rows(self, index: np.ndarray) -> "ClientScores":
+        """The scores of replica rows `index` only."""
+        return ClientScores(self.clients, self.n, self.loss[index], self.acc[index], self.population)
+
+    def columns(self, i: int) -> dict[str, float | None]:
+        """Replica row i's rounds/ columns: client_{acc,loss}_{mean,se,p10,p50,p90} over the clients with held-out
+        data, each client counted once; percentiles by numpy's linear interpolation (type 7). se: the mean's
+        standard error over a sample of clients (sample std / sqrt(S), times the finite-population factor
+        sqrt(1 - S/N)); null when every client is evaluated (the mean is exact)."""
+        has = self.n > 0
+        out: dict[str, float | None] = {}
+        for name, values in (("acc", self.acc[i, has]), ("loss", self.loss[i, has])):
+            if len(values) == 0:
+                out.update({f"client_{name}_{s}": None for s in CLIENT_STATS})
+                continue
+            p10, p50, p90 = np.percentile(values, (10, 50, 90))
+            sampled = len(self.clients) < self.population and len(values) > 1
+            se = (values.std(ddof=1) / np.sqrt(len(values)) * np.sqrt(1 - len(self.clients) / self.population)
+                  if sampled else None)
+            out.update({f"client_{name}_mean": float(values.mean()), f"client_{name}_se": se,
+                        f"client_{name}_p10": float(p10), f"client_{name}_p50": float(p50),
+                        f"client_{name}_p90": float(p90)})
+        return out
+
+
 @dataclass
 class Selection:
     """A sampler's choice for a round: a multiset of clients per replica and their weights."""
@@ -252,6 +295,36 @@ class Problem(Protocol):
 
 
 @runtime_checkable
+class SampleTerms(Protocol):
+    """A model that gives each sample's loss and correctness (the built-in models): per-client evaluation then sums
+    them by client in one pass over the held-out data, vectorized over clients and replicas."""
+
+    def sample_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sample's data loss and whether it is predicted right, per replica: ([R, n], [R, n]), in eval mode."""
+
+
+@runtime_checkable
+class BufferTerms(Protocol):
+    """A model scored with several sets of its buffers at once, its parameters shared, each set on its own samples
+    (the built-in nets): FedBN's clients, each with its own buffers, are then scored together."""
+
+    def buffer_sample_terms(self, w: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor,
+                            y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model w [dim] with buffers[m] ([M, buffer_dim]) on samples x[m], y[m] ([M, n, ...], [M, n]): each
+        sample's loss and whether it is predicted right, ([M, n], [M, n]), in eval mode."""
+
+
+@runtime_checkable
+class ClientEvaluation(Protocol):
+    """A problem that evaluates each client on its own held-out data (eval.per_client; problems/client_eval.py)."""
+
+    def client_scores(self, w: torch.Tensor, clients: np.ndarray,
+                      buffers: Mapping[tuple[int, int], torch.Tensor] | None = None) -> ClientScores:
+        """Scores of `clients` [S] for each replica's model w [R, dim]. `buffers`: (row of w, client) -> that
+        client's own buffers (model.buffers=local, FedBN), used in place of w's for that client."""
+
+
+@runtime_checkable
 class ExactSolve(Protocol):
     """A problem whose global objective F is built whole, so harness/references/ can solve for the exact w*, F*
     (and each client's F_k*). A problem without it (lazily generated clients) has no exact reference."""
@@ -410,6 +483,25 @@ class SeriesHook(Protocol):
     def series(self, hs: AverageState) -> dict[str, tuple[torch.Tensor, np.ndarray]]: ...
 
 
+@runtime_checkable
+class Privacy(Protocol):
+    """Client-level DP of a round's sum (algorithms/privacy.py DPFedAvg): the shards clip each update to the clip
+    norm, the server adds noise to the sum, an accountant says what the rounds so far cost. Its per-replica state
+    lives in the run's counters (checkpointed, and recorded as rounds/ columns)."""
+
+    def init_counters(self, replicas: int) -> dict[str, np.ndarray]: ...
+
+    def clip_norms(self, counters: dict[str, np.ndarray]) -> np.ndarray:
+        """[R] each replica's clip norm this round."""
+
+    def release(self, delta: torch.Tensor, seed: int | np.ndarray, replicas: np.ndarray, rnd: int,
+                unclipped: np.ndarray, counters: dict[str, np.ndarray]) -> torch.Tensor:
+        """The round's Delta [R, dim] with its noise; `unclipped` [R]: clients within the clip norm."""
+
+    def epsilon(self, rounds: int) -> float:
+        """Epsilon spent after `rounds` rounds."""
+
+
 @dataclass
 class Algorithm:
     """The parts an algorithm is composed of (algorithms/registry.py builds it from the `algorithm` config)."""
@@ -469,7 +561,7 @@ class Executor(Protocol):
 ROUND_COLUMNS = ("run_id", "replica", "series", "round", "local_steps", "grad_evals", "bytes_up", "bytes_down",
                  "wall_s", "sim_s", "train_loss", "train_loss_se", "subopt", "dist_to_opt", "grad_norm_sq",
                  "test_loss", "test_acc", "lr", "server_lr", "tau_eff", "chi2",
-                 "slowdown")  # the rounds/ table's own (sinks/parquet.py)
+                 "slowdown", "epsilon", "dp_clip_norm", *CLIENT_COLUMNS)  # the rounds/ table's own (sinks/parquet.py)
 
 
 @dataclass(frozen=True)
@@ -518,6 +610,7 @@ class RoundContext:
     x: torch.Tensor
     rows: list[dict]
     state: Any = None
+    clients: ClientScores | None = None  # eval.per_client: the evaluated clients' scores (on_evaluation only)
 
 
 class Callback(Protocol):

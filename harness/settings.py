@@ -109,6 +109,45 @@ class WandbSettings:
                                     "the history holds the replicas' mean and std per round either way"))
 
 
+@dataclass(frozen=True, slots=True)
+class DPSettings:
+    """Client-level differential privacy, DP-FedAvg (algorithms/privacy.py, docs/privacy.md): on when
+    noise_multiplier or target_epsilon is set."""
+
+    noise_multiplier: float | None = key(number("z: Gaussian noise of std z * clip_norm on the sum of the clipped "
+                                                "updates", lo=0, null="no DP, unless dp.target_epsilon is set"))
+    target_epsilon: float | None = key(number("calibrate z so that the run's last round reaches this epsilon",
+                                              lo=0, lo_open=True, null="z is dp.noise_multiplier"))
+    clip_norm: float = key(number("C: each client's update clipped to this l2 norm (adaptive: its start)", lo=0,
+                                  lo_open=True))
+    delta: float = key(number("delta of the (epsilon, delta) guarantee", lo=0, hi=1, lo_open=True, hi_open=True))
+    accountant: str = key(choice("rdp (Renyi DP) | pld (privacy loss distributions; tighter, slower)",
+                                 ("rdp", "pld")))
+    adaptive: bool = key(boolean("adaptive clipping (Andrew et al. 2021): C tracks a quantile of the update norms"))
+    target_quantile: float = key(number("adaptive: the share of updates left unclipped that C aims at", lo=0, hi=1))
+    clip_lr: float = key(number("adaptive: C <- C exp(-clip_lr (unclipped share - target_quantile))", lo=0,
+                                lo_open=True))
+    count_noise_multiplier: float | None = key(number("adaptive: std of the noise on the unclipped count; must "
+                                                      "exceed z / 2", lo=0, lo_open=True,
+                                                      null="clients_per_round / 20, as Andrew et al."))
+
+    @property
+    def enabled(self) -> bool:
+        return self.noise_multiplier is not None or self.target_epsilon is not None
+
+
+@dataclass(frozen=True, slots=True)
+class EvalSettings:
+    """Per-client evaluation (docs/results.md, Per-client evaluation): each client on its own held-out data."""
+
+    per_client: bool = key(boolean("evaluate every client (or `clients` of them) on its own held-out data: "
+                                   "rounds/ gains client_acc_* and client_loss_* (mean, se, p10, p50, p90)"))
+    clients: int | None = key(integer("a fixed uniform sample of this many clients (drawn once from the data "
+                                      "seed), the mean's standard error in client_*_se", lo=2, null="every client"))
+    clients_table: bool = key(boolean("also write clients/: one row per (replica, round, client) with n, loss, "
+                                      "acc"))
+
+
 # --- a group's option -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +243,8 @@ class RunSettings:
     ray: RaySettings = section(RaySettings)
     network: NetworkSettings = section(NetworkSettings)
     wandb: WandbSettings = section(WandbSettings)
+    dp: DPSettings = section(DPSettings)
+    eval: EvalSettings = section(EvalSettings)
     dataset: PartSettings = part()
     partition: PartSettings = part()
     model: PartSettings = part()

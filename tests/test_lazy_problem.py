@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from fedharness.core.executors import InlineExecutor
@@ -38,3 +39,35 @@ def test_lazy_problem_builds_only_sampled_clients(run_config):
     assert problem.num_clients == 100000 and problem.generated == 0
     trajectory(cfg, InlineExecutor(problem, algorithm.solver, 1), 2, problem, algorithm)
     assert 0 < problem.generated <= 20  # 2 rounds x K = 10 draws
+
+
+def test_lazy_train_loss_above_eval_clients_is_an_estimate_with_its_standard_error(run_config):
+    common = ["dataset.num_clients=60", "dataset.alpha=0.5", "dataset.beta=0.5", "dtype=float64", "replicas=3"]
+    eager, _ = build_parts(run_config("dataset=synthetic", *common))
+    lazy, _ = build_parts(run_config("dataset=synthetic_lazy", *common, "dataset.eval_clients=25"))
+    w = 0.2 * torch.randn(3, lazy.dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ev = lazy.evaluate(w)
+    assert ev.train_loss_se is not None and np.all(ev.train_loss_se > 0)
+    # the estimator by hand: mean over the 25 draws of N p_k F_k(w), each F_k from the eager problem's rows of k
+    draws = lazy.eval_draws
+    assert len(draws) == 25 and np.array_equal(draws, lazy.eval_draws)  # one fixed sample per run
+    terms = np.zeros((3, 25))
+    with torch.no_grad():
+        for j, k in enumerate(draws):
+            lo, n = eager.offsets[k], eager.sizes[k]
+            loss, _ = eager.objective.loss_terms(w, eager.x[lo:lo + n], eager.y[lo:lo + n])
+            f_k = loss.numpy() / n + eager.objective.regularizer(w).numpy()
+            terms[:, j] = 60 * eager.weights[k] * f_k
+    assert np.allclose(ev.train_loss, terms.mean(1), rtol=1e-10)
+    assert np.allclose(ev.train_loss_se, terms.std(1, ddof=1) / 5, rtol=1e-10)
+    exact = eager.evaluate(w).train_loss  # F over all 60 clients: within a few standard errors of the estimate
+    assert np.all(np.abs(ev.train_loss - exact) < 4 * ev.train_loss_se)
+    assert not np.allclose(ev.train_loss, exact, rtol=1e-6)  # an estimate, not F itself
+
+
+def test_one_eval_client_below_the_population_is_refused(run_config):
+    from fedharness.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"'dataset.eval_clients': 1 \(at least 2 while below num_clients=5"):
+        build_parts(run_config("dataset=synthetic_lazy", "dataset.num_clients=5", "dataset.eval_clients=1"))
+    assert build_parts(run_config("dataset=synthetic_lazy", "dataset.num_clients=1", "dataset.eval_clients=1"))

@@ -4,6 +4,7 @@ the fit and its bootstrap interval behave on data whose answer is known."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -209,3 +210,27 @@ def test_report_that_fails_midway_leaves_no_half_written_folder(diverged_group, 
     with pytest.raises(RuntimeError, match="plot failed"):
         _report(results)
     assert sorted(p.name for p in results.iterdir()) == ["rounds", "runs"]  # no report/, no staging folder
+
+
+def test_report_draws_the_accuracy_over_clients(run_config, tmp_path):
+    from fedharness.runs.execute import execute
+    from fedharness.studies.reports.data import load_results
+    from fedharness.studies.reports.report import build_report
+
+    for k in (2, 4):
+        execute(run_config("dataset=synthetic", "dataset.num_clients=8", "rounds=4", "eval_every=2", "replicas=2",
+                           f"algorithm.clients_per_round={k}", "eval.per_client=true"))
+    report = build_report(load_results(tmp_path / "results"), targets=[], scale_key="algorithm.clients_per_round",
+                          out_dir=tmp_path / "report", bootstrap=10)
+    table = report.tables["client_acc"]
+    rounds = pd.read_parquet(tmp_path / "results" / "rounds")
+    runs = pd.read_parquet(tmp_path / "results" / "runs")
+    n_of = {r.run_id: float(json.loads(r.config_json)["algorithm"]["clients_per_round"]) for r in runs.itertuples()}
+    rounds["n"] = rounds["run_id"].astype(str).map(n_of)
+    want = rounds.groupby(["n", "round"])[["client_acc_p10", "client_acc_p90"]].mean().reset_index()
+    got = table.merge(want, on=["n", "round"], suffixes=("", "_want"))
+    assert len(got) == len(table) == 2 * 3  # n = 2, 4; rounds 0, 2, 4
+    assert np.allclose(got.client_acc_p10, got.client_acc_p10_want, rtol=1e-12)
+    assert np.allclose(got.client_acc_p90, got.client_acc_p90_want, rtol=1e-12)
+    assert (tmp_path / "report" / "figures" / "client_acc.png").stat().st_size > 1000
+    assert "## Accuracy over clients" in (tmp_path / "report" / "report.md").read_text()

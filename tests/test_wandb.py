@@ -275,3 +275,27 @@ def test_a_storage_password_reaches_no_file_and_no_output(offline, tmp_path, mon
     assert _leaks(tmp_path / "r", SECRET) == [] and _leaks(offline, SECRET) == []
     config = json.loads(pd.read_parquet(tmp_path / "r" / "runs").config_json[0])
     assert config["wandb"]["group"] == "https://fh:***@example.org/data"  # the run's config, masked
+
+
+def test_per_client_distribution_reaches_the_history(run_config, offline, tmp_path):
+    import numpy as np
+
+    cfg = run_config("dataset=synthetic", "dataset.num_clients=12", "rounds=2", "eval_every=1", "replicas=2",
+                     "eval.per_client=true", "eval.clients_table=true", "wandb.enabled=true")
+    execute(cfg)
+    records = read_records(wandb_file(offline))
+    parquet = ds.dataset(tmp_path / "results" / "rounds", partitioning="hive").to_table().to_pylist()
+    clients = pd.read_parquet(tmp_path / "results" / "clients")
+    got = history(records)
+    _assert_steps_equal([{k: v for k, v in g.items() if "_hist." not in k} for g in got],
+                        _expected_steps(parquet, per_replica=False))
+    for step in got:
+        mine = clients[clients["round"] == step["round"]]
+        for name in ("acc", "loss"):
+            hist = f"client_{name}_hist."  # a nested value: its fields under their own keys
+            assert step[hist + "_type"] == "histogram" and sum(step[hist + "values"]) == len(mine) == 2 * 12
+            counts, edges = np.histogram(mine[name], bins=len(step[hist + "bins"]) - 1)  # W&B's is numpy's
+            assert step[hist + "values"] == counts.tolist()
+            assert step[hist + "bins"] == pytest.approx(edges.tolist(), rel=1e-6)
+        assert step["client_acc_mean"] == pytest.approx(mine.groupby("replica").acc.mean().mean(), rel=1e-12)
+    assert np.isfinite(got[-1]["client_loss_p90_std"])

@@ -25,6 +25,8 @@ EVAL_SAMPLE, POPULATION = 10, 11
 # Adversaries (core/byzantine.py): which sampled clients are Byzantine, what a noise attack sends, the buckets of
 # a bucketed robust rule.
 BYZANTINE, ATTACK_NOISE, BUCKETS = 12, 13, 14
+# Client-level DP (algorithms/privacy.py): the Gaussian noise on a round's sum and on adaptive clipping's count.
+DP_NOISE = 20
 
 
 def _u64(x) -> np.ndarray:

@@ -145,7 +145,7 @@ def declared_settings(cls: type, values: dict[str, Any]) -> Any:
 
 LABELLED_PARTITIONS = ("iid", "classes_per_client", "shards", "dirichlet", "powerlaw")
 ANALYTIC = ("quadratic", "quadratic_lazy", "li_toy")
-WITHOUT_REPLACEMENT = ("scheme_ii", "scheme_ii_transformed", "original", "yang_s2")
+WITHOUT_REPLACEMENT = ("scheme_ii", "scheme_ii_transformed", "original", "yang_s2", "poisson")
 
 
 def metrics_registered(cfg: dict[str, Any]) -> None:
@@ -280,10 +280,31 @@ def results_dir_writable(cfg: dict[str, Any]) -> None:
                           f"{err.strerror or err}") from None
 
 
+def dp_covered(cfg: dict[str, Any]) -> None:
+    """A DP run is one the accountant covers: Poisson sampling, a plain weighted sum of clipped updates (no
+    dropout's rescaling, no robust rule, no unnoised per-client sums such as SCAFFOLD's), one source of z."""
+    dp, acfg = cfg["dp"], cfg["algorithm"]
+    if dp["noise_multiplier"] is None and dp["target_epsilon"] is None:
+        return
+    require(dp["noise_multiplier"] is None or dp["target_epsilon"] is None, "dp.target_epsilon", dp["target_epsilon"],
+            f"null when dp.noise_multiplier is set ({dp['noise_multiplier']}): set one of the two")
+    require(acfg["sampler"] == "poisson", "algorithm.sampler", acfg["sampler"],
+            "poisson with dp (the accountant covers Poisson-sampled Gaussian rounds only)")
+    require(acfg["aggregator"] == "fedavg", "algorithm.aggregator", acfg["aggregator"],
+            "fedavg with dp (DP-FedAvg noises a weighted sum of clipped updates)")
+    require(acfg["dropout"] == 0, "algorithm.dropout", acfg["dropout"], "0 with dp (dropout rescales the weights)")
+    require(acfg["solver"] != "scaffold", "algorithm.solver", acfg["solver"],
+            "not scaffold with dp (its control variates would leave the clients unclipped and unnoised)")
+    sigma_b, z = dp["count_noise_multiplier"], dp["noise_multiplier"]
+    if dp["adaptive"] and sigma_b is not None and z is not None:
+        require(2 * sigma_b > z, "dp.count_noise_multiplier", sigma_b,
+                f"> dp.noise_multiplier / 2 = {z / 2:g} (the count's noise is taken out of the update's budget)")
+
+
 RULES: tuple[Callable[[dict[str, Any]], None], ...] = (
     metrics_registered, model_fits_dataset, partition_fits_dataset, ray_keys_need_ray, shards_within_clients,
     sampled_within_clients,
-    ranges_ordered, per_client_steps, attack_known, device_available, results_dir_writable,
+    ranges_ordered, per_client_steps, attack_known, device_available, results_dir_writable, dp_covered,
 )
 
 

@@ -84,6 +84,7 @@ class Checkpointer(Callback):
             self.save(context.state)
 
     def save(self, state: RunState) -> None:
+        self.sink.flush_clients()  # before the state: a kill between the two resumes from the checkpoint before
         part = self.sink.pending_part()  # the rows up to this round: in the state first, then in rounds/
         run_state = dict(vars(state))  # its fields by name; the parts' states are named tensors (harness/contracts.py)
         payload = {"format": FORMAT, "round": state.round, "run_state": _map(_to(run_state, "cpu"), _encode_array),

@@ -16,9 +16,10 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from fedharness.contracts import (Algorithm, Callback, Coefficients, LocalSolver, Metric, Problem, ReplicaLayout,
-                                  RoundContext, SeriesHook, ServerContext, ServerState, UpdateAggregator)
-from fedharness.core.buffers import average_into, buffer_dim
+from fedharness.contracts import (Algorithm, Callback, ClientScores, Coefficients, LocalSolver, Metric, Privacy,
+                                  Problem, ReplicaLayout, RoundContext, SeriesHook, ServerContext, ServerState,
+                                  UpdateAggregator)
+from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, average_into, buffer_dim, local_buffers
 from fedharness.core.byzantine import Adversary, byzantine_draws, forge_updates
 from fedharness.core.executors import RoundPlan
 from fedharness.core.slots import SlotSet, slot_algorithm
@@ -98,7 +99,7 @@ class Engine:
                  hooks: Sequence[Callback] = (), **options):
         """A solo run: one slot with `algorithm`'s own parts, its replica `layout` (Richardson-Romberg couples
         replicas) and `series` (extra recorded iterates: Polyak averages, RR extrapolation). `options`:
-        reference, network, metrics, end_status, adversary."""
+        reference, network, metrics, end_status, privacy, client_eval, adversary."""
         layout = layout or ReplicaLayout.seeds(replicas)
         slots = SlotSet.solo(algorithm, seed, len(layout), rounds, eval_every)
         self._start(problem, slots, algorithm, executor, layout, series or [], [list(hooks)], **options)
@@ -106,9 +107,13 @@ class Engine:
     def _start(self, problem: Problem, slots: SlotSet, algorithm: Algorithm, executor, layout: ReplicaLayout,
                series: list[SeriesHook], hooks: list[list[Callback]], *, trainer: LocalSolver | None = None,
                reference=None, network: NetworkModel | None = None, metrics: Sequence[Metric] = (),
-               end_status: Callable[[BaseException], str] = _failed, adversary: Adversary | None = None) -> None:
+               end_status: Callable[[BaseException], str] = _failed, privacy: Privacy | None = None,
+               client_eval: np.ndarray | None = None, adversary: Adversary | None = None) -> None:
+        """`client_eval` (eval.per_client): the clients each evaluation scores on their own held-out data (the
+        problem is a contracts.ClientEvaluation); None: none. `adversary` (attack=NAME): the Byzantine clients."""
         self.problem, self.alg, self.executor, self.reference = problem, algorithm, executor, reference
         self.slots, self.trainer = slots, trainer
+        self.privacy = privacy  # DP-FedAvg (algorithms/privacy.py): clipping in the shards, noise on the sum
         self.layout, self.stream_replicas, self.series = layout, layout.stream_ids, series
         self.rounds, self.seed = int(slots.rounds.max()), int(slots.seeds[0])
         self.network = network or NetworkModel()
@@ -121,6 +126,8 @@ class Engine:
         self._last_diag: Coefficients | None = None
         self.rows: dict[int, list[dict]] = {i: [] for i in slots.ids}  # each slot's evaluated rows
         self.outcomes: dict[int, RunOutcome] = {}
+        self.client_eval = client_eval
+        self._scores: tuple[np.ndarray, ClientScores] | None = None  # the last evaluation's, with its replica ids
         self.rounds_done = 0  # the last completed round, also when an exception ends the run
 
     def initial_state(self) -> RunState:
@@ -131,6 +138,8 @@ class Engine:
     def _state_at_start(self, x: torch.Tensor) -> RunState:
         zeros = {k: np.zeros(len(x), dtype=np.int64) for k in ("local_steps", "grad_evals", "bytes_up", "bytes_down")}
         zeros["sim_s"] = np.zeros(len(x))  # simulated seconds (NetworkModel), float
+        if self.privacy is not None:
+            zeros.update(self.privacy.init_counters(len(x)))  # the clip norm, per replica
         ctx = self.alg.solver.init_server_ctx(x)
         return RunState(0, x, self.alg.server.init_state(x), zeros, ctx, [h.init_state(x) for h in self.series])
 
@@ -166,6 +175,8 @@ class Engine:
     def step(self, state: RunState) -> RunState:
         plan, coefs = self.plan_round(state.round)
         plan.server_ctx = state.server_ctx
+        if self.privacy is not None:
+            plan.clip_norm = self.privacy.clip_norms(state.counters)
         result = self.executor.local_updates(state.x, plan)
         if plan.send_updates:
             forged = self.adversary is not None and not self.adversary.flips_labels
@@ -173,6 +184,10 @@ class Engine:
             delta = aggregate_updates(self.alg.aggregator, plan, chunks, state.x, self.problem.memory_budget)
         else:
             delta = result.delta
+        if self.privacy is not None:
+            unclipped = np.zeros(len(state.x)) if result.unclipped is None else result.unclipped
+            delta = self.privacy.release(delta, plan.seed, plan.stream_replicas, plan.round, unclipped,
+                                         state.counters)
         first = plan.step_lrs[..., 0]  # the round's first step size: [] or, in a batch of slots, [R]
         x = self.alg.server.step(state.x, delta, state.server_state, first * self.layout.lr_factor)
         if buffer_dim(self.problem):  # running statistics: the aggregated average, no server optimizer step
@@ -195,9 +210,24 @@ class Engine:
                 rows.extend(self._evaluate_series(state, x, name, replica_ids))
         return rows
 
+    def _client_scores(self, x: torch.Tensor, replica_ids: np.ndarray) -> ClientScores:
+        """The iterate's per-client scores (eval.per_client); FedBN's clients (model.buffers=local) with their own
+        buffers, as they ended their last round (a client that has not trained yet: the server's)."""
+        buffers = None
+        if local_buffers(self.problem):
+            row_of = {int(r): j for j, r in enumerate(replica_ids)}  # executor row -> row of x
+            buffers = {(row_of[r], k): s[BUFFERS_KEY] for (r, k), s in self.executor.get_state().items()
+                       if r in row_of and BUFFERS_KEY in s}
+        scores = self.problem.client_scores(x, self.client_eval, buffers)
+        self._scores = (np.asarray(replica_ids), scores)
+        return scores
+
     def _evaluate_series(self, state: RunState, x: torch.Tensor, series: str, replica_ids: np.ndarray) -> list[dict]:
         ev = self.problem.evaluate(x)
         ev.extra.update({m.name: m.values(self.problem, x) for m in self.metrics})
+        scores = None
+        if series == "iterate" and self.client_eval is not None:
+            scores = self._client_scores(x, replica_ids)
         subopt = dist = None
         if self.reference is not None:  # exact F where train_loss is an estimate yet F has a closed form
             subopt = (ev.train_loss if ev.exact_train_loss is None else ev.exact_train_loss) - self.reference.f_star
@@ -209,7 +239,8 @@ class Engine:
             row = {"replica": int(r), "series": series, "round": state.round, "wall_s": state.wall_s,
                    "train_loss": ev.train_loss[i], "grad_norm_sq": ev.grad_norm_sq[i],
                    "server_lr": self.alg.server.server_lr,
-                   "lr": None if np.isnan(self._last_lr[src]) else self._last_lr[src]}
+                   "lr": None if np.isnan(self._last_lr[src]) else self._last_lr[src],
+                   "epsilon": None if self.privacy is None else self.privacy.epsilon(state.round)}
             row.update({k: v[src].item() for k, v in state.counters.items()})  # int64 -> int, sim_s -> float
             for name, values in (("train_loss_se", ev.train_loss_se), ("subopt", subopt), ("dist_to_opt", dist),
                                  ("test_loss", ev.test_loss),
@@ -219,6 +250,8 @@ class Engine:
                 diag = self._last_diag
                 row.update(tau_eff=float(diag.tau_eff[src]), chi2=float(diag.chi2[src]),
                            slowdown=float(diag.slowdown[src]))
+            if scores is not None:
+                row.update(scores.columns(i))
             rows.append({k: _finite_or_none(v) for k, v in row.items()})
         return rows
 
@@ -271,13 +304,14 @@ class Engine:
         if not due:
             return {}
         s, rnd = self.slots, state.round
+        self._scores = None
         rows = self.evaluate_replicas(state, s.kept_rows(due))
         self.rounds_done = rnd  # set just before the rows go out, so the two agree
         ends = {}
         for i in due:
             mine = self.slot_rows(rows, i)
             self.rows[s.ids[i]].extend(mine)
-            stop, err = self._tell(state, i, _evaluation, mine, self.hooks)
+            stop, err = self._tell(state, i, _evaluation, mine, self.hooks, self.slot_scores(i))
             if err is not None:  # a hook's failure or an Optuna prune ends this slot only
                 ends[i] = self._outcome(state, i, self.end_status(err), rnd, err)
             elif rnd > 0 and any(r["train_loss"] is None for r in mine if r["series"] == "iterate"):
@@ -289,14 +323,15 @@ class Engine:
         return ends
 
     def _tell(self, state: RunState, i: int, event: Callable[[Callback, RoundContext], bool | None],
-              rows: list[dict], hooks: dict[int, list[Callback]]) -> tuple[bool, Exception | None]:
+              rows: list[dict], hooks: dict[int, list[Callback]],
+              clients: ClientScores | None = None) -> tuple[bool, Exception | None]:
         """Call `event` on slot i's hooks (every one, also after one asked to stop): whether one asked to stop,
         or the exception that ends the slot."""
         listeners = hooks[self.slots.ids[i]]
         if not listeners:
             return False, None
         mine = self.slot_state(state, i)  # the slot's models only, replicas numbered as in its solo run
-        context = RoundContext(state.round, int(self.slots.rounds[i]), mine.x, rows, mine)
+        context = RoundContext(state.round, int(self.slots.rounds[i]), mine.x, rows, mine, clients)
         try:
             return any([bool(event(hook, context)) for hook in listeners]), None
         except Exception as err:
@@ -314,6 +349,10 @@ class Engine:
     def slot_state(self, state: RunState, i: int) -> RunState:
         """Slot i's state (a run alone: the whole)."""
         return state
+
+    def slot_scores(self, i: int) -> ClientScores | None:
+        """Slot i's per-client scores of this evaluation (a run alone: all; None: eval.per_client is off)."""
+        return None if self._scores is None else self._scores[1]
 
     def _end(self, slot: int, outcome: RunOutcome) -> None:
         self.outcomes[slot] = outcome
@@ -383,6 +422,14 @@ class BatchedEngine(Engine):
         rng, server_lr = self.slots.rows(i), self.slots.algorithms[i].server.server_lr
         return [{**r, "replica": r["replica"] - rng.start, "server_lr": server_lr}
                 for r in rows if rng.start <= r["replica"] < rng.stop]
+
+    def slot_scores(self, i: int) -> ClientScores | None:
+        """Slot i's replica rows of this evaluation's per-client scores, in its replicas' order."""
+        if self._scores is None:
+            return None
+        replica_ids, scores = self._scores
+        rng = self.slots.rows(i)
+        return scores.rows(np.flatnonzero((replica_ids >= rng.start) & (replica_ids < rng.stop)))
 
     def slot_state(self, state: RunState, i: int) -> RunState:
         rows = self.slots.rows(i)

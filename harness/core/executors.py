@@ -37,6 +37,7 @@ class RoundPlan:
     step_lrs: np.ndarray  # [max tau] step sizes of this round, or each replica's [R, max tau] (a batch of slots)
     server_ctx: ServerContext = field(default_factory=dict)  # e.g. SCAFFOLD's server control c
     send_updates: bool = False  # an UpdateAggregator: send each client's Delta_k, not the reduced sum
+    clip_norm: np.ndarray | None = None  # [R] DP-FedAvg (algorithms/privacy.py): clip each Delta_k to this norm
     poisoned: np.ndarray | None = None  # [R, K] bool: Byzantine draws that train on flipped labels (label_flip)
 
 
@@ -85,6 +86,7 @@ class ShardResult:
     updates: list[UpdateChunk] = field(default_factory=list)  # plan.send_updates: every entry's Delta_k
     grids: Grids | None = None  # None: float sums, or a reply (added into a result that has them)
     exact: bool = True
+    unclipped: np.ndarray | None = None  # [R] int64 with plan.clip_norm: clients whose Delta_k was within it
 
     @classmethod
     def zeros(cls, x: torch.Tensor, plan: RoundPlan, exact: bool = True) -> "ShardResult":
@@ -101,16 +103,19 @@ class ShardResult:
         for name, part in other.sums.items():
             self.sums[name] = self.sums[name].add(part) if name in self.sums else part
         self.updates.extend(other.updates)
+        if other.unclipped is not None:  # integer counts: exact in any order
+            self.unclipped = other.unclipped if self.unclipped is None else self.unclipped + other.unclipped
         return self
 
     def reply(self) -> "ShardResult":
         """What a shard sends: the sums' words on the CPU and the updates, without the grids."""
         return ShardResult(self.shape, "cpu", {name: part.to("cpu") for name, part in self.sums.items()},
-                           self.updates, None, self.exact)
+                           self.updates, None, self.exact, self.unclipped)
 
     def to(self, device: torch.device | str) -> "ShardResult":
         return ShardResult(self.shape, device, {name: part.to(device) for name, part in self.sums.items()},
-                           self.updates, None if self.grids is None else self.grids.to(device), self.exact)
+                           self.updates, None if self.grids is None else self.grids.to(device), self.exact,
+                           self.unclipped)
 
     def _value(self, name: str) -> torch.Tensor:
         return self.sums[name].value(self.grids[name] if self.exact else None)
@@ -255,6 +260,12 @@ class ClientShard:
         index = torch.as_tensor(e.replica, device=dev)
         if plan.send_updates:  # leaves the device batch by batch, so device memory stays within the budget
             result.updates.append(UpdateChunk(e.replica.copy(), e.clients.copy(), (w - w0).cpu()))
+        elif plan.clip_norm is not None:  # DP-FedAvg: each client's update clipped before it joins the sum
+            clipped, within = clip_rows((w - w0).double(), plan.clip_norm[e.replica])
+            coef = torch.as_tensor(e.coef, dtype=torch.float64, device=dev)[:, None]
+            result.add_rows("delta", index, clipped * coef)
+            counts = np.bincount(e.replica, weights=within, minlength=len(x)).astype(np.int64)
+            result.unclipped = counts if result.unclipped is None else result.unclipped + counts
         else:
             coef = torch.as_tensor(e.coef, dtype=torch.float64, device=dev)[:, None]
             result.add_rows("delta", index, (w - w0).double() * coef)  # each product rounded on its own
@@ -275,6 +286,15 @@ def poisoned_entries(plan: RoundPlan, e: Entries) -> np.ndarray:
     rows, cols = np.nonzero(plan.poisoned)
     bad = set(zip(rows.tolist(), plan.clients[rows, cols].tolist()))
     return np.array([(int(r), int(k)) in bad for r, k in zip(e.replica, e.clients)], dtype=bool)
+
+
+def clip_rows(delta: torch.Tensor, bound: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+    """Each row of delta [M, dim] float64 scaled to l2 norm at most bound[m]; and which rows were within it.
+    A row's norm and scale are its own computation, so its bits do not depend on the rows beside it."""
+    bound_t = torch.as_tensor(bound, dtype=torch.float64, device=delta.device)
+    norms = delta.norm(dim=1)
+    scale = (bound_t / norms.clamp_min(torch.finfo(torch.float64).tiny)).clamp(max=1.0)
+    return delta * scale[:, None], (norms <= bound_t).cpu().numpy()
 
 
 def prefix_state(state: SolverState, n: int) -> SolverState:

@@ -78,6 +78,19 @@ def _stats_rows(stats: WeightStats, rows: slice) -> WeightStats:
                        None if stats.scale is None else stats.scale[rows])
 
 
+def _widened(sel: Selection, width: int) -> Selection:
+    """The selection padded to `width` columns with weight-0 entries, which nobody trains: the slots' samples differ
+    in size where the sampler's does (poisson), and the batch's plan is one [R, K] array."""
+    extra = width - sel.clients.shape[1]
+    if extra == 0:
+        return sel
+
+    def pad(a: np.ndarray, value: float) -> np.ndarray:
+        return np.pad(a, ((0, 0), (0, extra)), constant_values=value)
+
+    return Selection(pad(sel.clients, 0), pad(sel.weights, 0.0), pad(sel.lr_scale, 1.0), sel.active)
+
+
 class SlotSampler(Sampler):
     def __init__(self, slots: SlotSet):
         self.slots = slots
@@ -86,6 +99,7 @@ class SlotSampler(Sampler):
     def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
         s = self.slots
         sels = [a.sampler.select(int(s.seeds[i]), replicas[s.rows(i)], rnd, p) for i, a in enumerate(s.algorithms)]
+        sels = [_widened(sel, max(sel.clients.shape[1] for sel in sels)) for sel in sels]
         active = None
         if any(sel.active is not None for sel in sels):
             active = np.concatenate([np.ones(len(sel.clients), bool) if sel.active is None else sel.active

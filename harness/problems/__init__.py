@@ -18,16 +18,18 @@ from typing import Any
 
 import torch
 
-from fedharness.contracts import Model, Problem
+from fedharness.contracts import ClientEvaluation, Model, Problem
 # The modules that register the built-ins, in the order `fedharness list` shows them.
 from fedharness.problems import objectives, nets  # noqa: F401  (objectives first: auto, logreg, linreg)
 from fedharness.problems import synthetic, lazy, blobs, quadratic, quadratic_lazy, li_toy, loaders  # noqa: F401
+from fedharness.problems.client_eval import client_test_index
 from fedharness.problems.data import DataProblem
 from fedharness.problems.nets import require_net
 from fedharness.problems.objectives import NetObjective
 from fedharness.problems.pooled import PooledData
 from fedharness.problems.user import user_pooled
 from fedharness.base.runtime import autocast_dtype, memory_budget_bytes
+from fedharness.errors import require
 from fedharness.partitions import partition
 from fedharness.registry.groups import DATASETS, MODELS
 from fedharness.settings import RunSettings
@@ -47,10 +49,16 @@ def build_model(settings: RunSettings, in_shape: tuple[int, ...], num_classes: i
                         kernel, option.params.get("buffers", "average"))  # a `_target_` model may leave both out
 
 
-def _partition(settings: RunSettings, pooled: PooledData, seed: int) -> list:
-    """The clients' sample indices: `partition=auto` is natural where the data has owners, else iid."""
+def _partition_name(settings: RunSettings, pooled: PooledData) -> str:
+    """`partition=auto` is natural where the data has owners, else iid."""
     option = settings.partition
-    name = option.name if option.name != "auto" else ("natural" if pooled.owner is not None else "iid")
+    return option.name if option.name != "auto" else ("natural" if pooled.owner is not None else "iid")
+
+
+def _partition(settings: RunSettings, pooled: PooledData, seed: int) -> list:
+    """The clients' sample indices."""
+    option = settings.partition
+    name = _partition_name(settings, pooled)
     params = {k: v for k, v in option.params.items() if k != "_target_"}
     if name == "natural":  # harness/config/schema.py allows it for generated data sets only
         params["client_ids"] = pooled.owner
@@ -71,6 +79,9 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
         "memory_budget": budget, "model": lambda in_shape, num_classes: build_model(settings, in_shape, num_classes)}
     made = DATASETS.build(option.name, option.params, context)
     if isinstance(made, Problem):
+        require(not settings.eval.per_client or isinstance(made, ClientEvaluation), "eval.per_client", True,
+                f"false: dataset={option.name} has no held-out data per client (per-client evaluation needs a data "
+                "set with a test set)")
         return made
     pooled = made if isinstance(made, PooledData) else user_pooled(option.name, made)
     y, yt = pooled.y, pooled.y_test
@@ -79,4 +90,17 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
         num_classes = int(y.max() if yt is None else max(y.max(), yt.max())) + 1
     objective = build_model(settings, tuple(pooled.x.shape[1:]), num_classes)
     index = _partition(settings, pooled, seed)
-    return DataProblem(objective, pooled.x, y, index, pooled.x_test, yt, batch_size, dtype, settings.device, budget)
+    return DataProblem(objective, pooled.x, y, index, pooled.x_test, yt, batch_size, dtype, settings.device, budget,
+                       _held_out(settings, pooled, index, seed))
+
+
+def _held_out(settings: RunSettings, pooled: PooledData, index: list, seed: int) -> list | None:
+    """eval.per_client's held-out samples of each client (problems/client_eval.py); None when it is off."""
+    per_client, count = settings.eval.per_client, settings.eval.clients
+    if not per_client:
+        return None
+    require(pooled.y_test is not None, "eval.per_client", True,
+            f"false: dataset={settings.dataset.name} has no test set to hold out per client")
+    require(count is None or count <= len(index), "eval.clients", count,
+            f"null (every client) or at most the {len(index)} clients")
+    return client_test_index(pooled, index, _partition_name(settings, pooled) == "natural", seed)

@@ -71,4 +71,5 @@ def pooled(num_clients: int, variant: str, dim: int, samples_per_client: int, sh
            std: float | None = None) -> PooledData:
     """`dataset=blobs`: Mangold et al.'s noisy / heterogeneous logistic-regression data."""
     x, y, owner, x_test, y_test = generate(num_clients, variant, dim, samples_per_client, std, shift, seed)
-    return PooledData(x, y, x_test, y_test, owner)
+    n_test = len(y_test) // num_clients  # client k's test samples are drawn like its training samples
+    return PooledData(x, y, x_test, y_test, owner, np.repeat(np.arange(num_clients), n_test))

@@ -8,8 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedharness.contracts import ClientKeys, Evaluation, ExactSolve, Model, Problem
+from typing import Mapping
+
+from fedharness.contracts import ClientKeys, ClientScores, Evaluation, ExactSolve, Model, Problem
 from fedharness.base import streams
+from fedharness.problems.client_eval import client_scores
 from fedharness.errors import require
 
 EVAL_CHUNK = 16384  # samples per evaluation chunk: bounds memory for large data sets
@@ -52,14 +55,15 @@ class DataProblem(Problem, ExactSolve):
     """Clients own contiguous slices of one training array; the test set is pooled.
 
     `memory_budget` (bytes, None: no limit; build_problem passes memory_budget_gb's) bounds the
-    samples evaluated at once, besides the EVAL_CHUNK cap.
+    samples evaluated at once, besides the EVAL_CHUNK cap. `client_test` (eval.per_client): each client's held-out
+    samples as indices into x_test (problems/client_eval.py).
     """
 
     def __init__(self, objective: Model, x_train: np.ndarray, y_train: np.ndarray, client_index: list[np.ndarray],
                  x_test: np.ndarray | None, y_test: np.ndarray | None, batch_size: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 memory_budget: int | None = None):
-        self.objective, self.memory_budget = objective, memory_budget
+                 memory_budget: int | None = None, client_test: list[np.ndarray] | None = None):
+        self.objective, self.memory_budget, self.client_test = objective, memory_budget, client_test
         self.dtype, self.device = dtype, torch.device(device)
         self.num_clients = len(client_index)
         self.dim = objective.dim
@@ -80,7 +84,8 @@ class DataProblem(Problem, ExactSolve):
         """The same problem with tensors in another dtype (the reference solver runs in float64)."""
         x, y, xt, yt = self._raw
         index = [np.arange(o, o + n) for o, n in zip(self.offsets, self.sizes)]
-        return DataProblem(self.objective, x, y, index, xt, yt, self.batch_size, dtype, self.device, self.memory_budget)
+        return DataProblem(self.objective, x, y, index, xt, yt, self.batch_size, dtype, self.device, self.memory_budget,
+                           self.client_test)
 
     def init_params(self, replicas: int, seed: int) -> torch.Tensor:
         return self.objective.init(replicas, seed, self.dtype).to(self.device)
@@ -185,3 +190,11 @@ class DataProblem(Problem, ExactSolve):
                 loss, acc = self._mean_loss(w, self.x_test, self.y_test)
             out.test_loss, out.test_acc = loss.cpu().numpy(), acc.cpu().numpy()
         return out
+
+    def client_scores(self, w: torch.Tensor, clients: np.ndarray,
+                      buffers: Mapping[tuple[int, int], torch.Tensor] | None = None) -> ClientScores:
+        """Each of `clients` on its own held-out samples (contracts.ClientEvaluation; problems/client_eval.py)."""
+        require(self.client_test is not None and self.x_test is not None, "eval.per_client", True,
+                "a data set with a test set, built with eval.per_client=true")
+        return client_scores(self.objective, self.x_test, self.y_test, self.client_test, w, clients,
+                             self.eval_chunk(w.shape[0]), buffers)

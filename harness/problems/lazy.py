@@ -8,10 +8,12 @@ are kept in a least-recently-used cache of `dataset.cache_mb`. Minibatch indices
 DataProblem draws them (same streams), and the rows are the same numbers `dataset=synthetic` stores, so with the
 same seed the lazy problem trains on the same trajectory as `dataset=synthetic` with the natural partition.
 
-The global objective over all N clients is never materialised: train_loss, test_loss
-and test_acc are measured on clients 0..eval_clients-1 (weights n_k renormalised over
-them; exactly F when eval_clients >= N), and there is no exact reference (subopt and
-dist_to_opt are null).
+The global objective over all N clients is never materialised. While N <= eval_clients every metric is exact
+(over all N clients). Above, the metrics are measured on a fixed sample of eval_clients clients drawn uniformly
+with replacement, once, from the data seed (problems/estimate.py): train_loss is the unbiased estimate of F from
+the sample, with its standard error in train_loss_se; grad_norm_sq, test_loss and test_acc are those of the
+sampled clients' data pooled (weights n_k renormalised over the distinct sampled clients), and are named so in
+docs/results.md. There is no exact reference (subopt and dist_to_opt are null).
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ import numpy as np
 import torch
 
 from fedharness.contracts import ClientKeys, Evaluation, Model, Problem
+from fedharness.errors import require
 from fedharness.keys import Key, integer, number
 from fedharness.problems import synthetic
+from fedharness.problems.client_eval import client_scores
+from fedharness.problems.estimate import sample_clients, weighted_sum_estimate
 from fedharness.problems.data import DataProblem, RoundBatches, batches_from_index, minibatch_samples
 from fedharness.problems.population import ClientSizes, ClientWeights
 from fedharness.registry.groups import DATASETS
@@ -34,7 +39,8 @@ PARAMS_BYTES = 8 * (synthetic.FEATURES * (synthetic.CLASSES + 1) + synthetic.CLA
 KEYS: dict[str, Key] = {  # dataset=synthetic_lazy's, besides synthetic's
     **synthetic.KEYS,
     "cache_mb": number("generated client parameters kept per process (MB); least recently used dropped", lo=0),
-    "eval_clients": integer("metrics over clients 0..eval_clients-1", lo=1),
+    "eval_clients": integer("metrics exact while num_clients <= eval_clients; above, on eval_clients clients drawn "
+                            "uniformly (train_loss estimated, with train_loss_se)", lo=1),
 }
 
 
@@ -78,6 +84,9 @@ class LazySyntheticProblem(Problem):
         self.weights = ClientWeights(self.sizes)
         self.cache_limit_bytes = int(cache_mb * 2**20)
         self.eval_clients = min(eval_clients, num_clients)
+        exact = num_clients <= eval_clients  # else a fixed uniform sample, with replacement, by the data seed
+        self.eval_draws = np.arange(num_clients) if exact else sample_clients(seed, num_clients, eval_clients)
+        self.eval_ids, self.eval_inverse = np.unique(self.eval_draws, return_inverse=True)
         self._cache: OrderedDict[int, synthetic.ClientParams] = OrderedDict()
         self.cached_bytes = 0
         self._eval: DataProblem | None = None
@@ -124,13 +133,14 @@ class LazySyntheticProblem(Problem):
     def loop_grad(self, w: torch.Tensor, batches: LazyBatches, step: int) -> torch.Tensor:
         return DataProblem.loop_grad(batches.data, w, batches.batches, step)
 
-    # ------------------------------------------------------------ evaluation on the first eval_clients
+    # ------------------------------------------------------------ evaluation on every client or a sample of them
 
     def eval_problem(self) -> DataProblem:
-        """Clients 0..eval_clients-1 as an ordinary DataProblem (built on first use; shards never need it)."""
+        """The evaluated clients (all, or the distinct sampled ones) as an ordinary DataProblem (built on first use;
+        shards never need it)."""
         if self._eval is None:
             xs, ys, xts, yts = [], [], [], []
-            for k in range(self.eval_clients):
+            for k in self.eval_ids:
                 x, y = synthetic.client_data(self.seed, k, self.alpha, self.beta, self.size)
                 n = synthetic.split_train_test(len(x))
                 xs.append(x[:n]), ys.append(y[:n]), xts.append(x[n:]), yts.append(y[n:])
@@ -147,7 +157,20 @@ class LazySyntheticProblem(Problem):
         return self.eval_problem().objective_value(w)
 
     def evaluate(self, w: torch.Tensor) -> Evaluation:
-        return self.eval_problem().evaluate(w)
+        """Exact metrics while N <= eval_clients; above, train_loss estimated from the sample, with its standard
+        error (the other metrics: the sampled clients' data pooled)."""
+        ev = self.eval_problem().evaluate(w)
+        if len(self.eval_draws) < self.num_clients:
+            ev.train_loss, ev.train_loss_se = weighted_sum_estimate(
+                self.weights[self.eval_draws], self.client_train_losses(w)[:, self.eval_inverse], self.num_clients)
+        return ev
+
+    def client_train_losses(self, w: torch.Tensor) -> np.ndarray:
+        """F_k(w) of the distinct evaluated clients (their mean training loss plus the regularizer), [R, U]."""
+        p = self.eval_problem()
+        index = [np.arange(o, o + n) for o, n in zip(p.offsets, p.sizes)]
+        scores = client_scores(self.objective, p.x, p.y, index, w, np.arange(len(index)), p.eval_chunk(w.shape[0]))
+        return scores.loss + self.objective.regularizer(w).double().cpu().numpy()[:, None]
 
 
 @DATASETS.register("synthetic_lazy", KEYS)
@@ -157,5 +180,7 @@ def build_lazy_synthetic(model: Callable[[tuple[int, ...], int], Model], num_cli
                          memory_budget: int | None) -> LazySyntheticProblem:
     """`dataset=synthetic_lazy`: `dataset=synthetic`'s clients, generated when sampled; `model(in_shape,
     num_classes)` builds the model the config names (problems.build_problem's)."""
+    require(eval_clients >= 2 or num_clients <= eval_clients, "dataset.eval_clients", eval_clients,
+            f"at least 2 while below num_clients={num_clients} (the train loss's standard error needs two draws)")
     return LazySyntheticProblem(model((synthetic.FEATURES,), synthetic.CLASSES), num_clients, alpha, beta, seed,
                                 samples_per_client, batch_size, dtype, device, cache_mb, eval_clients, memory_budget)

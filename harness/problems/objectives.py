@@ -95,6 +95,12 @@ class SoftmaxRegression(Model):
         nll = -logp.gather(2, y.expand(w.shape[0], -1).unsqueeze(-1)).squeeze(-1)
         return nll.sum(-1), (logits.argmax(-1) == y).sum(-1)
 
+    def sample_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sample's cross-entropy and correctness per replica: ([R, n], [R, n]) (contracts.SampleTerms)."""
+        logits = self.logits(w, x)
+        nll = -torch.log_softmax(logits, dim=-1).gather(2, y.expand(w.shape[0], -1).unsqueeze(-1)).squeeze(-1)
+        return nll, logits.argmax(-1) == y
+
     def regularizer(self, w: torch.Tensor) -> torch.Tensor:
         return self.l2 * (w * w).sum(-1)
 
@@ -119,6 +125,12 @@ class LinearRegression(SoftmaxRegression):
         target = torch.nn.functional.one_hot(y, self.num_classes).to(pred.dtype)
         loss = 0.5 * ((pred - target) ** 2).sum((-1, -2))
         return loss, (pred.argmax(-1) == y).sum(-1)
+
+    def sample_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sample's squared error and correctness per replica: ([R, n], [R, n]) (contracts.SampleTerms)."""
+        pred = self.logits(w, x)
+        target = torch.nn.functional.one_hot(y, self.num_classes).to(pred.dtype)
+        return 0.5 * ((pred - target) ** 2).sum(-1), pred.argmax(-1) == y
 
 
 # The linear models (`model=auto` is logreg for a data set; the analytic data sets are their own model).
@@ -276,6 +288,34 @@ class NetObjective(Model):
             losses.append(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
             correct.append((logits.argmax(-1) == y).sum())
         return torch.stack(losses), torch.stack(correct)
+
+    def sample_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sample's cross-entropy and correctness per replica, ([R, n], [R, n]), in eval mode as loss_terms
+        (contracts.SampleTerms)."""
+        self.net.eval()
+        terms = [self._sample_terms_of_copy(*self.layout.split(w[r]), x, y) for r in range(w.shape[0])]
+        return torch.stack([t[0] for t in terms]), torch.stack([t[1] for t in terms])
+
+    def buffer_sample_terms(self, w: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor,
+                            y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model w [dim] with buffers[m] on its own samples x[m], y[m]: ([M, n], [M, n]) losses and correctness,
+        in eval mode; the sets under vmap with the parameters shared, where the module allows it
+        (contracts.BufferTerms)."""
+        self.net.eval()
+        params, _ = self.layout.split(w)
+        shapes = self.layout.buffer_shapes
+        parts = torch.split(buffers, [int(np.prod(s)) for s in shapes], dim=-1)
+        sets = {n: p.reshape(len(buffers), *s) for n, p, s in zip(self.layout.buffer_names, parts, shapes)}
+        if self.vmappable:
+            return vmap(self._sample_terms_of_copy, in_dims=(None, 0, 0, 0))(params, sets, x, y)
+        terms = [self._sample_terms_of_copy(params, {n: b[m] for n, b in sets.items()}, x[m], y[m])
+                 for m in range(len(buffers))]
+        return torch.stack([t[0] for t in terms]), torch.stack([t[1] for t in terms])
+
+    def _sample_terms_of_copy(self, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+                              x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = functional_call(self.net, self.layout.module_state(params, buffers), (x,))
+        return torch.nn.functional.cross_entropy(logits, y, reduction="none"), logits.argmax(-1) == y
 
     def regularizer(self, w: torch.Tensor) -> torch.Tensor:
         if self.buffer_dim:

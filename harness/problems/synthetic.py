@@ -128,4 +128,8 @@ def generate(num_clients: int, alpha: float, beta: float, seed: int, size: int |
 def pooled(num_clients: int, alpha: float, beta: float, samples_per_client: int | None, seed: int) -> PooledData:
     """`dataset=synthetic`: every client's samples generated and stored, each sample's owner kept."""
     x, y, owner, x_test, y_test = generate(num_clients, alpha, beta, seed, samples_per_client)
-    return PooledData(x, y, x_test, y_test, owner)
+    # each test sample's owner: a client's test samples are its own last 10% (per-client evaluation's held-out data)
+    clients = np.arange(num_clients)
+    totals = client_sizes(seed, clients) if samples_per_client is None else np.full(num_clients, samples_per_client)
+    test_sizes = totals - np.bincount(owner, minlength=num_clients)
+    return PooledData(x, y, x_test, y_test, owner, np.repeat(np.arange(num_clients), test_sizes))

@@ -4,6 +4,7 @@ Other tools read these files (docs/results.md), so the names are a contract:
 
     runs/run_id=<id>/run.parquet                       one row per run
     rounds/run_id=<id>/part-<first>-<last>.parquet     the run's evaluated rounds, one part per flush
+    clients/run_id=<id>/part-<first>-<last>.parquet    per-client scores (eval.clients_table), likewise
     checkpoints/run_id=<id>/meta.json, state.pt        a resumable run's config and state
     sweeps/<name>-<time>.json                          a sweep's manifest: the grid point of each run
     trials/study=<study>/trials.parquet                a tuning study's trials
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from fedharness.results.store import ResultsStore
 
 RUNS, ROUNDS, SWEEPS = "runs", "rounds", "sweeps"  # the folders of the tables and of the sweep manifests
+CLIENTS = "clients"  # per-client scores (eval.clients_table), parted like rounds/
 RUN_FILE = "run.parquet"
 PART_PATTERN = "part-*.parquet"  # a rounds/ part, as an fnmatch pattern
 OPTUNA_DB = "optuna.db"
@@ -58,13 +60,14 @@ def part_rounds(name: str) -> tuple[int, int]:
     return int(first), int(last)
 
 
-def part_key(run_id: str, name: str) -> str:
-    return f"{run_folder(ROUNDS, run_id)}/{name}"
+def part_key(run_id: str, name: str, table: str = ROUNDS) -> str:
+    """A part of the run's rounds/ (or clients/) table."""
+    return f"{run_folder(table, run_id)}/{name}"
 
 
-def round_parts(store: ResultsStore, run_id: str) -> list[str]:
-    """The names of the run's rounds/ parts, sorted."""
-    names = (key.rpartition("/")[2] for key in store.list(run_folder(ROUNDS, run_id)))
+def round_parts(store: ResultsStore, run_id: str, table: str = ROUNDS) -> list[str]:
+    """The names of the run's rounds/ (or clients/) parts, sorted."""
+    names = (key.rpartition("/")[2] for key in store.list(run_folder(table, run_id)))
     return [name for name in names if name.startswith("part-") and name.endswith(".parquet")]
 
 

@@ -77,6 +77,9 @@ def check_batch(settings: Sequence[RunSettings]) -> None:
                 "none in a batched run (Richardson-Romberg couples replicas; run it alone)")
         require(not params.get("average", False), "algorithm.average", params.get("average"),
                 "false in a batched run (run Polyak averaging alone)")
+        require(s.dp.target_epsilon is None or s.rounds == first.rounds, "rounds", s.rounds,
+                f"equal in every run of a batch with dp.target_epsilon (the first has {first.rounds}): the noise "
+                "multiplier is calibrated to the rounds")
         if batch_key(s) != batch_key(first):
             raise _refusal(first, s)
 

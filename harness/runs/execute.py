@@ -20,11 +20,13 @@ from fedharness.core.executors import InlineExecutor, LoopExecutor
 from fedharness.core.kernels import resolve_kernel
 from fedharness.core.slots import SlotSet
 from fedharness.algorithms.series import build_series
+from fedharness.problems.client_eval import evaluated_clients
 from fedharness.base.extras import require_extra
 from fedharness.runs.batch import Slot, batch_settings, check_batch, per_copy_values
 from fedharness.runs.lifecycle import (EvalFunction, RunInterrupted, RunRecord, end_status, error_text,
                                        interrupts_raised)
 from fedharness.assembly.build import adversary_for, algorithm_for, build_parts
+from fedharness.assembly.privacy import calibrated, privacy_for
 from fedharness.base.runtime import apply_runtime, auto_threads, step_work, use_threads
 from fedharness.assembly.reference_policy import run_client_minima, run_reference
 from fedharness.errors import require
@@ -77,6 +79,7 @@ def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Pre
     set_threads(settings, problem)  # threads=null follows the problem's size: before kernel timing and reference
     resumed_kernel = checkpointed(settings, "kernel", store) if settings.resume else None
     settings = settings.replace(kernel=resolve_kernel(settings, problem, resumed_kernel))
+    settings = calibrated(settings)  # dp.target_epsilon: the noise multiplier, before the run starts
     layout, series = build_series(settings.replicas, **settings.algorithm.params)  # rr=H needs a fixed H
     adversary = adversary_for(settings, algorithm, problem)  # before the reference solve: a refused attack costs nothing
     reference = run_reference(settings, problem)  # per `reference: auto | on | off`
@@ -122,12 +125,23 @@ def build_engine(run: Prepared, executor, hooks: Sequence[Sequence[Callback]] = 
     runs, trained with the prepared run's solver); `hooks[i]`: slot i's."""
     options = dict(reference=run.reference, network=NetworkModel.of(run.settings.network),
                    metrics=[METRICS[name] for name in run.settings.metrics], end_status=end_status,
-                   adversary=run.adversary)
+                   privacy=privacy_for(run.settings, run.problem),
+                   client_eval=clients_to_evaluate(run.settings, run.problem), adversary=run.adversary)
     if slots is not None:
         return BatchedEngine(run.problem, slots, run.algorithm.solver, executor, hooks=hooks, **options)
     s = run.settings
     return Engine(run.problem, run.algorithm, executor, rounds=s.rounds, seed=s.seed, replicas=s.replicas,
                   eval_every=s.eval_every, layout=run.layout, series=run.series, hooks=hooks[0], **options)
+
+
+def clients_to_evaluate(settings: RunSettings, problem) -> np.ndarray | None:
+    """eval.per_client's clients: all, or `eval.clients` of them drawn by the data seed (so every slot of a batch,
+    which share the data, scores the same ones); None when per-client evaluation is off."""
+    if not settings.eval.per_client:
+        return None
+    data_seed = settings.dataset.params.get("data_seed")
+    return evaluated_clients(settings.seed if data_seed is None else data_seed, problem.num_clients,
+                          settings.eval.clients)
 
 
 def slot_set(run: Prepared, settings: Sequence[RunSettings]) -> SlotSet | None:
@@ -183,7 +197,8 @@ def _execute(slots: Sequence[Slot], batch_id: str | None, store: ResultsStore | 
     set_threads(base)
     store = open_store(base.results_dir) if store is None else store
     run = prepare_run(base, store)
-    recorded = [run.settings] if len(slots) == 1 else [s.replace(kernel=run.settings.kernel) for s in settings]
+    recorded = [run.settings] if len(slots) == 1 else [s.replace(kernel=run.settings.kernel, dp=run.settings.dp)
+                                                       for s in settings]
     slots_of_batch = slot_set(run, recorded)
     exact = exact_references(run.settings, run.problem, run.reference)
     resumed = load_resume(run.settings, store) if run.settings.resume else None  # before any cluster or file

@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from fedharness.algorithms.privacy import final_epsilon
 from fedharness.contracts import Callback, RoundContext, callback_name
 from fedharness.core.checkpoint import Checkpointer, Resume, restore_rows
 from fedharness.core.engine import RunOutcome
@@ -209,6 +210,8 @@ def run_row(settings: RunSettings, status: str, rounds_done: int, started: str, 
         "pid": os.getpid(), "pid_start": process_start(os.getpid()),
         "callbacks": json.dumps(list(callbacks)), "metrics": json.dumps(list(settings.metrics)),
         "split_invariant": split_invariant(settings), **(exact or {}), "batch_id": batch_id,
+        "epsilon": final_epsilon(settings.dp, settings.dataset.num_clients, settings.algorithm.clients_per_round,
+                                 rounds_done),
     }
 
 
@@ -281,7 +284,8 @@ class RunRecord(Callback):
                  hooks: Sequence[Callback] = (), callbacks: Sequence[Any] = (), batch_id: str | None = None,
                  resumed: Resume | None = None):
         self.settings, self.run_id, self.exact, self.batch_id = settings, run_id, exact, batch_id
-        self.sink = ParquetSink(store, run_id, extra_columns=settings.metrics)
+        self.sink = ParquetSink(store, run_id, extra_columns=settings.metrics,
+                                clients_table=settings.eval.clients_table)
         self.started = resumed.started if resumed else now()
         self.callback_names = [callback_name(cb) for cb in callbacks]
         self.outcome: RunOutcome | None = None

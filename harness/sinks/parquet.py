@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from fedharness.results import layout
-from fedharness.contracts import Callback, RoundContext
+from fedharness.contracts import CLIENT_COLUMNS, Callback, ClientScores, RoundContext
 from fedharness.results.store import ResultsStore
 from fedharness.results.tables import table_bytes, write_table
 
@@ -22,6 +22,15 @@ ROUND_SCHEMA = pa.schema([
     ("grad_norm_sq", pa.float64()), ("test_loss", pa.float64()), ("test_acc", pa.float64()),
     ("lr", pa.float64()), ("server_lr", pa.float64()),
     ("tau_eff", pa.float64()), ("chi2", pa.float64()), ("slowdown", pa.float64()),
+    ("epsilon", pa.float64()), ("dp_clip_norm", pa.float64()),  # DP runs (algorithms/privacy.py); else null
+    # eval.per_client: the distribution over clients of their held-out accuracy and loss (se: null when every
+    # client is evaluated); null when per-client evaluation is off
+    *((name, pa.float64()) for name in CLIENT_COLUMNS),
+])
+
+CLIENT_SCHEMA = pa.schema([  # clients/ (eval.clients_table): one row per (replica, evaluated round, client)
+    ("replica", pa.int64()), ("round", pa.int64()), ("client", pa.int64()), ("n", pa.int64()),
+    ("loss", pa.float64()), ("acc", pa.float64()),  # null where the client has no held-out sample (n = 0)
 ])
 
 RUN_SCHEMA = pa.schema([
@@ -36,6 +45,7 @@ RUN_SCHEMA = pa.schema([
     ("callbacks", pa.string()), ("metrics", pa.string()),  # JSON lists: the run's callbacks and its own metrics
     ("split_invariant", pa.bool_()),  # rows independent of the shard split (docs/cluster.md, Same bits)
     ("batch_id", pa.string()),  # the batched run it trained in as one slot (harness/runs/batch.py); null: alone
+    ("epsilon", pa.float64()),  # a DP run's privacy spent at dp.delta after rounds_done (null: no DP, or no noise)
 ])
 
 
@@ -65,15 +75,33 @@ def column(values: list, type_: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(type_, len(values), buffers)
 
 
-class ParquetSink(Callback):
-    """`runs/run_id=<id>/run.parquet` and `rounds/run_id=<id>/part-*.parquet` in a results store; as a hook of the
-    run, it buffers each evaluation's rows and writes them when the run ends (and at each checkpoint)."""
+def client_table(scores: list[tuple[int, ClientScores]]) -> pa.Table:
+    """clients/ rows of evaluated rounds' scores, (round, scores) each, built from the arrays."""
+    parts = []
+    for rnd, s in scores:
+        replicas, clients = s.loss.shape[0], len(s.clients)
+        loss, acc = s.loss.reshape(-1), s.acc.reshape(-1)
+        parts.append({"replica": np.repeat(np.arange(replicas, dtype=np.int64), clients),
+                      "round": np.full(replicas * clients, rnd, dtype=np.int64),
+                      "client": np.tile(s.clients, replicas), "n": np.tile(s.n, replicas),
+                      "loss": pa.array(loss, mask=np.isnan(loss)), "acc": pa.array(acc, mask=np.isnan(acc))})
+    return pa.table({f.name: pa.concat_arrays([pa.array(p[f.name], f.type) for p in parts]) for f in CLIENT_SCHEMA},
+                    schema=CLIENT_SCHEMA)
 
-    def __init__(self, store: ResultsStore, run_id: str, extra_columns: Sequence[str] = ()):
-        """`extra_columns`: the run's own metrics (the `metrics` key), float64 columns after the built-in ones."""
-        self.store, self.run_id = store, run_id
+
+class ParquetSink(Callback):
+    """`runs/run_id=<id>/run.parquet` and `rounds/run_id=<id>/part-*.parquet` in a results store (and, with
+    `clients_table`, `clients/run_id=<id>/part-*.parquet`); as a hook of the run, it buffers each evaluation's rows
+    and writes them when the run ends (and at each checkpoint)."""
+
+    def __init__(self, store: ResultsStore, run_id: str, extra_columns: Sequence[str] = (),
+                 clients_table: bool = False):
+        """`extra_columns`: the run's own metrics (the `metrics` key), float64 columns after the built-in ones.
+        `clients_table` (eval.clients_table): also write each evaluation's per-client scores to clients/."""
+        self.store, self.run_id, self.clients_table = store, run_id, clients_table
         self.round_schema = pa.schema([*ROUND_SCHEMA, *(pa.field(name, pa.float64()) for name in extra_columns)])
         self.pending: list[dict] = []
+        self.pending_clients: list[tuple[int, ClientScores]] = []
 
     def write_run(self, row: dict) -> None:
         write_table(self.store, layout.run_key(self.run_id), _table([row], RUN_SCHEMA))
@@ -83,6 +111,8 @@ class ParquetSink(Callback):
 
     def on_evaluation(self, context: RoundContext) -> None:
         self.add_rounds(context.rows)
+        if self.clients_table and context.clients is not None:
+            self.pending_clients.append((context.round, context.clients))
 
     def on_end(self, outcome) -> None:
         self.flush()
@@ -105,13 +135,27 @@ class ParquetSink(Callback):
         """Write the buffered rows as one part named by its round range (resume drops parts past a checkpoint);
         `part`: them as pending_part gave them. The buffer empties only once the part is written, so a signal
         that cuts this short leaves the rows for the flush that records the run's end."""
+        self.flush_clients()
         part = part or self.pending_part()
         if part is not None:
             self.write_part(part)
         self.pending = []
+
+    def flush_clients(self) -> None:
+        """Write the buffered per-client scores as one clients/ part named by its round range. A checkpoint writes
+        them before its state: a run killed between the two resumes from the checkpoint before, which drops them."""
+        if self.pending_clients:
+            rounds = [rnd for rnd, _ in self.pending_clients]
+            name = layout.part_name(min(rounds), max(rounds))
+            self.store.write(layout.part_key(self.run_id, name, layout.CLIENTS),
+                             table_bytes(client_table(self.pending_clients)))
+        self.pending_clients = []
 
     def drop_after(self, last_round: int) -> None:
         """Remove parts holding rounds after `last_round`, so a resumed run writes each round once."""
         for name in layout.round_parts(self.store, self.run_id):
             if layout.part_rounds(name)[0] > last_round:
                 self.store.delete(self.part_key(name))
+        for name in layout.round_parts(self.store, self.run_id, layout.CLIENTS):
+            if layout.part_rounds(name)[0] > last_round:
+                self.store.delete(layout.part_key(self.run_id, name, layout.CLIENTS))

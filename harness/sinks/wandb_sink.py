@@ -12,7 +12,9 @@ replicas under the column's name and their standard deviation (numpy's, ddof=0) 
 `train_loss_std`. The `iterate` series keeps the bare names; the other series are prefixed with theirs:
 `average/train_loss`, `rr/train_loss_std`. Nulls are left out of both (a metric null in every replica is not
 logged). The per-replica values stay in Parquet; `wandb.per_replica=true` logs them too, as their own series
-`train_loss/replica_3`, `average/train_loss/replica_3`.
+`train_loss/replica_3`, `average/train_loss/replica_3`. With `eval.per_client=true` the step also holds the
+distribution over clients as W&B histograms, `client_acc_hist` and `client_loss_hist` (every replica's clients
+with held-out data), besides the client_* columns' means and stds.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from fedharness.base.extras import require_extra
-from fedharness.contracts import Callback, RoundContext
+from fedharness.contracts import Callback, ClientScores, RoundContext
 from fedharness.settings import RunSettings, WandbSettings
 from fedharness.sinks.masking import mask_secrets
 from fedharness.results import layout
@@ -118,6 +120,15 @@ def round_step(rows: list[dict], per_replica: bool = False) -> dict[str, Any]:
     return step
 
 
+def client_histograms(scores: ClientScores) -> dict[str, Any]:
+    """The evaluation's per-client accuracies and losses (all replicas, clients with held-out data) as histograms."""
+    import wandb
+
+    has = scores.n > 0
+    return {"client_acc_hist": wandb.Histogram(scores.acc[:, has].reshape(-1)),
+            "client_loss_hist": wandb.Histogram(scores.loss[:, has].reshape(-1))}
+
+
 class WandbSink(Callback):
     """One W&B run per harness run: a hook of the run that logs each evaluation's rows and, when the run ends, its
     summary and its Parquet objects in `store` (the run's results store)."""
@@ -134,13 +145,17 @@ class WandbSink(Callback):
         self.per_replica = w.per_replica
         self.metrics = settings.metrics  # the user's own metric columns, summarised like the built-in ones
 
-    def log_rows(self, rows: list[dict]) -> None:
-        """One history step per evaluated round among the rows (the engine hands over one round at a time)."""
+    def log_rows(self, rows: list[dict], clients: ClientScores | None = None) -> None:
+        """One history step per evaluated round among the rows (the engine hands over one round at a time), with
+        the round's per-client distribution when there is one."""
         for rnd in sorted({r["round"] for r in rows}):
-            self.run.log(round_step([r for r in rows if r["round"] == rnd], self.per_replica))
+            step = round_step([r for r in rows if r["round"] == rnd], self.per_replica)
+            if clients is not None:
+                step.update(client_histograms(clients))
+            self.run.log(step)
 
     def on_evaluation(self, context: RoundContext) -> None:
-        self.log_rows(context.rows)
+        self.log_rows(context.rows, context.clients)
 
     def on_end(self, outcome) -> None:
         self.finish(outcome.status, outcome.rows)
@@ -164,7 +179,8 @@ class WandbSink(Callback):
         artifact = wandb.Artifact(f"results-{self.run_id}", type="parquet",
                                   description="this run's rows of the results contract (runs/ and rounds/)")
         with tempfile.TemporaryDirectory() as staging:  # the store may be remote; add_file copies (policy mutable)
-            for key in [*self.store.list(layout.run_folder(layout.ROUNDS, self.run_id)), layout.run_key(self.run_id)]:
+            for key in [*self.store.list(layout.run_folder(layout.ROUNDS, self.run_id)), layout.run_key(self.run_id),
+                        *self.store.list(layout.run_folder(layout.CLIENTS, self.run_id))]:
                 data = self.store.read(key)
                 if data is not None:
                     path = Path(staging, key)

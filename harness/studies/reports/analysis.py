@@ -261,3 +261,17 @@ def curves(results: Results, labels: pd.DataFrame, metric: str, series: str = "i
     agg = r.groupby(["group", "n", "round"]).agg(mean=(metric, "mean"), std=(metric, "std"),
                                                  count=(metric, "size"), local_steps=("local_steps", "mean"))
     return agg.reset_index()
+
+
+CLIENT_SPREAD = ("client_acc_p10", "client_acc_p50", "client_acc_p90", "client_acc_mean")  # eval.per_client's
+
+
+def client_spread(results: Results, labels: pd.DataFrame, series: str = "iterate") -> pd.DataFrame:
+    """Per (group, n, round): the per-client accuracy's percentiles and mean (eval.per_client), each averaged over
+    the replicas that have it; empty when no run evaluated per client."""
+    cols = ["group", "n", "round", *CLIENT_SPREAD]
+    r = results.rounds
+    if not len(r) or CLIENT_SPREAD[0] not in r.columns or r[CLIENT_SPREAD[0]].isna().all():
+        return pd.DataFrame(columns=cols)
+    r = r[(r["series"] == series) & r[CLIENT_SPREAD[0]].notna()].merge(labels, on="run_id")
+    return r.groupby(["group", "n", "round"])[list(CLIENT_SPREAD)].mean().reset_index()[cols]

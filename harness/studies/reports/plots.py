@@ -164,5 +164,22 @@ def cost_to_target(cells: pd.DataFrame, target: Target, scale_key: str, path: Pa
     return _save(fig, path)
 
 
+def client_spread(spread: pd.DataFrame, scale_key: str, path: Path) -> Path:
+    """Per-client accuracy over rounds (eval.per_client): the median client (line), the 10th to 90th percentile
+    band and the mean (dashed), one panel per group, one colour per n; each averaged over replicas."""
+    fig, panels, colors = _panels(spread)
+    for ax, group, g in panels:
+        for n, c in g.groupby("n"):
+            ax.plot(c["round"], c["client_acc_p50"], color=colors[n], label=f"n={n:g}: median client")
+            ax.fill_between(c["round"], c["client_acc_p10"], c["client_acc_p90"], color=colors[n], alpha=0.2,
+                            linewidth=0)
+            ax.plot(c["round"], c["client_acc_mean"], color=colors[n], linestyle="--", linewidth=0.8)
+        ax.set_title(group, fontsize=9)
+        ax.set_xlabel("round")
+        ax.set_ylabel("client accuracy (p10-p90 band, mean dashed)")
+        ax.legend(fontsize=7, title=scale_key, title_fontsize=7)
+    return _save(fig, path)
+
+
 def _nothing(ax, why: str = "no cell reached the target after round 0") -> None:
     ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, fontsize=8)

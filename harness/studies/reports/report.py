@@ -117,6 +117,11 @@ def _write_report(results: Results, targets: list[Target], scale_key: str, out: 
             curves, metric, scale_key, target, out / "figures" / f"convergence_{metric}.png")
         report.figures[f"collapse_{metric}"] = plots.collapse(
             curves, metric, target, out / "figures" / f"collapse_{metric}.png")
+    spread = analysis.client_spread(results, labels, series)
+    if len(spread):  # eval.per_client: how accuracy is spread over the clients
+        report.tables["client_acc"] = spread
+        if figures:
+            report.figures["client_acc"] = plots.client_spread(spread, scale_key, out / "figures" / "client_acc.png")
     for target in targets:
         ttt = analysis.time_to_target(results, target, series)
         cells = analysis.cell_table(ttt, labels)
@@ -199,4 +204,10 @@ def render_markdown(report: Report, results: Results, level: float) -> str:
     for name in report.figures:
         if name.startswith(("convergence_", "collapse_")):
             md.append(_fig(report, name))
+    if "client_acc" in report.tables:
+        last = report.tables["client_acc"].sort_values("round").groupby(["group", "n"]).tail(1)
+        md += ["## Accuracy over clients", "", "Each client's accuracy on its own held-out data (`eval.per_client`): "
+               "the 10th, 50th and 90th percentile over clients and their mean, averaged over replicas; the last "
+               "evaluated round of each cell:", "",
+               markdown.table(last, ["group", "n", "round", *analysis.CLIENT_SPREAD]), "", _fig(report, "client_acc")]
     return "\n".join(md).rstrip() + "\n"

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from fedharness.results import layout
 from fedharness.results.store import ResultsStore
+from fedharness.studies.tuning.privacy import study_epsilon
 from fedharness.results.tables import write_table
 from fedharness.sinks.masking import mask_secrets
 
@@ -183,6 +184,12 @@ def export_study(spec, study, store: ResultsStore) -> dict:
              f"budget {spec.budget.total} {spec.budget.kind} per trial",
              f"  trials:  {shown(trials_path)}"]
     summary = {"trials": str(trials_path), "best": None}
+    spent = study_epsilon(store, [r["run_id"] for r in rows if r["run_id"]])
+    if spent is not None:  # tuning on private data costs privacy: every trial's (docs/privacy.md)
+        eps, dp_trials, mechanism = spent
+        summary["epsilon"] = eps
+        lines.append(f"  privacy: the {dp_trials} DP trials together spent epsilon = {eps:.4g} at delta = "
+                     f"{mechanism['delta']:g} ({mechanism['accountant']}; each trial's own epsilon is in runs/)")
     best = best_trial(spec, trials)
     if best is not None:
         best_key = layout.study_key(spec.study, "best.overrides")

@@ -16,13 +16,15 @@ import numpy as np
 from fedharness.registry.groups import METRICS as USER_METRICS
 from fedharness.errors import require
 
-METRICS = ("train_loss", "subopt", "dist_to_opt", "grad_norm_sq", "test_loss", "test_acc")
-MAXIMIZED = ("test_acc",)
+# client_*: eval.per_client's spread over clients (fairness: tune for the worst 10% of clients, client_acc_p10)
+CLIENT_METRICS = tuple(f"client_{m}_{s}" for m in ("acc", "loss") for s in ("mean", "p10", "p50", "p90"))
+METRICS = ("train_loss", "subopt", "dist_to_opt", "grad_norm_sq", "test_loss", "test_acc", *CLIENT_METRICS)
+MAXIMIZED = ("test_acc", *(m for m in CLIENT_METRICS if m.startswith("client_acc_")))
 DIRECTIONS = ("auto", "minimize", "maximize")
 
 
 def maximized(metric: str) -> bool:
-    """Larger is better: test accuracy, and a user's metric registered with maximize=True."""
+    """Larger is better: test accuracy (pooled or per client), and a user's metric registered with maximize=True."""
     return metric in MAXIMIZED or (metric in USER_METRICS and USER_METRICS[metric].maximize)
 
 

@@ -35,7 +35,7 @@ from fedharness.sinks.masking import mask_secrets
 from fedharness.results import layout
 from fedharness.results.store import store_url
 from fedharness.studies.tuning.budget import KINDS, Budget, problem_for
-from fedharness.studies.tuning.objective import DIRECTIONS, METRICS, USER_METRICS, Objective
+from fedharness.studies.tuning.objective import CLIENT_METRICS, DIRECTIONS, METRICS, USER_METRICS, Objective
 from fedharness.studies.tuning.space import Param, grid_space, parse_space
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes")
@@ -50,9 +50,11 @@ STUDY_NAME = r"[A-Za-z0-9][A-Za-z0-9_.\-]*"
 class ObjectiveSettings:
     """What a trial is scored by (fedharness.studies.tuning.objective)."""
 
-    metric: str = key(choice("train_loss | subopt | dist_to_opt | grad_norm_sq | test_loss | test_acc (of the final "
-                             "round), or your own (fedharness.register_metric)", lambda: (*METRICS, *USER_METRICS)))
-    direction: str = key(choice("auto (test_acc maximized, the rest minimized) | minimize | maximize", DIRECTIONS))
+    metric: str = key(choice("train_loss | subopt | dist_to_opt | grad_norm_sq | test_loss | test_acc | "
+                             "client_{acc,loss}_{mean,p10,p50,p90} (eval.per_client=true) (of the final round), or "
+                             "your own (fedharness.register_metric)", lambda: (*METRICS, *USER_METRICS)))
+    direction: str = key(choice("auto (test_acc and client_acc_* maximized, the rest minimized) | minimize | "
+                                "maximize", DIRECTIONS))
     target: float | None = key(number("a number: the score is the rounds until the metric reaches it (minimized)",
                                       null="the metric's final value"))
 
@@ -287,6 +289,9 @@ def _validate_builds(cfg: dict, spec: TuneSpec, context: str) -> None:
         why = skip_reason(RunSettings.from_config(cfg), problem)
         require(why is None, "tune.objective.metric", spec.objective.metric,
                 f"needs an exact reference, and this problem gets none ({why}); use train_loss or test_acc")
+    if spec.objective.metric in CLIENT_METRICS:
+        require(cfg["eval"]["per_client"], "tune.objective.metric", spec.objective.metric,
+                "needs eval.per_client=true (per-client evaluation), which the trials' runs do not have")
 
 
 def trial_config(spec: TuneSpec, values: dict[str, Any]) -> tuple[dict, list[str]]:

@@ -50,7 +50,7 @@ bench-client-eval: $(STAMP)  ## per-client evaluation at 3,550 clients: vectoriz
 reproduce: $(STAMP)  ## every paper claim at smoke scale: docs/reproductions/*.png, results.json (docs/reproductions.md)
 	$(BIN)/python -m fedharness.studies.reproduce $(ARGS)
 
-robustness: $(STAMP)  ## every aggregation rule against every attack on digits (182 runs): docs/robustness/ table and figure
+robustness: $(STAMP)  ## every aggregation rule against every attack on digits (260 runs): docs/robustness/ table and figure
 	$(BIN)/fedharness sweep sweep=robustness $(ARGS)
 	$(BIN)/python -m fedharness.studies.robustness results/sweeps/robustness --out docs/robustness
 

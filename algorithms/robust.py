@@ -6,8 +6,9 @@ mean and Krum treat every returned client alike, as the Byzantine-robust literat
 proportional to p_k, carry the data weights); the clipped mean keeps FedAvg's weights.
 
 The geometric median (RFA) and centered clipping need whole vectors at every iteration, so they hold a replica's
-updates in memory (no column chunks). Either may first average random buckets of `bucket_size` updates
-(Karimireddy, He and Jaggi 2022): the permutation is drawn from the replica's and round's stream (core/updates.py
+updates in memory (no column chunks). These two, the median, the trimmed mean and Krum may first average random
+buckets of `bucket_size` updates (Karimireddy, He and Jaggi 2022; the bucketed rule then holds the replica's updates
+in memory too): the permutation is drawn from the replica's and round's stream (core/updates.py
 hands the key: base/columns.py KeyedAggregator), so it is the same at any shard count and on resume.
 
 The coordinate-wise rules, Krum and the clipped mean also read their updates a coordinate chunk at a time (`aggregate_columns`, base/columns.py), so the driver
@@ -41,8 +42,8 @@ KEYS: dict[str, Key] = {
     "rfa_nu": number("geometric_median: the smoothing nu, a floor on each distance", lo=0, lo_open=True),
     "cc_tau": number("centered_clip: the clipping radius tau around the center", lo=0, lo_open=True),
     "cc_iters": integer("centered_clip: clipping iterations L", lo=1),
-    "bucket_size": integer("geometric_median, centered_clip: average random buckets of s updates first "
-                           "(Karimireddy et al. 2022); 1: no bucketing", lo=1),
+    "bucket_size": integer("median, trimmed_mean, krum, geometric_median, centered_clip: average random buckets "
+                           "of s updates first (Karimireddy et al. 2022); 1: no bucketing", lo=1),
 }
 
 
@@ -80,9 +81,22 @@ class WeightedMean(FedAvgWeights):
         return updates.map(lambda chunk: _row_sum(factor * chunk))
 
 
+class OnBuckets:
+    """Optional bucketing (Karimireddy et al. 2022) for a rule whose `aggregate` reads [n, dim]: with a key (core/
+    updates.py hands one when bucket_size > 1), the rule runs on the means of random buckets of the updates."""
+
+    bucket_size = 1
+
+    def aggregate_keyed(self, updates: torch.Tensor, weights: torch.Tensor, key) -> torch.Tensor:
+        return self.aggregate(*bucket(updates, weights, self.bucket_size, key))
+
+
 @part("aggregator", "median")
-class CoordinateMedian(FedAvgWeights):
+class CoordinateMedian(OnBuckets, FedAvgWeights):
     """Coordinate-wise median (Yin et al. 2018); an even count takes the mean of the two middle values."""
+
+    def __init__(self, bucket_size: int = 1):
+        self.bucket_size = int(bucket_size)
 
     def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return self.aggregate_columns(UpdateColumns.whole(updates), weights)
@@ -97,12 +111,12 @@ class CoordinateMedian(FedAvgWeights):
 
 
 @part("aggregator", "trimmed_mean")
-class TrimmedMean(FedAvgWeights):
+class TrimmedMean(OnBuckets, FedAvgWeights):
     """Coordinate-wise trimmed mean (Yin et al. 2018): per coordinate, the floor(trim n) largest and smallest
     values are dropped and the rest averaged."""
 
-    def __init__(self, trim: float = 0.1):
-        self.trim = float(trim)
+    def __init__(self, trim: float = 0.1, bucket_size: int = 1):
+        self.trim, self.bucket_size = float(trim), int(bucket_size)
 
     def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return self.aggregate_columns(UpdateColumns.whole(updates), weights)
@@ -114,7 +128,7 @@ class TrimmedMean(FedAvgWeights):
 
 
 @part("aggregator", "krum")
-class Krum(FedAvgWeights):
+class Krum(OnBuckets, FedAvgWeights):
     """Krum / multi-Krum (Blanchard et al. 2017): each update's score is the sum of its squared distances to its
     n - f - 2 nearest others; the mean of the m best-scored updates (ties: the lower row) is the Delta.
 
@@ -122,8 +136,8 @@ class Krum(FedAvgWeights):
     Krum does, a score then sums the nearest max(1, n - f - 2) distances, and min(m, n) updates are averaged.
     """
 
-    def __init__(self, byzantine: int = 0, krum_select: int = 1):
-        self.f, self.m = int(byzantine), int(krum_select)
+    def __init__(self, byzantine: int = 0, krum_select: int = 1, bucket_size: int = 1):
+        self.f, self.m, self.bucket_size = int(byzantine), int(krum_select), int(bucket_size)
 
     def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return self.aggregate_columns(UpdateColumns.whole(updates), weights)
@@ -179,17 +193,12 @@ def bucket(updates: torch.Tensor, weights: torch.Tensor, size: int, key) -> tupl
     return torch.stack(means), torch.stack(totals)
 
 
-class Bucketed(FedAvgWeights):
+class Bucketed(OnBuckets, FedAvgWeights):
     """A rule on (optionally bucketed) updates: `rule(updates, weights)` after `bucket`."""
 
-    bucket_size = 1
-
     def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Without a key (a direct call): no bucketing."""
+        """Without a key (a direct call, or bucket_size 1): no bucketing."""
         return self.rule(updates, weights)
-
-    def aggregate_keyed(self, updates: torch.Tensor, weights: torch.Tensor, key) -> torch.Tensor:
-        return self.rule(*bucket(updates, weights, self.bucket_size, key))
 
     @abstractmethod
     def rule(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

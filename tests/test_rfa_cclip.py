@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
-from fedharness.algorithms.robust import CenteredClip, GeometricMedian, WeightedMean
+from fedharness.algorithms.robust import CenteredClip, CoordinateMedian, GeometricMedian, Krum, TrimmedMean, WeightedMean
 from fedharness.assembly.build import build_parts
 from fedharness.base import streams
 from fedharness.core.executors import InlineExecutor
@@ -96,12 +96,28 @@ def test_bucketing_averages_random_buckets_first(rule, n, size):
         assert np.abs(other.numpy() - got).max() > 1e-6
 
 
+@pytest.mark.parametrize("n", [9, 10])
+def test_bucketing_serves_the_median_trimmed_mean_and_krum(n):
+    u, w = updates(n=n)
+    key = streams.stream_key(2, streams.BUCKETS, 0, 3, 0)
+    bu, bw = np_buckets(u, w, 2, key)
+    got = CoordinateMedian(bucket_size=2).aggregate_keyed(torch.tensor(u), torch.tensor(w), key).numpy()
+    assert np.abs(got - np.median(bu, axis=0)).max() < 1e-12
+    cut = int(0.2 * len(bu))
+    trimmed = np.sort(bu, axis=0)[cut:len(bu) - cut].mean(0)
+    got = TrimmedMean(trim=0.2, bucket_size=2).aggregate_keyed(torch.tensor(u), torch.tensor(w), key).numpy()
+    assert np.abs(got - trimmed).max() < 1e-12
+    got = Krum(byzantine=1, bucket_size=2).aggregate_keyed(torch.tensor(u), torch.tensor(w), key)
+    assert torch.equal(got, Krum(byzantine=1).aggregate(torch.tensor(bu), torch.tensor(bw)))
+    assert len(bu) == -(-n // 2)
+
+
 BASE = ["dataset.num_clients=12", "dataset.samples_per_client=30", "dtype=float64", "replicas=2",
         "algorithm.batch_size=10", "algorithm.local_steps=3", "algorithm.clients_per_round=10",
         "algorithm.client_lr=0.1", "heterogeneity=false", "seed=1"]
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg_rfa", "fedavg_cclip"])
+@pytest.mark.parametrize("algorithm", ["fedavg_rfa", "fedavg_cclip", "fedavg_krum"])
 def test_bucketed_rules_give_the_same_models_at_any_shard_split(run_config, algorithm):
     cfg = run_config(*BASE, f"algorithm={algorithm}", "algorithm.bucket_size=3")
     problem, alg = build_parts(cfg)

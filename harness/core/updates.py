@@ -48,7 +48,7 @@ def aggregate_updates(aggregator: UpdateAggregator, plan: RoundPlan, chunks: lis
             raise RuntimeError(f"round {plan.round}: no update came back for replica {r}, clients {missing}")
         rows = [chunks[c].delta[i] for c, i in (where[(r, int(k))] for k in ids)]
         w = torch.as_tensor(weights, dtype=torch.float64, device=x.device)
-        if isinstance(aggregator, KeyedAggregator):  # its own draws (bucketing) from this replica's and round's stream
+        if isinstance(aggregator, KeyedAggregator) and aggregator.bucket_size > 1:  # bucketing: this replica's and round's draw
             key = streams.stream_key(replica_seed(plan, r), streams.BUCKETS, int(plan.stream_replicas[r]), plan.round, 0)
             out[r] = aggregator.aggregate_keyed(torch.stack(rows).to(device=x.device, dtype=torch.float64), w, key)
         elif isinstance(aggregator, ColumnAggregator):

@@ -16,9 +16,10 @@ import pandas as pd
 from fedharness.results.store import open_store
 from fedharness.results.tables import read_run_table, run_table_keys
 
-RULES = {("mean", 1): "FedAvg (mean)", ("median", 1): "median", ("trimmed_mean", 1): "trimmed mean",
-         ("krum", 1): "Krum", ("geometric_median", 1): "RFA (geometric median)", ("centered_clip", 1): "CC",
-         ("centered_clip", 2): "CC + bucketing (s=2)"}
+RULES = {("mean", 1): "FedAvg (mean)", ("median", 1): "median", ("median", 2): "median + bucketing (s=2)",
+         ("trimmed_mean", 1): "trimmed mean", ("trimmed_mean", 2): "trimmed mean + bucketing (s=2)",
+         ("krum", 1): "Krum", ("krum", 2): "Krum + bucketing (s=2)", ("geometric_median", 1): "RFA (geometric median)",
+         ("centered_clip", 1): "CC", ("centered_clip", 2): "CC + bucketing (s=2)"}
 ATTACKS = ("none", "sign_flip", "gaussian", "scaling", "label_flip", "alie", "ipm")
 PARTITIONS = {"iid": "i.i.d.", "dirichlet": "Dirichlet(0.5)"}
 

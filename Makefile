@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-tune bench-writer reproduce robustness list clean
+.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer reproduce robustness list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -40,6 +40,9 @@ bench-tune: $(STAMP)  ## a 64-trial study sequential vs tune.batch=16 and 64, on
 bench-gpu: $(STAMP)  ## nets at paper scale, kernels, GPU-sharing shards, determinism (CUDA; ARGS="--device cpu --smoke" on CPU)
 	$(BIN)/python benchmarks/gpu.py $(ARGS) $(NETS_ARGS)
 	$(BIN)/python benchmarks/gpu_shards.py $(ARGS) $(SHARDS_ARGS)
+
+bench-federated-data: $(STAMP)  ## FEMNIST- and Shakespeare-shaped LEAF folders: set-up first and cached, peak memory, ms/round (docs/federated_data.md)
+	cd benchmarks && ../$(BIN)/python bench_federated_data.py $(ARGS)
 
 bench-population: $(STAMP)  ## N = 10^3, 10^6, 10^8 lazily generated clients: set-up, ms/round, memory (docs/performance.md)
 	$(BIN)/python benchmarks/bench_population.py $(ARGS)

@@ -64,7 +64,8 @@ def register_model(name: str, factory: Callable[..., Any], l2: float = 0.0, buff
 
 def register_dataset(name: str, factory: Callable[..., Any], num_clients: int = 10, **defaults: Any) -> None:
     """`factory(seed, **params) -> (train, test)`, each an (x, y) pair of arrays or a torch Dataset, test
-    may be None; `defaults` are its params, settable as `dataset.KEY=V`. Any partitioner splits it."""
+    may be None; `defaults` are its params, settable as `dataset.KEY=V`. Any partitioner splits it; (x, y, owner)
+    triples also name each sample's owner, one client per owner under partition=natural."""
     _add("dataset", name, factory)
     _store("dataset", name, {"num_clients": num_clients, "data_seed": None, **defaults})
 

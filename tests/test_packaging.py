@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("harness", "algorithms", "partitions", "conf", "pyproject.toml", "README.md", "LICENSE")
 # What only the extras install (and scipy, which nothing needs): left out of the no-extras venv, by import name
 EXTRAS_ONLY = ("ray", "wandb", "wandb_workspaces", "optuna", "cmaes", "sqlalchemy", "psycopg", "sklearn", "scipy",
-               "h5py", "datasets", "dp_accounting")
+               "h5py", "datasets", "orjson", "dp_accounting")
 # ... and by the names of their files in site-packages (packages, .dist-info, .libs)
 LEFT_OUT = {*EXTRAS_ONLY, "psycopg_binary", "psycopg2", "psycopg2_binary", "scikit_learn"}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fedharness.algorithms.registry import build_algorithm
 from fedharness.algorithms.attacks import LabelFlip
+from fedharness.config.schema import check_data_clients
 from fedharness.contracts import Attack, Labelled, UpdateAggregator
 from fedharness.core.byzantine import Adversary
 from fedharness.core.executors import require_fits_budget
@@ -24,6 +25,8 @@ def build_parts(settings: RunSettings):
     load_entry_points()  # installed packages' parts, also in a fresh Ray worker
     register_targets(settings.config)  # a user's `_target_` parts, also in a fresh Ray worker
     problem = build_problem(settings, settings.algorithm.batch_size)
+    if settings.dataset.num_clients is None:  # every client the data has: now known
+        check_data_clients(settings.config, problem.num_clients)
     algorithm = algorithm_for(settings, problem)
     require_fits_budget(problem, algorithm.solver)  # memory_budget_gb, before any reference solve or file
     return problem, algorithm

@@ -24,6 +24,7 @@ EXTRA_OF: dict[str, str] = {
     "sklearn": "data",
     "h5py": "federated",
     "datasets": "federated",
+    "orjson": "federated",
     "dp_accounting": "privacy",
 }
 

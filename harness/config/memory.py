@@ -72,6 +72,7 @@ def check_memory(run: RunSettings) -> None:
     data = data_bytes(run.dataset)
     algorithm = run.algorithm
     batched = algorithm.clients_per_round if algorithm.sampler != "full" else run.dataset.num_clients
+    batched = algorithm.clients_per_round if batched is None else batched  # null: the data's clients, unknown yet
     width = 8 if run.dtype == "float64" else 4
     models = run.replicas * (batched + SERVER_COPIES) * model_params(run) * width
     have = available_ram()

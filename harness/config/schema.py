@@ -145,6 +145,7 @@ def declared_settings(cls: type, values: dict[str, Any]) -> Any:
 
 LABELLED_PARTITIONS = ("iid", "classes_per_client", "shards", "dirichlet", "powerlaw")
 ANALYTIC = ("quadratic", "quadratic_lazy", "li_toy")
+WITHOUT_OWNERS = ("digits", "mnist", "fashion_mnist", "cifar10")  # centralised image sets: no natural clients
 WITHOUT_REPLACEMENT = ("scheme_ii", "scheme_ii_transformed", "original", "yang_s2", "poisson")
 
 
@@ -174,8 +175,9 @@ def partition_fits_dataset(cfg: dict[str, Any]) -> None:
         require(part in ("auto", "natural"), "partition", part,
                 "auto or natural: synthetic_lazy generates each client's data itself")
     elif part == "natural":
-        require(dataset in ("synthetic", "blobs"), "partition", part,
-                f"needs a generated dataset (synthetic, blobs); one of: {', '.join(LABELLED_PARTITIONS)}")
+        require(dataset not in WITHOUT_OWNERS, "partition", part,
+                "needs a data set with an owner per sample: generated (synthetic, blobs), federated files (leaf, "
+                f"tff, hf) or a registered one returning (x, y, owner); one of: {', '.join(LABELLED_PARTITIONS)}")
 
 
 def ray_keys_need_ray(cfg: dict[str, Any]) -> None:
@@ -192,6 +194,8 @@ def ray_keys_need_ray(cfg: dict[str, Any]) -> None:
 
 def shards_within_clients(cfg: dict[str, Any]) -> None:
     n = cfg["dataset"]["num_clients"]
+    if n is None:  # every client the data has: known once the data are read
+        return
     key = "ray.num_shards" if cfg["executor"] == "ray" else "num_shards"
     shards = cfg["ray"]["num_shards"] if cfg["executor"] == "ray" else cfg["num_shards"]
     require(shards <= n, key, shards, f"at most the number of clients (dataset.num_clients = {n})")
@@ -199,7 +203,7 @@ def shards_within_clients(cfg: dict[str, Any]) -> None:
 
 def sampled_within_clients(cfg: dict[str, Any]) -> None:
     acfg, n = cfg["algorithm"], cfg["dataset"]["num_clients"]
-    if acfg["sampler"] in WITHOUT_REPLACEMENT:
+    if acfg["sampler"] in WITHOUT_REPLACEMENT and n is not None:
         require(acfg["clients_per_round"] <= n, "algorithm.clients_per_round", acfg["clients_per_round"],
                 f"must be <= the number of clients ({n}) when sampling without replacement")
 
@@ -217,7 +221,7 @@ def per_client_steps(cfg: dict[str, Any]) -> None:
     acfg, n = cfg["algorithm"], cfg["dataset"]["num_clients"]
     if acfg["local_work"] == "per_client":
         steps = acfg.get("client_steps")
-        require(steps is not None and len(steps) == n, "algorithm.client_steps", steps,
+        require(steps is not None and (n is None or len(steps) == n), "algorithm.client_steps", steps,
                 f"a list of {n} integers >= 1 (one per client) with local_work=per_client")
     if acfg["aggregator"] == "fednova" and acfg["tau_eff"] == "fixed":
         require(acfg.get("tau_eff_value") is not None, "algorithm.tau_eff_value", None,
@@ -299,6 +303,16 @@ def dp_covered(cfg: dict[str, Any]) -> None:
     if dp["adaptive"] and sigma_b is not None and z is not None:
         require(2 * sigma_b > z, "dp.count_noise_multiplier", sigma_b,
                 f"> dp.noise_multiplier / 2 = {z / 2:g} (the count's noise is taken out of the update's budget)")
+
+
+CLIENT_RULES = (shards_within_clients, sampled_within_clients, per_client_steps)  # the rules that need N
+
+
+def check_data_clients(cfg: dict[str, Any], num_clients: int) -> None:
+    """dataset.num_clients=null (every client the data has): the rules that need N, once the data have said it."""
+    known = {**cfg, "dataset": {**cfg["dataset"], "num_clients": num_clients}}
+    for rule in CLIENT_RULES:
+        rule(known)
 
 
 RULES: tuple[Callable[[dict[str, Any]], None], ...] = (

@@ -16,20 +16,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedharness.contracts import ClientEvaluation, Model, Problem
 # The modules that register the built-ins, in the order `fedharness list` shows them.
 from fedharness.problems import objectives, nets  # noqa: F401  (objectives first: auto, logreg, linreg)
 from fedharness.problems import synthetic, lazy, blobs, quadratic, quadratic_lazy, li_toy, loaders  # noqa: F401
+from fedharness.problems import leaf, tff, hf  # noqa: F401  (federated files: natural clients)
 from fedharness.problems.client_eval import client_test_index
 from fedharness.problems.data import DataProblem
+from fedharness.problems.federated import select_owners
 from fedharness.problems.nets import require_net
 from fedharness.problems.objectives import NetObjective
 from fedharness.problems.pooled import PooledData
 from fedharness.problems.user import user_pooled
 from fedharness.base.runtime import autocast_dtype, memory_budget_bytes
-from fedharness.errors import require
+from fedharness.errors import ConfigError, require
 from fedharness.partitions import partition
 from fedharness.registry.groups import DATASETS, MODELS
 from fedharness.settings import RunSettings
@@ -51,18 +54,31 @@ def build_model(settings: RunSettings, in_shape: tuple[int, ...], num_classes: i
 
 def _partition_name(settings: RunSettings, pooled: PooledData) -> str:
     """`partition=auto` is natural where the data has owners, else iid."""
-    option = settings.partition
-    return option.name if option.name != "auto" else ("natural" if pooled.owner is not None else "iid")
+    name = settings.partition.name
+    return name if name != "auto" else ("natural" if pooled.owner is not None else "iid")
 
 
-def _partition(settings: RunSettings, pooled: PooledData, seed: int) -> list:
+def _clients(settings: RunSettings, pooled: PooledData, seed: int) -> tuple[PooledData, int]:
+    """The samples a run splits and its number of clients: under partition=natural, dataset.num_clients of the
+    data's owners (drawn by the data seed) or all of them (null); another partition makes num_clients clients,
+    null: as many as the data has owners."""
+    count = settings.dataset.num_clients
+    if _partition_name(settings, pooled) == "natural":
+        if pooled.owner is None:
+            raise ConfigError("partition", "natural", f"dataset {settings.dataset.name} gives no owner per sample: "
+                              "its factory returns (x, y, owner) triples for natural clients; or one of: "
+                              "iid, classes_per_client, shards, dirichlet, powerlaw")
+        return (pooled, len(np.unique(pooled.owner))) if count is None else (select_owners(pooled, count, seed), count)
+    return pooled, len(np.unique(pooled.owner)) if count is None else count
+
+
+def _partition(settings: RunSettings, pooled: PooledData, num_clients: int, seed: int) -> list:
     """The clients' sample indices."""
-    option = settings.partition
     name = _partition_name(settings, pooled)
-    params = {k: v for k, v in option.params.items() if k != "_target_"}
-    if name == "natural":  # harness/config/schema.py allows it for generated data sets only
+    params = {k: v for k, v in settings.partition.params.items() if k != "_target_"}
+    if name == "natural":  # harness/config/schema.py refuses it for the built-in data sets without owners
         params["client_ids"] = pooled.owner
-    return partition(name, pooled.y, settings.dataset.num_clients, seed, **params)
+    return partition(name, pooled.y, num_clients, seed, **params)
 
 
 def build_problem(settings: RunSettings, batch_size: int) -> Problem:
@@ -84,14 +100,15 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
                 "set with a test set)")
         return made
     pooled = made if isinstance(made, PooledData) else user_pooled(option.name, made)
+    pooled, num_clients = _clients(settings, pooled, seed)
     y, yt = pooled.y, pooled.y_test
     num_classes = pooled.num_classes  # a data set that knows its classes (a vocabulary) says so
     if num_classes is None:  # a user data set may have no test
         num_classes = int(y.max() if yt is None else max(y.max(), yt.max())) + 1
     objective = build_model(settings, tuple(pooled.x.shape[1:]), num_classes)
-    index = _partition(settings, pooled, seed)
+    index = _partition(settings, pooled, num_clients, seed)
     return DataProblem(objective, pooled.x, y, index, pooled.x_test, yt, batch_size, dtype, settings.device, budget,
-                       _held_out(settings, pooled, index, seed))
+                       _held_out(settings, pooled, index, seed), x_scale=pooled.x_scale)
 
 
 def _held_out(settings: RunSettings, pooled: PooledData, index: list, seed: int) -> list | None:

@@ -51,6 +51,13 @@ def batches_from_index(objective: Model, keys: ClientKeys, index: np.ndarray, st
                         chunk_steps=chunk, seeds=seeds)
 
 
+def _rows(x: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """x's rows in `order`; x itself where that is every row in place (a memory-mapped cache stays unread)."""
+    if len(order) == len(x) and np.array_equal(order, np.arange(len(x))):
+        return x
+    return x[order]
+
+
 class DataProblem(Problem, ExactSolve):
     """Clients own contiguous slices of one training array; the test set is pooled.
 
@@ -62,7 +69,8 @@ class DataProblem(Problem, ExactSolve):
     def __init__(self, objective: Model, x_train: np.ndarray, y_train: np.ndarray, client_index: list[np.ndarray],
                  x_test: np.ndarray | None, y_test: np.ndarray | None, batch_size: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 memory_budget: int | None = None, client_test: list[np.ndarray] | None = None):
+                 memory_budget: int | None = None, client_test: list[np.ndarray] | None = None,
+                 x_scale: float | None = None):
         self.objective, self.memory_budget, self.client_test = objective, memory_budget, client_test
         self.dtype, self.device = dtype, torch.device(device)
         self.num_clients = len(client_index)
@@ -73,19 +81,38 @@ class DataProblem(Problem, ExactSolve):
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
         self.weights = self.sizes / self.sizes.sum()
         order = np.concatenate(client_index)
-        self._raw = (x_train[order], y_train[order], x_test, y_test)
-        self.x = objective.prepare(x_train[order], dtype, self.device)
+        # Compact samples (uint8 pixel codes, integer token ids) stay compact and are made what the model takes
+        # one minibatch or evaluation chunk at a time: FEMNIST's 800k images are 0.6 GB so, 2.5 GB as float32.
+        self.x_scale, self.compact = x_scale, not np.issubdtype(x_train.dtype, np.floating)
+        x_ordered = _rows(x_train, order)
+        self._raw = (x_ordered, y_train[order], x_test, y_test)
+        self.x = self._store(x_ordered)
         self.y = torch.as_tensor(y_train[order], dtype=torch.int64, device=self.device)
-        self.x_test = None if x_test is None else objective.prepare(x_test, dtype, self.device)
+        self.x_test = None if x_test is None else self._store(x_test)
         self.y_test = None if y_test is None else torch.as_tensor(y_test, dtype=torch.int64, device=self.device)
         self.sample_numel = self.x[0].numel()
+
+    def _store(self, x: np.ndarray) -> torch.Tensor:
+        """Samples as kept: compact ones as they are, others as the model takes them."""
+        if self.compact:
+            return torch.from_numpy(x).to(self.device)
+        return self.objective.prepare(x, self.dtype, self.device)
+
+    def _model_input(self, x: torch.Tensor) -> torch.Tensor:
+        """Stored rows [m, ...] as the model takes them (compact: scaled pixels in the run's dtype, or token ids
+        as int64)."""
+        if not self.compact:
+            return x
+        if self.x_scale is not None:
+            return self.objective.prepare(x.to(self.dtype).mul_(self.x_scale), self.dtype, self.device)
+        return self.objective.prepare(x.to(torch.int64), self.dtype, self.device)
 
     def with_dtype(self, dtype: torch.dtype) -> "DataProblem":
         """The same problem with tensors in another dtype (the reference solver runs in float64)."""
         x, y, xt, yt = self._raw
         index = [np.arange(o, o + n) for o, n in zip(self.offsets, self.sizes)]
         return DataProblem(self.objective, x, y, index, xt, yt, self.batch_size, dtype, self.device, self.memory_budget,
-                           self.client_test)
+                           self.client_test, self.x_scale)
 
     def init_params(self, replicas: int, seed: int) -> torch.Tensor:
         return self.objective.init(replicas, seed, self.dtype).to(self.device)
@@ -110,7 +137,8 @@ class DataProblem(Problem, ExactSolve):
         if not 0 <= t < batches.chunk_steps or not batches.chunk:
             idx = batches.index[:m, step:step + batches.chunk_steps]
             flat = idx.reshape(-1)  # index_select is about twice as fast as advanced indexing here
-            x = self.x.index_select(0, flat).view(*idx.shape, *self.x.shape[1:])
+            rows = self._model_input(self.x.index_select(0, flat))
+            x = rows.view(*idx.shape, *rows.shape[1:])
             batches.chunk = self.objective.prepare_chunk(x, self.y.index_select(0, flat).view(idx.shape))
             batches.chunk_start, t = step, 0
         if batches.seeds is not None:
@@ -127,7 +155,7 @@ class DataProblem(Problem, ExactSolve):
                 "eval-mode loss does not train")
         idx = batches.index[0, step]
         w = w.detach().requires_grad_(True)
-        loss, _ = self.objective.loss_terms(w, self.x[idx], self.y[idx])
+        loss, _ = self.objective.loss_terms(w, self._model_input(self.x[idx]), self.y[idx])
         (g,) = torch.autograd.grad(loss.sum() / len(idx) + self.objective.regularizer(w).sum(), w)
         return g
 
@@ -151,7 +179,7 @@ class DataProblem(Problem, ExactSolve):
         correct = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device)
         chunk = self.eval_chunk(w.shape[0])
         for start in range(0, len(y), chunk):
-            l, c = self.objective.loss_terms(w, x[start:start + chunk], y[start:start + chunk])
+            l, c = self.objective.loss_terms(w, self._model_input(x[start:start + chunk]), y[start:start + chunk])
             loss, correct = loss + l.double(), correct + c.double()
         return loss / len(y), correct / len(y)
 
@@ -168,7 +196,8 @@ class DataProblem(Problem, ExactSolve):
         chunk, n = self.eval_chunk(w.shape[0]), len(self.y)
         for start in range(0, n, chunk):
             wg = w.clone().requires_grad_(True)
-            loss, _ = self.objective.loss_terms(wg, self.x[start:start + chunk], self.y[start:start + chunk])
+            loss, _ = self.objective.loss_terms(wg, self._model_input(self.x[start:start + chunk]),
+                                                self.y[start:start + chunk])
             (g,) = torch.autograd.grad(loss.sum(), wg)
             value, grad = value + loss.detach().double(), grad + g.double()
         wg = w.clone().requires_grad_(True)
@@ -178,8 +207,8 @@ class DataProblem(Problem, ExactSolve):
 
     def data_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         if split == "train":
-            return self.x, self.y
-        return None if self.x_test is None else (self.x_test, self.y_test)
+            return self._model_input(self.x), self.y
+        return None if self.x_test is None else (self._model_input(self.x_test), self.y_test)
 
     def evaluate(self, w: torch.Tensor) -> Evaluation:
         train_loss, g = self.objective_and_grad(w)
@@ -196,5 +225,7 @@ class DataProblem(Problem, ExactSolve):
         """Each of `clients` on its own held-out samples (contracts.ClientEvaluation; problems/client_eval.py)."""
         require(self.client_test is not None and self.x_test is not None, "eval.per_client", True,
                 "a data set with a test set, built with eval.per_client=true")
-        return client_scores(self.objective, self.x_test, self.y_test, self.client_test, w, clients,
+        # compact samples (uint8 pixels, token ids) as the model takes them: one pass over the test set
+        x_test = self._model_input(self.x_test)
+        return client_scores(self.objective, x_test, self.y_test, self.client_test, w, clients,
                              self.eval_chunk(w.shape[0]), buffers)

@@ -19,3 +19,6 @@ class PooledData:
     test_owner: np.ndarray | None = None
     # the number of classes (a text task: the vocabulary) when the data set knows it; None: max label + 1
     num_classes: int | None = None
+    # uint8 images stored as codes (federated file data sets): each pixel is code * x_scale, made float one
+    # minibatch or evaluation chunk at a time (DataProblem); None: x as it is (floats, or integer token ids)
+    x_scale: float | None = None

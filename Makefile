@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer reproduce list clean
+.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer reproduce robustness list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -52,6 +52,10 @@ bench-client-eval: $(STAMP)  ## per-client evaluation at 3,550 clients: vectoriz
 
 reproduce: $(STAMP)  ## every paper claim at smoke scale: docs/reproductions/*.png, results.json (docs/reproductions.md)
 	$(BIN)/python -m fedharness.studies.reproduce $(ARGS)
+
+robustness: $(STAMP)  ## every aggregation rule against every attack on digits (260 runs): docs/robustness/ table and figure
+	$(BIN)/fedharness sweep sweep=robustness $(ARGS)
+	$(BIN)/python -m fedharness.studies.robustness results/sweeps/robustness --out docs/robustness
 
 list: $(STAMP)
 	$(BIN)/fedharness list

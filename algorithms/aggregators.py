@@ -14,8 +14,9 @@ from fedharness.registry.groups import part, part_names
 from fedharness.keys import Key, choice, number
 
 KEYS: dict[str, Key] = {  # harness/config/schema.py's rules add: tau_eff_value set when tau_eff=fixed
-    "aggregator": choice("fedavg | fednova; seeing the updates (algorithms/robust.py): median | trimmed_mean | krum | "
-                         "clipped_mean", part_names("aggregator")),
+    "aggregator": choice("fedavg | fednova; seeing the updates (algorithms/robust.py): mean | "
+                         "median | trimmed_mean | krum | clipped_mean | geometric_median | centered_clip",
+                         part_names("aggregator")),
     "tau_eff": choice("FedNova: steps (sum p tau) | l1 (sum p ||a||_1) | fixed", ("steps", "l1", "fixed")),
     "tau_eff_value": number("tau_eff=fixed: its value", lo=0, lo_open=True, null="not fixed"),
 }

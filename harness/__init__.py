@@ -21,6 +21,7 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 _EXPORTS = {"run": "api", "tune": "api", "sweep": "api", "report": "api", "Result": "api", "Study": "api",
             "ConfigError": "errors", "register_dataset": "extend", "register_model": "extend",
             "register_part": "extend", "register_partitioner": "extend", "register_metric": "extend",
+            "register_attack": "extend",
             "Callback": "contracts", "RoundContext": "contracts", "DataSplit": "contracts"}
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from fedharness.errors import ConfigError
     from fedharness.contracts import Callback, DataSplit, RoundContext
     from fedharness.extend import register_dataset, register_metric, register_model, register_part, register_partitioner
+    from fedharness.extend import register_attack
 
 
 def __getattr__(name: str) -> Any:

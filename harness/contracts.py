@@ -517,6 +517,28 @@ class Algorithm:
 
 
 @runtime_checkable
+class Attack(Protocol):
+    """What a round's Byzantine clients send in place of their updates (algorithms/attacks.py). Which clients are
+    Byzantine is the harness's draw (core/byzantine.py: `attack.fraction` of the clients that returned, from the
+    streams), so it is the same at any shard count and on resume; the forged updates replace theirs before an
+    aggregator that sees the updates (contracts.UpdateAggregator) makes the round's Delta."""
+
+    def forge(self, own: torch.Tensor, honest: torch.Tensor, keys: np.ndarray) -> torch.Tensor:
+        """[b, dim] float64: what the b Byzantine clients of one replica send, from their own honest updates
+        `own` [b, dim] float64, the round's honest updates `honest` [h, dim] float64 (h >= 1; the omniscient
+        attacks read them, as their papers assume) and one stream key per Byzantine client, [b] uint64
+        (base/streams.py), for the attack's own random draws."""
+
+
+@runtime_checkable
+class Labelled(Protocol):
+    """A problem whose clients train on class labels (problems/data.py DataProblem): label flipping poisons them."""
+
+    def labels_flipped(self) -> "Problem":
+        """The same problem with every training label y replaced by C - 1 - y (C classes); a view, no copy of x."""
+
+
+@runtime_checkable
 class Executor(Protocol):
     """Where the sampled clients train (harness/core/executors.py's inline and loop executors,
     harness/backends/ray_executor.py's Ray shards): the engine hands it a round's plan and reads exact sums back."""

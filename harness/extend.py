@@ -24,10 +24,11 @@ from fedharness.contracts import ROUND_COLUMNS, Metric
 from fedharness.errors import ConfigError, require
 from fedharness.keys import Key
 from fedharness.registry.binding import Registry
-from fedharness.registry.groups import DATASETS, METRICS, MODELS, PARTITIONERS, PARTS
+from fedharness.registry.groups import ATTACKS, DATASETS, METRICS, MODELS, PARTITIONERS, PARTS
 
-GROUPS: dict[str, Registry] = {"model": MODELS, "dataset": DATASETS, "partition": PARTITIONERS}
+GROUPS: dict[str, Registry] = {"model": MODELS, "dataset": DATASETS, "partition": PARTITIONERS, "attack": ATTACKS}
 _BUILTIN = {"model": set(MODELS), "dataset": set(DATASETS), "partition": {"auto", *PARTITIONERS},
+            "attack": {"none", *ATTACKS},
             **{kind: set(reg) for kind, reg in PARTS.items()}}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _NODES: dict[tuple[str, str], dict[str, Any]] = {}  # (group, name) -> the config defaults of a Python registration
@@ -74,6 +75,14 @@ def register_partitioner(name: str, fn: Callable[..., Any], **defaults: Any) -> 
     built-ins in partitions/core.py; `defaults` are its params, settable as `partition.KEY=V`."""
     _add("partition", name, fn)
     _store("partition", name, defaults)
+
+
+def register_attack(name: str, factory: Callable[..., Any], fraction: float = 0.2, **defaults: Any) -> None:
+    """`factory(**params)` -> an object with `forge(own, honest, keys) -> [b, dim]` (fedharness.contracts.Attack:
+    what the round's Byzantine clients send); `attack=name` selects it, `attack.fraction` (default `fraction`)
+    is the share of Byzantine clients, `defaults` its params, settable as `attack.KEY=V` (docs/robustness.md)."""
+    _add("attack", name, factory)
+    _store("attack", name, {"fraction": fraction, **defaults})
 
 
 def register_part(kind: str, name: str, factory: Callable[..., Any] | None = None, *,

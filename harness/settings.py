@@ -4,7 +4,7 @@ Every run-level key is declared here, once, as a field with its Key (the check, 
 harness/keys.py); the schema's TOP and SECTIONS (harness/config/schema.py), `fedharness run --help` and the error
 messages are generated from these fields. Defaults live in the YAML under conf/, never here.
 `fedharness.config.load.load_settings` composes, validates and builds a RunSettings; the core, the backends and the
-sinks read its typed fields. The group sections (dataset, partition, model, algorithm) are PartSettings: the
+sinks read its typed fields. The group sections (dataset, partition, model, algorithm; attack where set) are PartSettings: the
 option's name and its keys, which the part that uses them declares. `.config` keeps the plain validated dict for
 what must round-trip as data (the runs/ row's config_json, checkpoints, `--cfg job`, the exact-reference cache).
 """
@@ -250,6 +250,7 @@ class RunSettings:
     model: PartSettings = part()
     algorithm: PartSettings = part()
     trial: int | None = field()  # not a config key: the tuning trial this run is (set by fedharness tune)
+    attack: PartSettings | None = field()  # attack=NAME (algorithms/attacks.py), an optional group; None: no attack
     config: dict[str, Any] = field(repr=False, compare=False)  # the plain validated config; read it, never change it
 
     @classmethod
@@ -260,7 +261,8 @@ class RunSettings:
         values: dict[str, Any] = {name: _frozen(config.get(name)) for name in keys_of(cls)}
         values.update({name: _section(kind, config[name]) for name, kind in sections_of(cls).items()})
         values.update({name: PartSettings.of(config[name]) for name in parts_of(cls)})
-        return cls(**values, trial=config.get("trial"), config=config)
+        attack = PartSettings.of(config["attack"]) if config.get("attack") is not None else None
+        return cls(**values, trial=config.get("trial"), attack=attack, config=config)
 
     def replace(self, **changes: Any) -> RunSettings:
         """New settings with `changes` (fields: values, sections and parts as their settings objects); `.config`

@@ -78,3 +78,15 @@ class ColumnAggregator(Protocol):
 
     def aggregate_columns(self, updates: UpdateColumns, weights: torch.Tensor) -> torch.Tensor:
         """One replica's Delta [dim] float64, as `aggregate` would give it for the whole matrix."""
+
+
+@runtime_checkable
+class KeyedAggregator(Protocol):
+    """An UpdateAggregator that draws random numbers of its own (bucketing's permutation): core/updates.py hands it
+    the replica's and round's stream key, so the draw is the same at any shard count and on resume. Only with
+    bucket_size > 1: otherwise its `aggregate` (or `aggregate_columns`) needs no key."""
+
+    bucket_size: int
+
+    def aggregate_keyed(self, updates: torch.Tensor, weights: torch.Tensor, key) -> torch.Tensor:
+        """`aggregate`, with `key` (a uint64 numpy scalar array, base/streams.py) for the rule's own draws."""

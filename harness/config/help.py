@@ -41,6 +41,7 @@ def describe_run() -> str:
     lines = ["config groups (group=OPTION, * the default; `fedharness config GROUP` shows a group's keys):"]
     lines += [_options_line(g, top[g]["name"]) for g in HELP_GROUPS]
     lines.append(_options_line("experiment", "") + "  (paper reproductions; none by default)")
+    lines.append(_options_line("attack", "") + "  (Byzantine clients, attack.fraction; none by default)")
     lines += ["", "keys (key = default  doc); set any as key=value, e.g. rounds=50 ray.num_shards=4:"]
     for key, spec in schema.TOP.items():
         if key in top:

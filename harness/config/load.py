@@ -18,7 +18,7 @@ def load_config(overrides: list[str], config_name: str = "config", values: list[
     overrides that many calls vary over a fixed `overrides` (a study's trials): composed once (compose_values)."""
     load_entry_points()  # installed packages' parts, so that the config can name them
     plain = compose_values(overrides, list(values), config_name) if values else compose_raw(overrides, config_name)
-    if any("_target_" in (plain.get(s) or {}) for s in ("dataset", "partition", "model", "algorithm")):
+    if any("_target_" in (plain.get(s) or {}) for s in ("dataset", "partition", "model", "algorithm", "attack")):
         register_targets(plain)  # a user's own parts, before validation names them
     dp_sampling(plain, [*overrides, *values])
     validate(plain)

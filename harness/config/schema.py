@@ -26,7 +26,7 @@ from fedharness.keys import Key, _is_int, _is_list, _is_real, anything, boolean,
 from fedharness.config.memory import check_memory
 import fedharness.partitions  # noqa: F401  (the built-in partitioners register themselves)
 import fedharness.problems  # noqa: F401  (the built-in data sets and models)
-from fedharness.registry.groups import DATASETS, METRICS, MODELS, PARTITIONERS
+from fedharness.registry.groups import ATTACKS, DATASETS, METRICS, MODELS, PARTITIONERS
 from fedharness.settings import RunSettings, _frozen, keys_of, sections_of
 from fedharness.results.store import open_store
 
@@ -35,6 +35,10 @@ from fedharness.results.store import open_store
 
 def _partitions() -> tuple[str, ...]:
     return ("auto", *PARTITIONERS)  # auto: natural where the data has owners, else iid
+
+
+def _attacks() -> tuple[str, ...]:
+    return ("none", *ATTACKS)  # none: every client honest
 
 
 # --- the keys ---------------------------------------------------------------------------------------------
@@ -48,7 +52,7 @@ SECTIONS: dict[str, dict[str, Key]] = {name: keys_of(cls) for name, cls in secti
 # model's beside it (problems/objectives.py, problems/nets.py), all kept by their registries
 # (fedharness.registry.groups); the algorithm's beside its parts (algorithms/*.py; a user's part declares its own
 # when registered): algorithms.registry.algorithm_keys() collects them.
-GROUPS = {"dataset": DATASETS, "partition": PARTITIONERS, "model": MODELS}
+GROUPS = {"dataset": DATASETS, "partition": PARTITIONERS, "model": MODELS, "attack": ATTACKS}
 
 
 def group_keys(group: str, option: str) -> dict[str, Key] | None:
@@ -59,6 +63,8 @@ def group_keys(group: str, option: str) -> dict[str, Key] | None:
         return {**name, **algorithm_keys()}
     if (group, option) == ("partition", "auto"):
         return name
+    if (group, option) == ("attack", "none"):
+        return {**name, **ATTACKS.common}
     keys = GROUPS[group].declared(option) if group in GROUPS else None
     return None if keys is None else {**name, **keys}
 
@@ -101,7 +107,7 @@ def _check_group(cfg: dict[str, Any], group: str) -> None:
 def check_keys(cfg: dict[str, Any]) -> None:
     """Every key is known and holds an allowed value."""
     structure = {**TOP, **{s: anything("") for s in SECTIONS}, **{g: anything("") for g in (*GROUP_NAMES,
-                                                                                            "algorithm")}}
+                                                                                            "algorithm", "attack")}}
     _check_section(cfg, structure, "")
     for section, keys in SECTIONS.items():
         if section in cfg:
@@ -222,6 +228,23 @@ def per_client_steps(cfg: dict[str, Any]) -> None:
                 "a number > 0 with tau_eff=fixed")
 
 
+def attack_known(cfg: dict[str, Any]) -> None:
+    """The optional `attack` group (absent: no attack): a registered attack, its keys, and a fraction in [0, 0.5)
+    (a user's attack registered without declared keys too); attack=none has fraction 0."""
+    if cfg.get("attack") is None:
+        return
+    attack = cfg["attack"]
+    require(isinstance(attack, dict) and "name" in attack, "attack", attack, "an attack config with a name")
+    require(attack["name"] in _attacks(), "attack", attack["name"], "one of: " + ", ".join(_attacks()))
+    keys = group_keys("attack", attack["name"])
+    if keys is not None:
+        _check_section(attack, keys, "attack.", extra_keys="_target_" in attack)
+    ATTACKS.common["fraction"].require("attack.fraction", attack.get("fraction"))
+    if attack["name"] == "none":
+        require(attack["fraction"] == 0, "attack.fraction", attack["fraction"],
+                f"0 with attack=none; name an attack for Byzantine clients: one of {', '.join(ATTACKS)}")
+
+
 def device_available(cfg: dict[str, Any]) -> None:
     device = cfg["device"]
     if device.startswith("cuda"):
@@ -295,7 +318,7 @@ def check_data_clients(cfg: dict[str, Any], num_clients: int) -> None:
 RULES: tuple[Callable[[dict[str, Any]], None], ...] = (
     metrics_registered, model_fits_dataset, partition_fits_dataset, ray_keys_need_ray, shards_within_clients,
     sampled_within_clients,
-    ranges_ordered, per_client_steps, device_available, results_dir_writable, dp_covered,
+    ranges_ordered, per_client_steps, attack_known, device_available, results_dir_writable, dp_covered,
 )
 
 

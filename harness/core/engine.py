@@ -20,6 +20,7 @@ from fedharness.contracts import (Algorithm, Callback, ClientScores, Coefficient
                                   Problem, ReplicaLayout, RoundContext, SeriesHook, ServerContext, ServerState,
                                   UpdateAggregator)
 from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, average_into, buffer_dim, local_buffers
+from fedharness.core.byzantine import Adversary, byzantine_draws, forge_updates
 from fedharness.core.executors import RoundPlan
 from fedharness.core.slots import SlotSet, slot_algorithm
 from fedharness.core.updates import aggregate_updates
@@ -98,7 +99,7 @@ class Engine:
                  hooks: Sequence[Callback] = (), **options):
         """A solo run: one slot with `algorithm`'s own parts, its replica `layout` (Richardson-Romberg couples
         replicas) and `series` (extra recorded iterates: Polyak averages, RR extrapolation). `options`:
-        reference, network, metrics, end_status, privacy, client_eval."""
+        reference, network, metrics, end_status, privacy, client_eval, adversary."""
         layout = layout or ReplicaLayout.seeds(replicas)
         slots = SlotSet.solo(algorithm, seed, len(layout), rounds, eval_every)
         self._start(problem, slots, algorithm, executor, layout, series or [], [list(hooks)], **options)
@@ -107,9 +108,9 @@ class Engine:
                series: list[SeriesHook], hooks: list[list[Callback]], *, trainer: LocalSolver | None = None,
                reference=None, network: NetworkModel | None = None, metrics: Sequence[Metric] = (),
                end_status: Callable[[BaseException], str] = _failed, privacy: Privacy | None = None,
-               client_eval: np.ndarray | None = None) -> None:
+               client_eval: np.ndarray | None = None, adversary: Adversary | None = None) -> None:
         """`client_eval` (eval.per_client): the clients each evaluation scores on their own held-out data (the
-        problem is a contracts.ClientEvaluation); None: none."""
+        problem is a contracts.ClientEvaluation); None: none. `adversary` (attack=NAME): the Byzantine clients."""
         self.problem, self.alg, self.executor, self.reference = problem, algorithm, executor, reference
         self.slots, self.trainer = slots, trainer
         self.privacy = privacy  # DP-FedAvg (algorithms/privacy.py): clipping in the shards, noise on the sum
@@ -117,6 +118,7 @@ class Engine:
         self.rounds, self.seed = int(slots.rounds.max()), int(slots.seeds[0])
         self.network = network or NetworkModel()
         self.metrics, self.end_status = tuple(metrics), end_status  # metrics: a user's extra columns
+        self.adversary = adversary  # attack=NAME: Byzantine clients' updates forged before aggregation
         self.hooks = dict(zip(slots.ids, hooks))
         self.round_hooks = {i: [h for h in hs if _acts_at_round_end(h)] for i, hs in self.hooks.items()}
         self.bytes_per_param = torch.finfo(problem.dtype).bits // 8
@@ -153,6 +155,8 @@ class Engine:
             coefs.idle(~sel.active)  # replicas none of whose sampled clients returned (dropout): Delta = 0
         plan = RoundPlan(rnd, self.seed, self.stream_replicas, sel.clients, coefs.coef, tau, lr_scale, lrs,
                          send_updates=isinstance(alg.aggregator, UpdateAggregator))  # else shards reduce in place
+        if self.adversary is not None and self.adversary.flips_labels:
+            plan.poisoned = byzantine_draws(self.adversary, plan)  # the shards train them on flipped labels
         return plan, coefs
 
     def _count(self, state: RunState, plan: RoundPlan) -> None:
@@ -175,8 +179,9 @@ class Engine:
             plan.clip_norm = self.privacy.clip_norms(state.counters)
         result = self.executor.local_updates(state.x, plan)
         if plan.send_updates:
-            delta = aggregate_updates(self.alg.aggregator, plan, result.updates, state.x,
-                                      self.problem.memory_budget)
+            forged = self.adversary is not None and not self.adversary.flips_labels
+            chunks = forge_updates(self.adversary, plan, result.updates) if forged else result.updates
+            delta = aggregate_updates(self.alg.aggregator, plan, chunks, state.x, self.problem.memory_budget)
         else:
             delta = result.delta
         if self.privacy is not None:

@@ -38,6 +38,7 @@ class RoundPlan:
     server_ctx: ServerContext = field(default_factory=dict)  # e.g. SCAFFOLD's server control c
     send_updates: bool = False  # an UpdateAggregator: send each client's Delta_k, not the reduced sum
     clip_norm: np.ndarray | None = None  # [R] DP-FedAvg (algorithms/privacy.py): clip each Delta_k to this norm
+    poisoned: np.ndarray | None = None  # [R, K] bool: Byzantine draws that train on flipped labels (label_flip)
 
 
 @dataclass
@@ -170,6 +171,7 @@ class ClientShard:
         self.lo, self.hi = owned  # clients lo..hi-1 are this shard's: O(1) whatever N is
         self.client_state: dict[tuple[int, int], ClientState] = {}  # (replica, client) -> e.g. SCAFFOLD's c_i
         self.budget = problem.memory_budget
+        self._flipped: Problem | None = None  # attack=label_flip: the problem with flipped labels
 
     def chunk_entries(self, steps: int, entries: int) -> int:
         """Client copies per batched computation: all `entries`, or as many as the budget holds (>= 1)."""
@@ -189,8 +191,20 @@ class ClientShard:
         return Entries(rep[pick], flat[pick], coef, plan.tau.reshape(-1)[pick], plan.lr_scale.reshape(-1)[pick])
 
     def train(self, x: torch.Tensor, plan: RoundPlan) -> ShardResult:
-        """This shard's sampled clients, all at once (one batched computation per local step)."""
-        return self.train_entries(x, plan, self.entries(plan), self.problem.grad)
+        """This shard's sampled clients, all at once (one batched computation per local step); the poisoned ones
+        (attack=label_flip) as a second batch, on the flipped labels."""
+        entries = self.entries(plan)
+        bad = poisoned_entries(plan, entries)
+        if not bad.any():
+            return self.train_entries(x, plan, entries, self.problem.grad)
+        result = self.train_entries(x, plan, entries.take(~bad), self.problem.grad)
+        return result.add(self.train_entries(x, plan, entries.take(bad), self.flipped().grad))
+
+    def flipped(self) -> Problem:
+        """The problem with flipped labels (built on first use, kept)."""
+        if self._flipped is None:
+            self._flipped = self.problem.labels_flipped()
+        return self._flipped
 
     def train_entries(self, x: torch.Tensor, plan: RoundPlan, e: Entries, grad_fn) -> ShardResult:
         result = ShardResult.zeros(x, plan, self.exact_sums)
@@ -263,6 +277,15 @@ class ClientShard:
 
     def set_state(self, client_state: dict) -> None:
         self.client_state = {k: dict(s) for k, s in client_state.items() if self.lo <= k[1] < self.hi}
+
+
+def poisoned_entries(plan: RoundPlan, e: Entries) -> np.ndarray:
+    """[len(e)] bool: which entries are Byzantine clients that train on flipped labels."""
+    if plan.poisoned is None:
+        return np.zeros(len(e.clients), dtype=bool)
+    rows, cols = np.nonzero(plan.poisoned)
+    bad = set(zip(rows.tolist(), plan.clients[rows, cols].tolist()))
+    return np.array([(int(r), int(k)) in bad for r, k in zip(e.replica, e.clients)], dtype=bool)
 
 
 def clip_rows(delta: torch.Tensor, bound: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
@@ -342,6 +365,8 @@ class LoopExecutor(InlineExecutor):
         shard = self.shards[0]
         entries = shard.entries(plan)
         total = ShardResult.zeros(x, plan, shard.exact_sums)
+        bad = poisoned_entries(plan, entries)
         for i in range(len(entries.clients)):
-            total.add(shard.train_entries(x, plan, entries.take(slice(i, i + 1)), shard.problem.loop_grad))
+            problem = shard.flipped() if bad[i] else shard.problem
+            total.add(shard.train_entries(x, plan, entries.take(slice(i, i + 1)), problem.loop_grad))
         return total

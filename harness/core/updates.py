@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedharness.base.columns import ColumnAggregator, UpdateColumns
+from fedharness.base import streams
+from fedharness.base.columns import ColumnAggregator, KeyedAggregator, UpdateColumns
 from fedharness.contracts import UpdateAggregator
 from fedharness.core.executors import RoundPlan, UpdateChunk
 
@@ -23,6 +24,11 @@ def client_rows(plan: RoundPlan, r: int) -> tuple[np.ndarray, np.ndarray]:
     kept = plan.coef[r] != 0
     ids, inverse = np.unique(plan.clients[r][kept], return_inverse=True)
     return ids, np.bincount(inverse, weights=plan.coef[r][kept], minlength=len(ids))
+
+
+def replica_seed(plan: RoundPlan, r: int) -> int:
+    """Replica r's seed: the run's, or its slot's in a batch of slots."""
+    return int(plan.seed) if np.ndim(plan.seed) == 0 else int(plan.seed[r])
 
 
 def aggregate_updates(aggregator: UpdateAggregator, plan: RoundPlan, chunks: list[UpdateChunk],
@@ -42,7 +48,10 @@ def aggregate_updates(aggregator: UpdateAggregator, plan: RoundPlan, chunks: lis
             raise RuntimeError(f"round {plan.round}: no update came back for replica {r}, clients {missing}")
         rows = [chunks[c].delta[i] for c, i in (where[(r, int(k))] for k in ids)]
         w = torch.as_tensor(weights, dtype=torch.float64, device=x.device)
-        if isinstance(aggregator, ColumnAggregator):
+        if isinstance(aggregator, KeyedAggregator) and aggregator.bucket_size > 1:  # bucketing: this replica's and round's draw
+            key = streams.stream_key(replica_seed(plan, r), streams.BUCKETS, int(plan.stream_replicas[r]), plan.round, 0)
+            out[r] = aggregator.aggregate_keyed(torch.stack(rows).to(device=x.device, dtype=torch.float64), w, key)
+        elif isinstance(aggregator, ColumnAggregator):
             out[r] = aggregator.aggregate_columns(UpdateColumns.within(rows, budget, x.device), w)
         else:
             out[r] = aggregator.aggregate(torch.stack(rows).to(device=x.device, dtype=torch.float64), w)

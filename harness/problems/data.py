@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -115,6 +116,14 @@ class DataProblem(Problem, ExactSolve):
 
     def init_params(self, replicas: int, seed: int) -> torch.Tensor:
         return self.objective.init(replicas, seed, self.dtype).to(self.device)
+
+    def labels_flipped(self) -> "DataProblem":
+        """This problem with each training label y read as C - 1 - y, C = the largest label + 1 (attack=label_flip:
+        what a Byzantine client trains on); x and everything else shared."""
+        view = copy.copy(self)
+        classes = int(max(self.y.max(), -1 if self.y_test is None else self.y_test.max())) + 1
+        view.y = classes - 1 - self.y
+        return view
 
     def round_batches(self, keys: ClientKeys, steps: int) -> RoundBatches:
         local = minibatch_samples(keys, steps, self.batch_size, self.sizes[keys.clients])

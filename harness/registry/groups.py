@@ -6,6 +6,7 @@
   a user's part declares its own) and the CONTEXT values it asks for (fedharness.algorithms.registry).
 * `DATASETS`, `MODELS`, `PARTITIONERS`: the options of `dataset=`, `model=` and `partition=`, each called with
   its own section's keys and the context its builder offers (fedharness.problems.build_problem).
+* `ATTACKS`: the options of `attack=` (the Byzantine clients' updates), each called with its own keys.
 * `METRICS`: a user's metrics by name (fedharness.register_metric).
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from fedharness.contracts import (Aggregator, LocalSolver, LocalWork, Metric, Sampler, Schedule, ServerOptimizer)
-from fedharness.keys import integer
+from fedharness.keys import integer, number
 from fedharness.registry.binding import Registry
 
 PROTOCOLS: dict[str, type] = {"sampler": Sampler, "local_work": LocalWork, "lr_schedule": Schedule,
@@ -28,6 +29,11 @@ DATASETS = Registry("dataset", common={"num_clients": integer("N, the number of 
                                        "data_seed": integer("seed of the data", lo=0, null="use the run's seed")})
 MODELS = Registry("model", reserved=("l2", "buffers"))  # l2, buffers: the harness's NetObjective reads them
 PARTITIONERS = Registry("partition")
+
+# `attack=NAME` (algorithms/attacks.py): what the Byzantine clients send; `attack.fraction` is every attack's.
+ATTACKS = Registry("attack", common={"fraction": number("the share of each round's returned clients that are "
+                                                        "Byzantine (floor(fraction n), drawn from the streams)",
+                                                        lo=0, hi=0.5, hi_open=True)})
 
 METRICS: dict[str, Metric] = {}  # name -> Metric, filled by fedharness.register_metric
 

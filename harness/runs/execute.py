@@ -25,7 +25,7 @@ from fedharness.base.extras import require_extra
 from fedharness.runs.batch import Slot, batch_settings, check_batch, per_copy_values
 from fedharness.runs.lifecycle import (EvalFunction, RunInterrupted, RunRecord, end_status, error_text,
                                        interrupts_raised)
-from fedharness.assembly.build import algorithm_for, build_parts
+from fedharness.assembly.build import adversary_for, algorithm_for, build_parts
 from fedharness.assembly.privacy import calibrated, privacy_for
 from fedharness.base.runtime import apply_runtime, auto_threads, step_work, use_threads
 from fedharness.assembly.reference_policy import run_client_minima, run_reference
@@ -69,6 +69,7 @@ class Prepared:
     reference: Any
     layout: Any
     series: list
+    adversary: Any = None  # attack=NAME: core/byzantine.py's Adversary (None: no attack)
 
 
 def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Prepared:
@@ -80,8 +81,9 @@ def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Pre
     settings = settings.replace(kernel=resolve_kernel(settings, problem, resumed_kernel))
     settings = calibrated(settings)  # dp.target_epsilon: the noise multiplier, before the run starts
     layout, series = build_series(settings.replicas, **settings.algorithm.params)  # rr=H needs a fixed H
+    adversary = adversary_for(settings, algorithm, problem)  # before the reference solve: a refused attack costs nothing
     reference = run_reference(settings, problem)  # per `reference: auto | on | off`
-    return Prepared(settings, problem, algorithm, reference, layout, series)
+    return Prepared(settings, problem, algorithm, reference, layout, series, adversary)
 
 
 def prepare(settings: RunSettings):
@@ -124,7 +126,7 @@ def build_engine(run: Prepared, executor, hooks: Sequence[Sequence[Callback]] = 
     options = dict(reference=run.reference, network=NetworkModel.of(run.settings.network),
                    metrics=[METRICS[name] for name in run.settings.metrics], end_status=end_status,
                    privacy=privacy_for(run.settings, run.problem),
-                   client_eval=clients_to_evaluate(run.settings, run.problem))
+                   client_eval=clients_to_evaluate(run.settings, run.problem), adversary=run.adversary)
     if slots is not None:
         return BatchedEngine(run.problem, slots, run.algorithm.solver, executor, hooks=hooks, **options)
     s = run.settings

@@ -112,7 +112,8 @@ def test_reports_kept_until_the_trial_ends_are_stored_as_reported_ones(tmp_path,
         extra = [] if kind == "sqlite" else [f"tune.storage={storage}"]
         assert cli.main(["tune", *overrides, *extra, f"results_dir={results}"]) == 0
         if kind == "journal":
-            storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(f"{tmp_path}/{name}.log"))
+            backend = optuna.storages.journal.JournalFileBackend(f"{tmp_path}/{name}.log")
+            storage = optuna.storages.JournalStorage(backend)
         records[name] = _study_records(results, storage)
     assert len(records["deferred"]) == 3 and all(len(r[2]) == 4 for r in records["deferred"])  # steps 1..4
     assert records["deferred"] == records["reported"] == records["journal"]

@@ -117,3 +117,21 @@ def test_reports_kept_until_the_trial_ends_are_stored_as_reported_ones(tmp_path,
         records[name] = _study_records(results, storage)
     assert len(records["deferred"]) == 3 and all(len(r[2]) == 4 for r in records["deferred"])  # steps 1..4
     assert records["deferred"] == records["reported"] == records["journal"]
+
+
+def test_write_trial_stores_attrs_and_new_reports_together_or_nothing(tmp_path):
+    from sqlalchemy.exc import IntegrityError
+
+    from fedharness.studies.tuning.storage import write_trial
+
+    storage = f"sqlite:///{tmp_path}/s.db"
+    trial = optuna.create_study(study_name="s", storage=storage).ask()
+    trial.report(1.0, 1)
+    with pytest.raises(IntegrityError):  # step 1 was reported: the whole write is refused, nothing overwritten
+        write_trial(trial, {"status": "ok"}, {1: 2.0, 2: 3.0})
+    stored = optuna.load_study(study_name="s", storage=storage).trials[0]
+    assert stored.user_attrs == {} and stored.intermediate_values == {1: 1.0}
+    write_trial(trial, {"status": "ok", "rounds": 7}, {2: float("inf"), 3: 0.25})
+    stored = optuna.load_study(study_name="s", storage=storage).trials[0]
+    assert stored.user_attrs == {"status": "ok", "rounds": 7} == trial.user_attrs
+    assert stored.intermediate_values == {1: 1.0, 2: float("inf"), 3: 0.25}

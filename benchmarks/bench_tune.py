@@ -165,15 +165,17 @@ def section_hyperband(args) -> dict:
                 runs.append(run_study(WORKLOADS["W1"], args.trials, 16, Path(tmp),
                                       ("tune.sampler.name=tpe", *extra, f"tune.sampler.seed={seed}")))
         rows[mode] = runs
-    full = rows["TPE batch=16"]
     print(f"\nW1: {args.trials}-trial TPE studies with tune.batch=16, seeds 0..{args.hyperband_seeds - 1}, 1 thread; "
           f"load {_load()}")
-    print(f"  {'mode':<24}{'wall s':>9}{'x full':>8}{'local steps':>13}{'x full':>8}  best train_loss per seed")
-    full_wall, full_steps = sum(r["seconds"] for r in full), sum(r["steps_spent"] for r in full)
-    for mode, runs in rows.items():
-        wall, steps = sum(r["seconds"] for r in runs), sum(r["steps_spent"] for r in runs)
-        bests = ", ".join(f"{r['best_value']:.5f}" for r in runs)
-        print(f"  {mode:<24}{wall:>9.1f}{wall / full_wall:>8.2f}{steps:>13}{steps / full_steps:>8.2f}  {bests}")
+    print(f"  {'mode':<24}{'wall s':>9}{'x full':>8}{'CPU s':>8}{'x full':>8}{'local steps':>13}{'x full':>8}  "
+          "best train_loss per seed")
+    totals = {mode: [sum(r[k] for r in runs) for k in ("seconds", "cpu_seconds", "steps_spent")]
+              for mode, runs in rows.items()}
+    full_wall, full_cpu, full_steps = totals["TPE batch=16"]
+    for mode, (wall, cpu, steps) in totals.items():
+        bests = ", ".join(f"{r['best_value']:.5f}" for r in rows[mode])
+        print(f"  {mode:<24}{wall:>9.1f}{wall / full_wall:>8.2f}{cpu:>8.1f}{cpu / full_cpu:>8.2f}{steps:>13}"
+              f"{steps / full_steps:>8.2f}  {bests}")
     return rows
 
 

@@ -135,3 +135,17 @@ def test_write_trial_stores_attrs_and_new_reports_together_or_nothing(tmp_path):
     stored = optuna.load_study(study_name="s", storage=storage).trials[0]
     assert stored.user_attrs == {"status": "ok", "rounds": 7} == trial.user_attrs
     assert stored.intermediate_values == {1: 1.0, 2: float("inf"), 3: 0.25}
+
+
+def test_hyperband_decides_a_rung_once_a_member_that_never_reports_has_left():
+    """A slot that diverges at once never reports; once its run ends (the reporter's on_end tells the pruner) the
+    bracket's first rung is decided among the others: 1/3 of the 5 that reported go on."""
+    from fedharness.studies.tuning.halving import BatchHyperband
+
+    pruner = BatchHyperband(reports=10, min_resource=1, reduction_factor=3)
+    pruner.open_bracket(list(range(6)))  # bracket 0: rungs at 1, 3 and 9 reports
+    study = SimpleNamespace(direction=optuna.study.StudyDirection.MINIMIZE)
+    trials = [SimpleNamespace(number=n, intermediate_values={1: float(n)}) for n in range(5)]
+    assert [pruner.prune(study, t) for t in trials] == [False] * 5  # trial 5 has not reported: no decision
+    pruner.leave(5)
+    assert [pruner.prune(study, t) for t in trials] == [False, True, True, True, True]  # the best (lowest) goes on

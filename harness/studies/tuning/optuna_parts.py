@@ -95,6 +95,12 @@ def open_bracket(study, trials: list) -> None:
         study.pruner.open_bracket([t.number for t in trials])
 
 
+def close_slot(study, number: int) -> None:
+    """Tell a batch-native pruner that trial `number`'s run has ended (its slot left the batch)."""
+    if hasattr(study.pruner, "leave"):
+        study.pruner.leave(number)
+
+
 def open_study(spec: TuneSpec, worker: int = 0, create: bool = False):
     """Create the study (or continue it: same objective and budget required), or load it in a worker."""
     import optuna

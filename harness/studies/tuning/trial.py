@@ -12,6 +12,7 @@ from typing import Callable
 from fedharness.contracts import Callback, RoundContext
 from fedharness.runs.execute import new_run_id
 from fedharness.settings import RunSettings
+from fedharness.studies.tuning.optuna_parts import close_slot
 from fedharness.studies.tuning.spec import TuneSpec, trial_config
 from fedharness.studies.tuning.storage import write_trial
 
@@ -48,6 +49,9 @@ class Reporter(Callback):
         self.rows: list[dict] = []
         unread = isinstance(trial.study.pruner, optuna.pruners.NopPruner)
         self.pending: dict[int, float] | None = {} if unread else None
+
+    def on_end(self, outcome) -> None:
+        close_slot(self.trial.study, self.trial.number)  # a batch-native pruner stops waiting for its reports
 
     def finish(self, attrs: dict) -> None:
         """Store the trial's outcome `attrs` (user attrs) and its pending reports."""

@@ -11,6 +11,7 @@ every mode finds the same best trial (number and parameters). Writes benchmarks/
     python benchmarks/bench_tune.py --sections startup [--startup-reps 7]   # only the start-up ratio
     python benchmarks/bench_tune.py --sections quality [--seeds 10]         # search quality, batched vs sequential
     python benchmarks/bench_tune.py --sections speed [--speed-trials 1000]  # a long study, sequential vs batch=64
+    python benchmarks/bench_tune.py --sections hyperband [--hyperband-seeds 3]  # Hyperband vs full-budget trials
 
 Quality (issue 26): over study seeds 0..seeds-1, 64-trial studies of sequential TPE, TPE with tune.batch=16,
 CMA-ES with tune.batch=16 (popsize 16) and TPE with batch-native Hyperband (tune.pruner.name=hyperband, batch 16),
@@ -61,12 +62,14 @@ def run_study(workload: dict, trials: int, batch: int, results: Path, extra: tup
     overrides after the benchmark's (another sampler, seed)."""
     spec = build_spec([*STUDY, *workload["tune"], f"tune.n_trials={trials}", f"tune.batch={batch}", *extra,
                        f"results_dir={results}", *workload["run"]])
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     tune(spec, open_results(spec.results_dir), echo=lambda line: None)
-    seconds = time.perf_counter() - start
-    best = optuna.load_study(study_name=spec.study, storage=spec.storage).best_trial
-    return {"batch": batch, "seconds": seconds, "trials_per_min": 60 * trials / seconds,
-            "best_trial": best.number, "best_params": best.params, "best_value": best.value}
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu  # CPU: steadier on a shared machine
+    study = optuna.load_study(study_name=spec.study, storage=spec.storage)
+    best = study.best_trial
+    spent = sum(int(t.user_attrs.get("budget_used") or 0) for t in study.get_trials())  # pruned trials' too
+    return {"batch": batch, "seconds": seconds, "cpu_seconds": cpu, "trials_per_min": 60 * trials / seconds,
+            "best_trial": best.number, "best_params": best.params, "best_value": best.value, "steps_spent": spent}
 
 
 def section_batched_studies(args) -> dict:
@@ -81,13 +84,16 @@ def section_batched_studies(args) -> dict:
         seq = rows[0]
         for row in rows:
             row["speedup"] = seq["seconds"] / row["seconds"]
+            row["cpu_speedup"] = seq["cpu_seconds"] / row["cpu_seconds"]
             row["same_best"] = (row["best_trial"], row["best_params"]) == (seq["best_trial"], seq["best_params"])
         record[name] = rows
         print(f"\n{name}: {args.trials}-trial study over client_lr x E (sampler=random, seed 0), 1 thread")
-        print(f"  {'mode':<16}{'wall s':>9}{'trials/min':>12}{'speed-up':>10}  best trial (same as sequential?)")
+        print(f"  {'mode':<16}{'wall s':>9}{'trials/min':>12}{'speed-up':>10}{'CPU s':>8}{'CPU ratio':>10}  "
+              "best trial (same as sequential?)")
         for row in rows:
             mode = "sequential" if row["batch"] == 1 else f"tune.batch={row['batch']}"
-            print(f"  {mode:<16}{row['seconds']:>9.1f}{row['trials_per_min']:>12.1f}{row['speedup']:>9.2f}x  "
+            print(f"  {mode:<16}{row['seconds']:>9.1f}{row['trials_per_min']:>12.1f}{row['speedup']:>9.2f}x"
+                  f"{row['cpu_seconds']:>8.1f}{row['cpu_speedup']:>9.2f}x  "
                   f"#{row['best_trial']} train_loss={row['best_value']:.6g} ({'yes' if row['same_best'] else 'NO'})")
     return record
 
@@ -132,16 +138,45 @@ def section_speed(args) -> dict:
     for batch, trials in ((1, args.speed_sequential_trials or args.speed_trials), (64, args.speed_trials)):
         with tempfile.TemporaryDirectory() as tmp:
             row = run_study(WORKLOADS["W1"], trials, batch, Path(tmp))
-        rows.append({**row, "trials": trials, "seconds_for_all": row["seconds"] * args.speed_trials / trials})
+        scale = args.speed_trials / trials
+        rows.append({**row, "trials": trials, "seconds_for_all": row["seconds"] * scale,
+                     "cpu_seconds_for_all": row["cpu_seconds"] * scale})
     speedup = rows[0]["seconds_for_all"] / rows[1]["seconds_for_all"]
+    cpu_speedup = rows[0]["cpu_seconds_for_all"] / rows[1]["cpu_seconds_for_all"]
     print(f"\nW1: a {args.speed_trials}-trial study (sampler=random, seed 0), 1 thread; load {_load()}")
-    print(f"  {'mode':<16}{'trials run':>11}{'wall s':>9}{'trials/min':>12}{f's for {args.speed_trials}':>12}")
+    print(f"  {'mode':<16}{'trials run':>11}{'wall s':>9}{'trials/min':>12}{f's for {args.speed_trials}':>12}"
+          f"{'CPU s':>9}{f'CPU s for {args.speed_trials}':>16}")
     for row in rows:
         mode = "sequential" if row["batch"] == 1 else f"tune.batch={row['batch']}"
         print(f"  {mode:<16}{row['trials']:>11}{row['seconds']:>9.1f}{row['trials_per_min']:>12.1f}"
-              f"{row['seconds_for_all']:>12.1f}")
-    print(f"  speed-up {speedup:.2f}x (goals: >= 5x; {args.speed_trials} trials <= 90 s)")
-    return {"rows": rows, "speedup": speedup}
+              f"{row['seconds_for_all']:>12.1f}{row['cpu_seconds']:>9.1f}{row['cpu_seconds_for_all']:>16.1f}")
+    print(f"  speed-up {speedup:.2f}x wall, {cpu_speedup:.2f}x CPU (goals: >= 5x; {args.speed_trials} trials <= 90 s)")
+    return {"rows": rows, "speedup": speedup, "cpu_speedup": cpu_speedup}
+
+
+def section_hyperband(args) -> dict:
+    """Batch-native Hyperband against full-budget trials, both TPE with tune.batch=16, at equal trial counts
+    (--trials), W1, study seeds 0..hyperband_seeds-1: wall seconds, local steps spent, best value."""
+    rows = {}
+    for mode, extra in (("TPE batch=16", ()), ("TPE+Hyperband batch=16", ("tune.pruner.name=hyperband",))):
+        runs = []
+        for seed in range(args.hyperband_seeds):
+            with tempfile.TemporaryDirectory() as tmp:
+                runs.append(run_study(WORKLOADS["W1"], args.trials, 16, Path(tmp),
+                                      ("tune.sampler.name=tpe", *extra, f"tune.sampler.seed={seed}")))
+        rows[mode] = runs
+    print(f"\nW1: {args.trials}-trial TPE studies with tune.batch=16, seeds 0..{args.hyperband_seeds - 1}, 1 thread; "
+          f"load {_load()}")
+    print(f"  {'mode':<24}{'wall s':>9}{'x full':>8}{'CPU s':>8}{'x full':>8}{'local steps':>13}{'x full':>8}  "
+          "best train_loss per seed")
+    totals = {mode: [sum(r[k] for r in runs) for k in ("seconds", "cpu_seconds", "steps_spent")]
+              for mode, runs in rows.items()}
+    full_wall, full_cpu, full_steps = totals["TPE batch=16"]
+    for mode, (wall, cpu, steps) in totals.items():
+        bests = ", ".join(f"{r['best_value']:.5f}" for r in rows[mode])
+        print(f"  {mode:<24}{wall:>9.1f}{wall / full_wall:>8.2f}{cpu:>8.1f}{cpu / full_cpu:>8.2f}{steps:>13}"
+              f"{steps / full_steps:>8.2f}  {bests}")
+    return rows
 
 
 def _load() -> str:
@@ -188,7 +223,7 @@ def section_startup(args) -> dict:
 
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict]] = {"batched_studies": section_batched_studies,
                                                          "startup": section_startup, "quality": section_quality,
-                                                         "speed": section_speed}
+                                                         "speed": section_speed, "hyperband": section_hyperband}
 
 
 def main() -> None:
@@ -204,6 +239,7 @@ def main() -> None:
     parser.add_argument("--speed-trials", type=int, default=1000)
     parser.add_argument("--speed-sequential-trials", type=int, default=None,
                         help="run the sequential study of the speed section on fewer trials, extrapolating its rate")
+    parser.add_argument("--hyperband-seeds", type=int, default=3, help="study seeds of the hyperband section")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

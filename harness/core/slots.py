@@ -91,14 +91,68 @@ def _widened(sel: Selection, width: int) -> Selection:
     return Selection(pad(sel.clients, 0), pad(sel.weights, 0.0), pad(sel.lr_scale, 1.0), sel.active)
 
 
+def _same_part(a, b) -> bool:
+    """Whether two parts are of one class with equal attributes (numpy arrays by value, a part held by a part, such
+    as the sampler a Dropout wraps, alike); False when that cannot be told (no __dict__, a comparison that is not a
+    truth value), so such parts are never shared."""
+    try:
+        if a is b:
+            return True
+        if type(a) is not type(b) or vars(a).keys() != vars(b).keys():
+            return False
+        return all(_same_value(x, y) for x, y in zip(vars(a).values(), vars(b).values()))
+    except (TypeError, ValueError, RuntimeError):
+        return False
+
+
+def _same_value(x, y) -> bool:
+    if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+        return np.array_equal(x, y)
+    if isinstance(x, Sampler) and isinstance(y, Sampler):
+        return _same_part(x, y)
+    return bool(x == y)
+
+
+def _sharing_groups(slots: SlotSet) -> list[list[int]]:
+    """The slots (positions) whose samplers draw alike: equal seed and equal sampler. Their draws are one call:
+    a sampler's draw for a replica depends on (seed, replica, round) only (counter-based streams), as a solo run
+    of many replicas relies on, so one call over their stacked replica ids gives each the rows its own call does."""
+    groups: list[list[int]] = []
+    for i, a in enumerate(slots.algorithms):
+        for group in groups:
+            j = group[0]
+            if slots.seeds[j] == slots.seeds[i] and _same_part(slots.algorithms[j].sampler, a.sampler):
+                group.append(i)
+                break
+        else:
+            groups.append([i])
+    return groups
+
+
+def _selection_rows(sel: Selection, rows: slice) -> Selection:
+    return Selection(sel.clients[rows], sel.weights[rows], sel.lr_scale[rows],
+                     None if sel.active is None else sel.active[rows])
+
+
 class SlotSampler(Sampler):
+    """Each slot's sampler on its rows; slots that draw alike (_sharing_groups) in one call, since a call costs
+    about the same for one replica as for a hundred."""
+
     def __init__(self, slots: SlotSet):
         self.slots = slots
         self.with_replacement = slots.algorithms[0].sampler.with_replacement
+        self.groups = _sharing_groups(slots)
 
     def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
         s = self.slots
-        sels = [a.sampler.select(int(s.seeds[i]), replicas[s.rows(i)], rnd, p) for i, a in enumerate(s.algorithms)]
+        sels: list[Selection | None] = [None] * len(s.algorithms)
+        for group in self.groups:
+            first = s.algorithms[group[0]].sampler
+            drawn = first.select(int(s.seeds[group[0]]), np.concatenate([replicas[s.rows(i)] for i in group]), rnd, p)
+            start = 0
+            for i in group:
+                sels[i] = _selection_rows(drawn, slice(start, start + int(s.replicas[i])))
+                start += int(s.replicas[i])
         sels = [_widened(sel, max(sel.clients.shape[1] for sel in sels)) for sel in sels]
         active = None
         if any(sel.active is not None for sel in sels):

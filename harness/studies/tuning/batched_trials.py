@@ -22,7 +22,7 @@ from fedharness.settings import RunSettings
 from fedharness.results.store import ResultsStore
 from fedharness.studies.grouping import group_batches
 from fedharness.studies.tuning.lease import Lease, trial_counts
-from fedharness.studies.tuning.optuna_parts import make_sampler, next_batch_size, open_bracket
+from fedharness.studies.tuning.optuna_parts import ask_new, make_sampler, next_batch_size, open_bracket
 from fedharness.studies.tuning.spec import TuneSpec
 from fedharness.studies.tuning.trial import Reporter, tell_value, trial_line, trial_settings
 
@@ -59,12 +59,15 @@ class BatchTrial:
     settings: RunSettings
     run_id: str
     reporter: SlotReporter
+    batch_id: str | None = None  # the batched run it trained in (None: alone)
 
 
 def run_batch(spec: TuneSpec, study, worker: int, trial_number: int,
               echo: Callable[[str], None] = logger.info, store: ResultsStore | None = None) -> int:
     """Ask for up to spec.batch trials (no more than the study still lacks), train them (recording into `store`,
     default: the results_dir's), tell each; returns how many finished (complete or pruned)."""
+    from optuna.trial import TrialState
+
     trials = study.get_trials(deepcopy=False)
     finished, live = trial_counts(trials)
     size = next_batch_size(spec, finished, live)
@@ -72,11 +75,12 @@ def run_batch(spec: TuneSpec, study, worker: int, trial_number: int,
         time.sleep(min(1.0, spec.heartbeat_s))
         return 0
     claimed, asked = [], []
+    queued = any(t.state == TrialState.WAITING for t in trials)  # enqueued trials: asked for through study.ask
     with Lease([], spec.heartbeat_s) as lease:
         try:
             for i in range(size):
                 known = (len(trials) + i, live + len(claimed))  # (its number, non-failed before it) if alone
-                trial = _claim(spec, study, worker, trial_number + i, lease, known)
+                trial = _claim(spec, study, worker, trial_number + i, lease, known, queued)
                 if trial is not None:
                     claimed.append(trial)
                     settings, run_id = trial_settings(spec, trial)  # sampled now, with this trial's sampler
@@ -94,14 +98,15 @@ def run_batch(spec: TuneSpec, study, worker: int, trial_number: int,
     return sum(counts)
 
 
-def _claim(spec: TuneSpec, study, worker: int, number: int, lease: Lease, known: tuple[int, int]):
+def _claim(spec: TuneSpec, study, worker: int, number: int, lease: Lease, known: tuple[int, int], queued: bool):
     """A new trial with its heartbeat on; None if n_trials non-failed trials precede it (FAIL, status surplus).
     `known`: the number the trial gets and the non-failed trials before it when no other worker asked for a trial
-    since the batch read the study; the study is read again only when one did (a read per trial costs O(batch^2))."""
+    since the batch read the study; the study is read again only when one did (a read per trial costs O(batch^2)).
+    `queued`: the study held WAITING trials when the batch read it (study.ask takes those first)."""
     from optuna.trial import TrialState
 
     study.sampler = make_sampler(spec, worker, number)
-    trial = study.ask()
+    trial = study.ask() if queued else ask_new(study)
     lease.add(trial)
     expected, earlier = known  # trials can only turn FAIL meanwhile: `earlier` is exact or too many (safe)
     if trial.number != expected:
@@ -121,8 +126,7 @@ def _train(asked: list[BatchTrial], store: ResultsStore | None) -> list[RunResul
         batch_id = new_run_id() if len(group) > 1 else None
         slots = [Slot(asked[i].settings, asked[i].run_id, hooks=[asked[i].reporter]) for i in group]
         for i, result in zip(group, execute_runs(slots, batch_id=batch_id, store=store)):
-            if batch_id is not None:
-                asked[i].trial.set_user_attr("batch_id", batch_id)
+            asked[i].batch_id = batch_id
             results[i] = result
     return results
 
@@ -136,21 +140,19 @@ def _tell(spec: TuneSpec, study, a: BatchTrial, result: RunResult, echo: Callabl
     from optuna.trial import TrialState
 
     trial = a.trial
+    batch = {"batch_id": a.batch_id} if a.batch_id is not None else {}
     if a.reporter.pruned:
-        trial.set_user_attr("status", "pruned")
-        trial.set_user_attr("budget_used", spec.budget.used(a.reporter.rows))
+        a.reporter.finish({**batch, "status": "pruned", "budget_used": spec.budget.used(a.reporter.rows)})
         study.tell(trial, state=TrialState.PRUNED)
         echo(trial_line(spec, trial, None))
         return 1
     if _failed(a, result):
         error = result.error or a.reporter.error or f"its run {a.run_id} failed (see its runs/ row)"
-        trial.set_user_attr("status", "failed")
-        trial.set_user_attr("error", error)
+        a.reporter.finish({**batch, "status": "failed", "error": error})
         study.tell(trial, state=TrialState.FAIL)
         return 0
     value = spec.objective.value(result.rows, result.status)
-    trial.set_user_attr("status", result.status)
-    trial.set_user_attr("budget_used", spec.budget.used(result.rows))
+    a.reporter.finish({**batch, "status": result.status, "budget_used": spec.budget.used(result.rows)})
     return tell_value(spec, study, trial, value, echo)
 
 

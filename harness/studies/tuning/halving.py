@@ -8,9 +8,10 @@ index s cycles over the batches a worker runs: s = 0 prunes from the first rung 
 (Hyperband's hedge between many cheap trials and few full ones). A trial's value at a rung is its report at the
 first step at or past the rung: trials with different E reach a rung at different rounds of the batched run, and
 the ones that get there first train on until the whole rung has reported (never pruned on a partial ranking). A
-trial that finished its budget before a decision is complete; a bracket member that never reports (a failed slot,
-or a group of the batch that trains after this one) holds its rung's decision back, so its bracket prunes less,
-never wrongly.
+trial that finished its budget before a decision is complete. A member whose run ended (diverged at once, failed,
+finished) is ranked at the rungs it reached and waited for at no other (the reporter's on_end calls `leave`); a
+member still running that has not reported (a group of the batch that trains after this one) holds its rung's
+decision back, so its bracket prunes less, never wrongly.
 """
 
 from __future__ import annotations
@@ -42,8 +43,15 @@ class BatchHyperband(optuna.pruners.BasePruner):
         self.rungs = self.rungs_of(self.brackets)
         self.brackets += 1
         self.members = set(numbers)
+        self.left: set[int] = set()  # members whose runs ended (leave)
         self.values = {rung: {} for rung in self.rungs}
         self.kept = {}
+
+    def leave(self, number: int) -> None:
+        """Trial `number`'s run ended (diverged, spent its budget, failed, pruned): it holds back no rung it has
+        not reached, and is ranked only at those it reached. Without this a slot that diverged at once, and never
+        reported, kept every rung of its bracket undecided, so nothing was pruned."""
+        self.left.add(number)
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
         if trial.number not in self.members:  # asked outside a batch (a lone trial): never pruned
@@ -69,9 +77,12 @@ class BatchHyperband(optuna.pruners.BasePruner):
         if rung not in self.kept:
             index = self.rungs.index(rung)
             entrants = self.members if index == 0 else self.kept.get(self.rungs[index - 1])
-            if entrants is None or not entrants <= self.values[rung].keys():
+            if entrants is None:
                 return None
-            ranked = sorted(entrants, key=lambda n: (self.values[rung][n], n))
+            reached = entrants & self.values[rung].keys()
+            if entrants - reached - self.left:
+                return None  # a member still running has not reached it
+            ranked = sorted(reached, key=lambda n: (self.values[rung][n], n))
             self.kept[rung] = set(ranked[:max(1, len(ranked) // self.eta)])
         return self.kept[rung]
 

@@ -77,10 +77,28 @@ def make_pruner(spec: TuneSpec):
     return optuna.pruners.NopPruner()
 
 
+def ask_new(study):
+    """`study.ask()` for a study known to hold no WAITING (enqueued) trial: a new RUNNING trial. ask() first looks
+    for a WAITING trial to pop, reading every unfinished trial of the study (its params, attrs and reports) from the
+    storage to do so; a batch of B trials asked one after another paid B such reads of up to B running trials, the
+    largest part of asking for them. The rest is what ask() does (optuna 4 and 5): the sampler's cached view of
+    the trials is dropped, so that it sees the trials asked for before this one."""
+    import optuna
+
+    study._thread_local.cached_all_trials = None
+    return optuna.Trial(study, study._storage.create_new_trial(study._study_id))
+
+
 def open_bracket(study, trials: list) -> None:
     """Tell a batch-native pruner (halving.py) which trials train together; other pruners judge each trial alone."""
     if hasattr(study.pruner, "open_bracket"):
         study.pruner.open_bracket([t.number for t in trials])
+
+
+def close_slot(study, number: int) -> None:
+    """Tell a batch-native pruner that trial `number`'s run has ended (its slot left the batch)."""
+    if hasattr(study.pruner, "leave"):
+        study.pruner.leave(number)
 
 
 def open_study(spec: TuneSpec, worker: int = 0, create: bool = False):

@@ -12,7 +12,9 @@ from typing import Callable
 from fedharness.contracts import Callback, RoundContext
 from fedharness.runs.execute import new_run_id
 from fedharness.settings import RunSettings
+from fedharness.studies.tuning.optuna_parts import close_slot
 from fedharness.studies.tuning.spec import TuneSpec, trial_config
+from fedharness.studies.tuning.storage import write_trial
 
 logger = logging.getLogger(__name__)
 
@@ -27,21 +29,34 @@ def trial_settings(spec: TuneSpec, trial) -> tuple[RunSettings, str]:
         cfg["wandb"]["tags"] = [*cfg["wandb"].get("tags", []), f"trial={trial.number}"]
     run_id = new_run_id()
     worker = f"{platform.node()}:{os.getpid()}"
-    for key, value in (("run_id", run_id), ("rounds", cfg["rounds"]), ("overrides", overrides), ("worker", worker)):
-        trial.set_user_attr(key, value)
+    write_trial(trial, {"run_id": run_id, "rounds": cfg["rounds"], "overrides": overrides, "worker": worker})
     return RunSettings.from_config(cfg), run_id
 
 
 class Reporter(Callback):
     """Feeds pruners, a hook of the trial's run: after each evaluation, the objective's metric at step = the budget
     fraction spent, in units of 1/reports, so trials with different local steps are compared at equal budget. A
-    prune raises optuna.TrialPruned, which ends the run `pruned`."""
+    prune raises optuna.TrialPruned, which ends the run `pruned`. Where the study has no pruner (NopPruner:
+    tune.pruner.name=none) nothing reads the values while the trial runs: they wait in `pending` and are stored
+    with the trial's outcome (`finish`), in one write."""
 
     def __init__(self, spec: TuneSpec, trial, rounds: int):
+        import optuna
+
         self.spec, self.trial, self.rounds = spec, trial, rounds
         self.reports = spec.reports or rounds
         self.last_step = 0
         self.rows: list[dict] = []
+        unread = isinstance(trial.study.pruner, optuna.pruners.NopPruner)
+        self.pending: dict[int, float] | None = {} if unread else None
+
+    def on_end(self, outcome) -> None:
+        close_slot(self.trial.study, self.trial.number)  # a batch-native pruner stops waiting for its reports
+
+    def finish(self, attrs: dict) -> None:
+        """Store the trial's outcome `attrs` (user attrs) and its pending reports."""
+        write_trial(self.trial, attrs, self.pending)
+        self.pending = {} if self.pending is not None else None
 
     def on_evaluation(self, context: RoundContext) -> None:
         self(context.rows, context.state)
@@ -58,6 +73,9 @@ class Reporter(Callback):
         if rnd == 0 or step <= self.last_step or value is None:
             return
         self.last_step = step
+        if self.pending is not None:
+            self.pending[step] = value
+            return
         self.trial.report(value, step)
         if self.trial.should_prune():
             raise optuna.TrialPruned(f"pruned at round {rnd} ({step}/{self.reports} of the budget)")

@@ -92,11 +92,9 @@ def run_trial(spec: TuneSpec, trial, store: ResultsStore | None = None) -> float
     try:
         result = execute(settings, run_id=run_id, hooks=[reporter], store=store)
     except optuna.TrialPruned:
-        trial.set_user_attr("status", "pruned")
-        trial.set_user_attr("budget_used", spec.budget.used(reporter.rows))
+        reporter.finish({"status": "pruned", "budget_used": spec.budget.used(reporter.rows)})
         raise
-    trial.set_user_attr("status", result.status)
-    trial.set_user_attr("budget_used", spec.budget.used(result.rows))
+    reporter.finish({"status": result.status, "budget_used": spec.budget.used(result.rows)})
     return spec.objective.value(result.rows, result.status)
 
 

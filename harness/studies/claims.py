@@ -30,10 +30,11 @@ Parts = dict[str, bool]
 
 
 def rise_after(curve: list[float] | np.ndarray, after: int = RISE_AFTER) -> float:
-    """The largest rise of a loss curve above its best value so far, after round `after`, over its initial loss."""
+    """The largest rise of a loss curve above its best value so far, after round `after`, over its initial loss
+    (0 for a curve that ends by round `after`: no rise seen there)."""
     v = np.asarray(curve, float)
     rise = v - np.minimum.accumulate(v)
-    return float(rise[after:].max() / v[0])
+    return float(rise[after:].max() / v[0]) if len(v) > after else 0.0
 
 
 def li_schemes(res: dict) -> Parts:

@@ -403,11 +403,15 @@ def _scheme_summary(g: Grid, where: dict, ax, title: str) -> dict:
             lr, c = best
             label = f"{label} (eta_0={lr:g})"
             out["original_eta0"] = lr
+            diverged = False
         else:
-            c = curve(g.select(**where, algorithm=alg), "train_loss")
+            rows = g.select(**where, algorithm=alg)
+            c, diverged = curve(rows, "train_loss"), bool((rows["status"] == "diverged").any())
         ax.plot(c.index, c.values, label=label, lw=1)
-        out[alg] = {"final_loss": float(c.iloc[-1]), "min_loss": float(c.min()), **roughness(c),
-                    "rise_after": rise_after(c.values), "curve": [float(v) for v in c.values]}
+        # a diverged run's loss rose without bound: an unbounded rise, and no final loss
+        out[alg] = {"final_loss": math.inf if diverged else float(c.iloc[-1]), "min_loss": float(c.min()),
+                    **roughness(c), "diverged": diverged, "rise_after": math.inf if diverged else rise_after(c.values),
+                    "curve": [float(v) for v in c.values]}
     ax.set(title=title, xlabel="round", ylabel="global training loss")
     top = max(v["final_loss"] for k, v in out.items() if isinstance(v, dict)) if out else 1
     ax.set_ylim(top=min(ax.get_ylim()[1], 3 * top))
@@ -707,7 +711,7 @@ def run_all(names: list[str], draws: int, jobs: int, out: Path, previous: dict) 
 
 def main(argv: list[str] | None = None) -> int:
     _register()
-    parser = argparse.ArgumentParser(prog="python -m fedharness.studies.reproduce", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="fedharness reproduce", description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help=f"comma-separated claims (default: all): {', '.join(CLAIMS)}")
     parser.add_argument("--out", default=str(OUT_DIR), help="folder for the figures and results.json")
     parser.add_argument("--draws", type=int, default=DRAWS, help="data draws of each claim (draw 0: the configs')")
@@ -738,7 +742,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = path.with_name(".results.json.tmp")
     tmp.write_text(json.dumps(results, indent=1, sort_keys=True, default=_finite))
     tmp.replace(path)
-    if out == OUT_DIR and DOCS.exists():
+    if out.resolve() == OUT_DIR and DOCS.exists():
         write_docs_table(DOCS, results)
     print(f"reproduced {len(names) - len(failed)} claim(s) over {args.draws} draws in "
           f"{time.perf_counter() - start:.1f}s: {out}/results.json and figures")

@@ -107,7 +107,7 @@ def speedup(cells: pd.DataFrame, fits: pd.DataFrame, target: Target, scale_key: 
     for i, (group, g) in enumerate(cells.groupby("group", sort=False)):
         g = g.sort_values("n")
         ok = g[np.isfinite(g["rounds"]) & (g["rounds"] > 0)]
-        line = ax1.plot(ok["n"], ok["rounds"], markers[i % len(markers)], label=group)[0]
+        line = ax1.plot(ok["n"], ok["rounds"], markers[i % len(markers)], label=group if len(ok) else "_nolegend_")[0]
         color = line.get_color()
         cens = g[~np.isfinite(g["rounds"])]
         if len(cens):
@@ -137,6 +137,8 @@ def speedup(cells: pd.DataFrame, fits: pd.DataFrame, target: Target, scale_key: 
         if len(usable) or (censored and ax is ax1):
             ax.set_xscale("log")
             ax.legend(fontsize=7)
+        if not len(usable):
+            ax.set_yticks([])  # no cell has a number of rounds: no scale to read one from
         ax.set_xlabel(f"n ({scale_key})")
     ax1.set_ylabel(f"rounds to {target.label} (median)")
     ax2.set_ylabel("speedup S(n) = T(n0) / T(n)")

@@ -260,7 +260,12 @@ def test_wang_quadratic_and_synthetic_full(tmp_path):
 #
 # The parts of a criterion that hold in fewer than half of the draws (make reproduce's finding; docs/
 # reproductions.md says "does not reproduce" and why); every other part must hold in more than half.
-DOES_NOT_REPRODUCE: dict[str, set[str]] = {}
+DOES_NOT_REPRODUCE: dict[str, set[str]] = {
+    # scheme II's largest rise after round 10 is 0-2.4% of the initial loss over the 5 draws, not 5%; the tuned
+    # original scheme ends last in every draw
+    "li_schemes": {"synthetic(0,0): original second", "synthetic(0,0): scheme II fluctuates",
+                   "synthetic(1,1): original second", "synthetic(1,1): scheme II fluctuates"},
+}
 SCHEME_II_FLUCTUATES_IN_DRAW_0 = False
 
 
@@ -308,6 +313,11 @@ def test_li_configs_use_the_data_seeds_closest_to_table_2():
     assert R.draw_overrides("repro_li_schemes", 0)[1] == {"dataset.data_seed": [
         str(seeds["synthetic(0,0)"][0]), str(seeds["synthetic(1,1)"][0])]}
     assert R.draw_overrides("repro_mangold", 3) == (["dataset.data_seed=3"], {})
+    # Wang et al.'s 30 clients: no published statistics; draw 0 is the configured seed 0, the others the seeds
+    # whose sizes come closest to it
+    assert R.draw_overrides("repro_wang_synthetic", 0) == (["dataset.data_seed=0"], {})
+    assert R.draw_seeds("wang_synthetic", 2) == closest_seeds(size_stats(0, 30), 2) and \
+        R.draw_seeds("wang_synthetic", 2)[0] == 0
 
 
 def test_qu_overparameterized_problem_interpolates_and_the_sweep_holds_the_rules_steps():

@@ -31,7 +31,7 @@ from fedharness.references.solve import solve_reference
 from fedharness.runs.execute import build_engine, build_executor, prepare_run
 from fedharness.config.overrides import format_value
 from fedharness.studies.claims import rise_after
-from fedharness.studies.data_draws import DRAWS, table2_draws
+from fedharness.studies.data_draws import DRAWS, closest_seeds, size_stats, table2_draws
 from fedharness.studies.draws_report import draws_figure, summarise, write_docs_table
 from fedharness.studies.sweep import apply_cli, expand, load_spec
 
@@ -153,12 +153,30 @@ SIZE_MATCHED = {"repro_li_schemes": ("synthetic(0,0)", "synthetic(1,1)"),
                 "repro_li_local_steps": ("synthetic(1,1)",), "repro_li_clients": ("synthetic(0,0)",)}
 
 
+# Synthetic data with no published statistics: Wang et al.'s 30 clients (their sizes "follow a power law"). Local
+# epochs make a round's cost grow with n_k, and the lognormal(4, 2) sizes have a heavy tail, so the draws are the
+# seeds whose sizes come closest to the configured seed's (draw 0, itself the closest): each draw costs about
+# what draw 0 costs, chosen from the sizes alone. Sweep: (devices, configured data seed).
+SIZE_LIKE_DRAW_0 = {"repro_wang_synthetic": (30, 0)}
+
+
+def draw_seeds_of(sweep: str, draws: int) -> list[list[int]] | None:
+    """The data seeds of a size-chosen sweep's draws (one list per zipped data set), or None: seeds 0, 1, 2, ..."""
+    if sweep in SIZE_MATCHED:
+        return [table2_draws(draws)[name] for name in SIZE_MATCHED[sweep]]
+    if sweep in SIZE_LIKE_DRAW_0:
+        devices, seed = SIZE_LIKE_DRAW_0[sweep]
+        return [closest_seeds(size_stats(seed, devices), draws)]
+    return None
+
+
 def draw_overrides(sweep: str, draw: int) -> tuple[list[str], dict[str, list[str]]]:
     """The overrides of data draw `draw` of a sweep: (fixed `key=value`s, zipped columns by key)."""
-    if sweep in SIZE_MATCHED:
-        seeds = [str(table2_draws(draw + 1)[name][draw]) for name in SIZE_MATCHED[sweep]]
-        return ([f"dataset.data_seed={seeds[0]}"], {}) if len(seeds) == 1 else ([], {"dataset.data_seed": seeds})
-    return ([f"dataset.data_seed={draw}"] if draw else []), {}
+    chosen = draw_seeds_of(sweep, draw + 1)
+    if chosen is None:
+        return ([f"dataset.data_seed={draw}"] if draw else []), {}
+    seeds = [str(per_set[draw]) for per_set in chosen]
+    return ([f"dataset.data_seed={seeds[0]}"], {}) if len(seeds) == 1 else ([], {"dataset.data_seed": seeds})
 
 
 # ---------------------------------------------------------------- small analysis helpers
@@ -664,11 +682,10 @@ DOCS = OUT_DIR.parent / "reproductions.md"
 
 def draw_seeds(name: str, draws: int) -> list:
     """The data seeds of a claim's draws, as recorded: one seed per draw, or a list where the grid zips several."""
-    matched = SIZE_MATCHED.get(f"repro_{name}")
-    if not matched:
+    chosen = draw_seeds_of(f"repro_{name}", draws)
+    if chosen is None:
         return list(range(draws))
-    seeds = table2_draws(draws)
-    return [seeds[matched[0]][d] if len(matched) == 1 else [seeds[m][d] for m in matched] for d in range(draws)]
+    return [chosen[0][d] if len(chosen) == 1 else [per_set[d] for per_set in chosen] for d in range(draws)]
 
 
 def run_draw(name: str, draw: int, out: str) -> tuple[dict, float]:

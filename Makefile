@@ -44,7 +44,7 @@ bench-gpu: $(STAMP)  ## nets at paper scale, kernels, GPU-sharing shards, determ
 bench-population: $(STAMP)  ## N = 10^3, 10^6, 10^8 lazily generated clients: set-up, ms/round, memory (docs/performance.md)
 	$(BIN)/python benchmarks/bench_population.py $(ARGS)
 
-reproduce: $(STAMP)  ## every paper claim at smoke scale: docs/reproductions/*.png, results.json (docs/reproductions.md)
+reproduce: $(STAMP)  ## every paper claim at smoke scale over 5 data draws: docs/reproductions/*.png, results.json (docs/reproductions.md)
 	$(BIN)/python -m fedharness.studies.reproduce $(ARGS)
 
 list: $(STAMP)

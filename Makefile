@@ -50,7 +50,7 @@ bench-population: $(STAMP)  ## N = 10^3, 10^6, 10^8 lazily generated clients: se
 bench-client-eval: $(STAMP)  ## per-client evaluation at 3,550 clients: vectorized vs a loop over clients (docs/performance.md)
 	$(BIN)/python benchmarks/bench_client_eval.py $(ARGS)
 
-reproduce: $(STAMP)  ## every paper claim at smoke scale: docs/reproductions/*.png, results.json (docs/reproductions.md)
+reproduce: $(STAMP)  ## every paper claim at smoke scale over 5 data draws: docs/reproductions/*.png, results.json (docs/reproductions.md)
 	$(BIN)/python -m fedharness.studies.reproduce $(ARGS)
 
 robustness: $(STAMP)  ## every aggregation rule against every attack on digits (260 runs): docs/robustness/ table and figure

@@ -150,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "(e.g. sweep.runner=local, sweep.resources.num_cpus=2); k=v fixes a run key; k=a,b adds a "
                        "grid dimension")
     sweep.add_argument("--dry-run", action="store_true", help="list the runs and their overrides; start nothing")
+    reproduce = sub.add_parser("reproduce", help="every paper claim at smoke scale over 5 data draws "
+                               "(docs/reproductions.md; the same as make reproduce)")
+    for flag, text in (("--only", "comma-separated claims (default: all)"), ("--out", "folder for the figures and "
+                       "results.json (default: docs/reproductions)"), ("--draws", "data draws of each claim (5)"),
+                       ("--jobs", "draws run at once, one process each (2)")):
+        reproduce.add_argument(flag, default=None, help=text)
     from fedharness.studies.reports.command import add_arguments as add_report_arguments
 
     add_report_arguments(sub.add_parser("report", help="rounds to target, speedup and its fit with a bootstrap "
@@ -175,6 +181,11 @@ def dispatch(args: argparse.Namespace) -> int:
         from fedharness.studies.sweep import main as cmd_sweep
 
         return cmd_sweep(args.overrides, args.dry_run)
+    if args.command == "reproduce":
+        from fedharness.studies.reproduce import main as cmd_reproduce
+
+        given = {flag: getattr(args, flag) for flag in ("only", "out", "draws", "jobs")}
+        return cmd_reproduce([f"--{flag}={value}" for flag, value in given.items() if value is not None])
     if args.command == "report":
         from fedharness.studies.reports.command import main as cmd_report
 

@@ -234,3 +234,23 @@ def test_report_draws_the_accuracy_over_clients(run_config, tmp_path):
     assert np.allclose(got.client_acc_p90, got.client_acc_p90_want, rtol=1e-12)
     assert (tmp_path / "report" / "figures" / "client_acc.png").stat().st_size > 1000
     assert "## Accuracy over clients" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_speedup_figure_draws_censored_cells_at_the_top_edge_not_at_a_made_up_height(tmp_path, monkeypatch):
+    from fedharness.studies.reports import plots
+    from fedharness.studies.reports.analysis import parse_target
+
+    drawn = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, path: drawn.setdefault("fig", fig) and path)
+    cells = pd.DataFrame({"group": ["fedavg"] * 4, "n": [1, 2, 4, 8], "rounds": [40.0, 20.0, np.inf, np.inf]})
+    fits = pd.DataFrame({"group": ["fedavg"], "a": [40.0], "b": [1.0], "b_lo": [0.9], "b_hi": [1.1]})
+    plots.speedup(cells, fits, parse_target("subopt<=1e-3"), "algorithm.clients_per_round", tmp_path / "s.png")
+    ax = drawn["fig"].axes[0]
+    (marks,) = [line for line in ax.get_lines() if "censored" in line.get_label()]
+    assert list(marks.get_xdata()) == [4, 8]
+    # y = 1 in the axis' own coordinates: the top edge, whatever the rounds' scale; the axis range is the reached
+    # cells' alone (40 and 20 rounds), not stretched to hold a fictitious number of rounds
+    assert list(marks.get_ydata()) == [1.0, 1.0]
+    assert marks.get_transform() == ax.get_xaxis_transform()
+    assert ax.get_ylim()[1] < 60
+    assert "subopt<=0.001" in marks.get_label() or "subopt<=1e-3" in marks.get_label()

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 import yaml
 
-from fedharness.studies import reproduce as R
+from fedharness.studies import claims, reproduce as R
+from fedharness.studies.data_draws import DRAWS, TABLE2, closest_seeds, size_distance, size_stats
 from fedharness.config.compose import CONF_DIR, group_options
 from fedharness.config.load import load_config
 from fedharness.errors import ConfigError
@@ -149,14 +150,18 @@ def test_mangold_rr_average_beats_fedavg_average_on_both_datasets():
         assert _mangold_mse(g, data, "fedavg_rr", "average") == pytest.approx(fedavg, rel=1e-9)
 
 
-def test_li_scheme_ii_oscillates_on_unbalanced_data_while_scheme_i_decreases():
+def test_li_scheme_ii_on_synthetic_1_1_judged_by_the_papers_words_in_one_draw():
+    # Li et al. Fig. 4: "The Scheme I performs stably and the best ... The curve of the Scheme II fluctuates and
+    # has no sign of convergence." Criterion (claims.li_schemes, fixed before measuring): "fluctuates" = a rise
+    # above the running best of at least 5% of the initial loss after round 10. Draw 0 (data seed 156, the
+    # Synthetic(1,1) seed closest to Table 2); the finding over 5 draws is the slow test's.
     g = R.run_grid("repro_li_schemes", log=_quiet,
                    only={"dataset.alpha": [1.0], "algorithm": ["fedavg", "fedavg_scheme_ii"]})
-    one = R.roughness(R.curve(g.select(algorithm="fedavg"), "train_loss"))
-    two = R.roughness(R.curve(g.select(algorithm="fedavg_scheme_ii"), "train_loss"))
-    assert one["max_rise_over_best"] < 0.05 and one["up_over_net_decrease"] < 0.1  # found: 0.0025, 0.011
-    assert two["max_rise_over_best"] > 10 * one["max_rise_over_best"]  # found: 0.052
-    assert two["up_over_net_decrease"] > 0.05  # found: 0.071 (0.84 on the data before issue 19's streams)
+    one = R.curve(g.select(algorithm="fedavg"), "train_loss")
+    two = R.curve(g.select(algorithm="fedavg_scheme_ii"), "train_loss")
+    assert claims.rise_after(one.values) < claims.RISE_OF_INITIAL  # scheme I is stable
+    assert (claims.rise_after(two.values) >= claims.RISE_OF_INITIAL) == SCHEME_II_FLUCTUATES_IN_DRAW_0
+    assert two.iloc[-1] > one.iloc[-1]  # scheme I ends best
 
 
 def test_qu_fedavg_rounds_to_target_fall_like_one_over_K():
@@ -176,49 +181,6 @@ def test_yang_theory_step_sizes_give_the_same_error_in_1_over_n_the_rounds(tmp_p
 
 
 # ---------------------------------------------------------------- the full claims (as `make reproduce` runs them)
-
-
-@pytest.mark.slow
-def test_li_rounds_to_target_in_E_has_an_interior_minimum(tmp_path):
-    res = R.li_local_steps(tmp_path, log=_quiet)
-    rounds = [math.inf if r is None else r for r in res["rounds_to_target"]]
-    assert res["interior_minimum"] and res["best_E"] == 100  # found: 76, 65, 66, 90 rounds at E = 50 .. 500
-    assert rounds[res["E"].index(500)] > rounds[res["E"].index(100)] < rounds[res["E"].index(50)]
-    assert all(math.isinf(r) for r in rounds[:3])  # E <= 20 never reach the target in 100 rounds
-
-
-@pytest.mark.slow
-def test_li_schemes_full(tmp_path):
-    res = R.li_schemes(tmp_path, log=_quiet)
-    s11, s00 = res["synthetic(1,1)"], res["synthetic(0,0)"]
-    assert s11["fedavg_scheme_ii"]["max_rise_over_best"] > 10 * s11["fedavg"]["max_rise_over_best"]
-    # differs from the paper: once eta_r = 0.1 / (1 + r) has decayed, scheme II settles (no divergence) ...
-    assert s11["fedavg_scheme_ii"]["final_loss"] < 1.05 * s11["fedavg"]["final_loss"]
-    # ... and on Synthetic(0,0) it does not oscillate at all
-    assert s00["fedavg_scheme_ii"]["max_rise_over_best"] < 0.01
-    for s in (s00, s11):  # the paper's order holds: scheme I ahead of transformed II and of the tuned original
-        assert s["fedavg"]["final_loss"] < s["fedavg_scheme_ii_transformed"]["final_loss"]
-        assert s["fedavg"]["final_loss"] < s["fedavg_original"]["final_loss"]
-
-
-@pytest.mark.slow
-def test_li_schemes_digits(tmp_path):
-    res = R.li_schemes_mnist(tmp_path, log=_quiet)
-    bal, unb = res["balanced"], res["unbalanced"]
-    # balanced: transformed scheme II is scheme II exactly, and schemes I and II are within 1%
-    assert bal["fedavg_scheme_ii"]["final_loss"] == bal["fedavg_scheme_ii_transformed"]["final_loss"]
-    assert abs(bal["fedavg"]["final_loss"] / bal["fedavg_scheme_ii"]["final_loss"] - 1) < 0.01
-    assert unb["fedavg"]["final_loss"] < unb["fedavg_scheme_ii"]["final_loss"] < \
-        unb["fedavg_scheme_ii_transformed"]["final_loss"]
-    # differs from the paper: the tuned original scheme (eta_0 = 1.1) ends below scheme I at eta_0 = 0.1
-    assert bal["fedavg_original"]["final_loss"] < bal["fedavg"]["final_loss"]
-
-
-@pytest.mark.slow
-def test_li_K_matters_little(tmp_path):
-    res = R.li_clients(tmp_path, log=_quiet)
-    assert res["relative_spread"] < 0.02  # found: 0.7% between K = 10 and K = 100
-    assert res["final_loss"][-1] < res["final_loss"][0]  # a large K is slightly better
 
 
 @pytest.mark.slow
@@ -242,15 +204,6 @@ def test_yang_table2_scaffold_costs_twice_the_bytes_per_round(tmp_path):
         per_round = r["mb_per_worker"] / r["rounds"]
         assert per_round == pytest.approx(2 * (2 if alg == "scaffold" else 1) * r["params"] * 4 / 1e6)
         assert r["sim_seconds"] == pytest.approx(r["mb_per_worker"] / 20.0)  # 20 MB/s, no compute time
-
-
-@pytest.mark.slow
-def test_qu_speedup_full(tmp_path):
-    res = R.qu_speedup(tmp_path, log=_quiet)
-    assert -1.2 < res["strongly_convex"]["FedAvg"]["slope"] < -0.8
-    assert -1.2 < res["strongly_convex"]["Nesterov FedAvg"]["slope"] < -0.7  # found: -0.87
-    # differs: with the step fixed by stability, K buys little on the overparameterized problem
-    assert res["overparameterized"]["FedAvg"]["slope"] > -0.5  # found: -0.29, flat from K = 4 on
 
 
 @pytest.mark.slow
@@ -283,3 +236,143 @@ def test_wang_quadratic_and_synthetic_full(tmp_path):
     for setting, cell in syn.items():
         if isinstance(cell, dict):
             assert cell["fednova"]["final_loss"] < 0.8 * cell["fedavg"]["final_loss"], setting
+
+
+# ---------------------------------------------------------------- every claim over several data draws
+#
+# Each claim's criterion is written from the paper's words before measuring, with its source, in
+# harness/studies/claims.py (one function per claim; the thresholds are named constants there):
+#   li_schemes       Fig. 4 caption: scheme I best, the original second, scheme II fluctuates (a rise of 5% of the
+#                    initial loss after round 10) with no sign of convergence, transformed II slower than I
+#   li_schemes_mnist Fig. 1c/1d: balanced I ~ II (5%) and both beat the original, transformed II = II; unbalanced
+#                    I best, II unstable, transformed II slower
+#   li_local_steps   Fig. 1a: rounds to 1.15 / 1.075 x the best loss first fall then rise in E (interior minimum)
+#   li_clients       Fig. 1b: final losses within 5% across K, the largest K slightly better
+#   li_toy           Thm. 4: E = 1 reaches w*, a constant-step floor proportional to (E - 1) eta, decay goes on
+#   yang_noniid      Fig. 1: slower the more non-iid; partial participation zigzags and is slower at p = 1
+#   yang_speedup     Cor. 2: rounds ~ 1 / n (log-log slope -1 +- 0.5)
+#   yang_table2      Table 2: about the same rounds (factor 2), FedAvg fewer MB in every row
+#   qu_speedup       rounds ~ 1 / K (slope -1 +- 0.5): strongly convex; overparameterized below the critical batch
+#   mangold          Fig. 1: RR beats FedAvg everywhere; SCAFFOLD halves the heterogeneous error, not the noisy one
+#   mangold_bias     Prop. 5: bias slope 1 +- 0.1 in gamma and H - 1, RR's slope 2 +- 0.2 in gamma
+#   wang_quadratic   Fig. 2: FedNova = FedAvg at equal tau; at least 2x closer than FedAvg and FedProx otherwise
+#   wang_synthetic   Fig. 5: FedNova ends lowest in all three settings
+#
+# The parts of a criterion that hold in fewer than half of the draws (make reproduce's finding; docs/
+# reproductions.md says "does not reproduce" and why); every other part must hold in more than half.
+DOES_NOT_REPRODUCE: dict[str, set[str]] = {
+    # scheme II's largest rise after round 10 is 0-2.4% of the initial loss over the 5 draws, not 5%; the tuned
+    # original scheme ends last in every draw
+    "li_schemes": {"synthetic(0,0): original second", "synthetic(0,0): scheme II fluctuates",
+                   "synthetic(1,1): original second", "synthetic(1,1): scheme II fluctuates"},
+    # the tuned original scheme (eta_0 = 1.1) ends lowest on both splits of the digits. Found on draw 0 (the
+    # numbers of docs/reproductions.md); the 5-draw run of this claim did not finish in issue 30's session
+    "li_schemes_mnist": {"balanced: I and II better than the original", "unbalanced: scheme I best"},
+}
+SCHEME_II_FLUCTUATES_IN_DRAW_0 = False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(claims.CRITERIA))
+def test_claim_holds_in_most_draws_or_its_failure_does(name, tmp_path):
+    R._register()
+    draws = 1 if name in R.DETERMINISTIC else DRAWS
+    parts = [claims.CRITERIA[name](R.CLAIMS[name](tmp_path, log=_quiet, draw=d)) for d in range(draws)]
+    for part in parts[0]:
+        held = sum(p[part] for p in parts)
+        if part in DOES_NOT_REPRODUCE.get(name, set()):
+            assert 2 * held < draws, (name, part, held)
+        else:
+            assert 2 * held > draws, (name, part, held)
+
+
+# ---------------------------------------------------------------- the data draws and the criteria themselves
+
+
+def test_synthetic_sizes_follow_sahus_generator():
+    # FedProx's generate_synthetic.py: n = int(lognormal(4, 2)) + 50, i.e. floor(exp(4 + 2 z)) + 50: the median of
+    # n - 50 is floor(e^4) = 54 and P(n - 50 >= e^6) = P(z >= 1) = 0.1587 (normal tail); 10^6 clients make the
+    # standard error of that share 0.0004
+    from fedharness.problems.synthetic import client_sizes
+
+    n = client_sizes(3, np.arange(1_000_000)) - 50
+    assert n.min() >= 0 and np.median(n) == 54
+    assert abs((n >= math.exp(6)).mean() - 0.1587) < 0.003
+
+
+def test_li_configs_use_the_data_seeds_closest_to_table_2():
+    seeds = {name: closest_seeds(paper) for name, paper in TABLE2.items()}
+    assert load_config(["experiment=li_schemes_synthetic"])["dataset"]["data_seed"] == seeds["synthetic(1,1)"][0]
+    assert load_config(["experiment=li_local_steps"])["dataset"]["data_seed"] == seeds["synthetic(1,1)"][0]
+    assert load_config(["experiment=li_clients"])["dataset"]["data_seed"] == seeds["synthetic(0,0)"][0]
+    for name, paper in TABLE2.items():
+        ours = size_stats(seeds[name][0], paper.devices)
+        for a, b in ((ours.total, paper.total), (ours.mean, paper.mean), (ours.std, paper.std)):
+            assert abs(a / b - 1) < 0.1, (name, a, b)  # Table 2's figures, within 10%
+        assert size_distance(size_stats(0, paper.devices), paper) > 10 * size_distance(ours, paper)  # seed 0: far
+    # the draws beyond draw 0 are the next closest seeds, in order, and the sweep zips draw 0's
+    assert [R.draw_overrides("repro_li_local_steps", d)[0] for d in range(2)] == [
+        [f"dataset.data_seed={s}"] for s in seeds["synthetic(1,1)"][:2]]
+    assert R.draw_overrides("repro_li_schemes", 0)[1] == {"dataset.data_seed": [
+        str(seeds["synthetic(0,0)"][0]), str(seeds["synthetic(1,1)"][0])]}
+    assert R.draw_overrides("repro_mangold", 3) == (["dataset.data_seed=3"], {})
+    # Wang et al.'s 30 clients: no published statistics; draw 0 is the configured seed 0, the others the seeds
+    # whose sizes come closest to it
+    assert R.draw_overrides("repro_wang_synthetic", 0) == (["dataset.data_seed=0"], {})
+    assert R.draw_seeds("wang_synthetic", 2) == closest_seeds(size_stats(0, 30), 2) and \
+        R.draw_seeds("wang_synthetic", 2)[0] == 0
+
+
+def test_qu_overparameterized_problem_interpolates_and_the_sweep_holds_the_rules_steps():
+    from fedharness.problems.synthetic import generate
+    from fedharness.studies.sweep import grid_points, load_spec
+
+    cfg = load_config(["experiment=qu_overparam"])
+    d = cfg["dataset"]
+    x = generate(d["num_clients"], d["alpha"], d["beta"], d["data_seed"], d["samples_per_client"])[0]
+    assert len(x) < x.shape[1] + 1  # fewer samples than parameters per output: F* = 0 is reachable
+    steps = R.interpolation_steps(cfg, R.QU_KS)
+    points = grid_points(load_spec("repro_qu_overparam", []))
+    assert [float(p["algorithm.client_lr"]) for p in points] == steps
+    assert [int(p["algorithm.clients_per_round"]) for p in points] == R.QU_KS
+    # eta*(m) = m / (beta + (m - 1) lambda_1) grows with m and tends to 1 / lambda_1
+    assert steps == sorted(steps) and steps[-1] / steps[0] < R.QU_KS[-1]
+
+
+def test_rise_after_is_the_largest_climb_above_the_running_best_over_the_initial_loss():
+    curve = [2.0, 1.0, 1.5, 0.8, 0.9, 0.7, 0.74]
+    assert claims.rise_after(curve, after=0) == pytest.approx(0.25)  # 1.5 - 1.0, over 2.0
+    assert claims.rise_after(curve, after=3) == pytest.approx(0.05)  # 0.9 - 0.8
+    assert claims.rise_after([3.0, 2.0, 1.0], after=0) == 0  # decreasing: no rise
+
+
+def test_summary_counts_the_draws_where_each_part_holds_and_the_spread():
+    from fedharness.studies.draws_report import docs_table, summarise
+
+    def yang(slope: float, reached: int) -> dict:
+        return {"FedAvg": {"n": [1, 2, 4], "reached": reached, "slope": slope, "final": [0.1, 0.12, 0.2]}}
+
+    draws = [yang(-1.0, 3), yang(-0.2, 3), yang(-0.9, 2)]
+    s = summarise("yang_speedup", draws, [0, 1, 2])
+    assert (s["k"], s["n"], s["holds"]) == (1, 3, [True, False, False])
+    assert s["parts"] == {"every n reaches the target": 2, "linear speedup": 2}
+    assert s["spread"]["slope in n"] == {"median": -0.9, "min": -1.0, "max": -0.2, "values": [-1.0, -0.2, -0.9]}
+    row = docs_table({"yang_speedup": {"over_draws": s}}).splitlines()[-1]
+    assert row.startswith("| `yang_speedup` | 1 of 3 | does not reproduce | every n reaches the target (2/3); "
+                          "linear speedup (2/3) |")
+
+
+
+def test_fedharness_reproduce_runs_a_claim_and_records_its_draws(tmp_path):
+    import json
+
+    from fedharness.cli import main
+
+    assert main(["reproduce", "--only", "li_toy", "--draws", "3", "--jobs", "1", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "results.json").read_text())["li_toy"]
+    assert (tmp_path / "li_toy.png").exists() and (tmp_path / "draws.png").exists()
+    # li_toy has no random draw: one draw stands for all, and the criterion's three parts hold in it
+    assert (res["over_draws"]["n"], res["over_draws"]["k"]) == (1, 1)
+    assert set(res["over_draws"]["parts"]) == {"E = 1 reaches w*", "floor linear in (E - 1) eta",
+                                               "decaying step below the floor"}
+    assert main(["reproduce", "--only", "li_tyo", "--out", str(tmp_path)]) == 2

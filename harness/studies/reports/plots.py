@@ -107,12 +107,11 @@ def speedup(cells: pd.DataFrame, fits: pd.DataFrame, target: Target, scale_key: 
     for i, (group, g) in enumerate(cells.groupby("group", sort=False)):
         g = g.sort_values("n")
         ok = g[np.isfinite(g["rounds"]) & (g["rounds"] > 0)]
-        line = ax1.plot(ok["n"], ok["rounds"], markers[i % len(markers)], label=group)[0]
+        line = ax1.plot(ok["n"], ok["rounds"], markers[i % len(markers)], label=group if len(ok) else "_nolegend_")[0]
         color = line.get_color()
         cens = g[~np.isfinite(g["rounds"])]
         if len(cens):
-            top = ok["rounds"].max() if len(ok) else 1.0
-            ax1.plot(cens["n"], [top * 1.5] * len(cens), "x", color=color, label=f"{group}: censored")
+            _censored(ax1, cens["n"], color, f"{group}: censored (median replica never reached {target.label})")
         fit = fits[fits["group"] == group]
         if len(fit) and np.isfinite(fit["b"].iloc[0]):
             a, b = fit["a"].iloc[0], fit["b"].iloc[0]
@@ -128,13 +127,18 @@ def speedup(cells: pd.DataFrame, fits: pd.DataFrame, target: Target, scale_key: 
         ax2.plot(xs, xs / usable["n"].min(), "k--", linewidth=0.8, label="linear speedup")
         first = usable.sort_values("n").iloc[0]
         ax1.plot(xs, first["rounds"] * first["n"] / xs, "k:", linewidth=0.8, label="slope -1")
+    censored = bool((~np.isfinite(cells["rounds"])).any())
     for ax in (ax1, ax2):
         if len(usable):
             ax.set_xscale("log")
             ax.set_yscale("log")
-            ax.legend(fontsize=7)
         else:
             _nothing(ax)
+        if len(usable) or (censored and ax is ax1):
+            ax.set_xscale("log")
+            ax.legend(fontsize=7)
+        if not len(usable):
+            ax.set_yticks([])  # no cell has a number of rounds: no scale to read one from
         ax.set_xlabel(f"n ({scale_key})")
     ax1.set_ylabel(f"rounds to {target.label} (median)")
     ax2.set_ylabel("speedup S(n) = T(n0) / T(n)")
@@ -179,6 +183,13 @@ def client_spread(spread: pd.DataFrame, scale_key: str, path: Path) -> Path:
         ax.set_ylabel("client accuracy (p10-p90 band, mean dashed)")
         ax.legend(fontsize=7, title=scale_key, title_fontsize=7)
     return _save(fig, path)
+
+
+def _censored(ax, ns, color, label: str) -> None:
+    """Cells that never reached the target, drawn as censored: a marker on the top edge of the axis (x: n, y: the
+    axis' top, whatever its scale), labelled in the legend, never at a made-up number of rounds."""
+    ax.plot(ns, [1.0] * len(ns), "^", color=color, markersize=8, clip_on=False, transform=ax.get_xaxis_transform(),
+            label=label)
 
 
 def _nothing(ax, why: str = "no cell reached the target after round 0") -> None:

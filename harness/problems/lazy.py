@@ -60,6 +60,10 @@ class RoundData:
     def sample_numel(self) -> int:
         return self.x[0].numel()
 
+    def _model_input(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows as the model takes them: generated rows are made so (DataProblem's keeps compact ones compact)."""
+        return x
+
 
 @dataclass
 class LazyBatches:

@@ -114,3 +114,17 @@ def write_tff_stackoverflow(folder: Path, sentences: dict[str, dict[str, list[st
                                      dtype=strings)
                 group.create_dataset("score", data=np.arange(n, dtype=np.int64))
     (folder / "stackoverflow.word_count").write_text("".join(f"{w} {c}\n" for w, c in word_counts))
+
+
+def assert_refused(tmp_path: Path, capsys, overrides: list[str], key: str, expected: str) -> None:
+    """`fedharness run` with `overrides` exits 2 with one line naming `key` and saying `expected`, and writes
+    nothing under tmp_path (no results, no cache)."""
+    from fedharness.cli import main
+
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    code = main(["run", f"results_dir={tmp_path / 'res'}", f"dataset.cache_dir={tmp_path / 'cache'}",
+                 "progress=false", *overrides])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"fedharness: error: invalid value for '{key}': ") and expected in err[0], err[0]
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no results, no cache

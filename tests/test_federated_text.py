@@ -12,11 +12,10 @@ import pytest
 import torch
 
 import fedharness
-from fedharness.cli import main
 from fedharness.problems.leaf import load_leaf
 from fedharness.problems.nets import build_net, count_params
 from fedharness.problems.tff import load_tff
-from federated_fakes import (leaf_images, leaf_sent140, leaf_text, write_leaf, write_tff_emnist,
+from federated_fakes import (assert_refused, leaf_images, leaf_sent140, leaf_text, write_leaf, write_tff_emnist,
                              write_tff_stackoverflow)
 
 USERS = ["u7", "u1", "u30", "u2"]  # not sorted: clients come out sorted
@@ -200,10 +199,4 @@ BAD = [  # (what is wrong, overrides, the key named, words of what is expected)
 @pytest.mark.parametrize("what,overrides,key,expected", BAD, ids=[b[0] for b in BAD])
 def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, what, overrides, key, expected):
     d = _bad(tmp_path, what)
-    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    code = main(["run", f"results_dir={tmp_path / 'res'}", f"dataset.cache_dir={tmp_path / 'cache'}",
-                 "progress=false", *overrides(d)])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1, err
-    assert err[0].startswith(f"fedharness: error: invalid value for '{key}': ") and expected in err[0], err[0]
-    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no results, no cache
+    assert_refused(tmp_path, capsys, overrides(d), key, expected)

@@ -42,7 +42,7 @@ def test_tff_stackoverflow_word_ids_and_windows(tmp_path):
     size = 5  # the, to, i, a, numpy: array and how are out of the vocabulary as pandas~ and rare are
     data = load_tff(str(tmp_path / "so"), str(tmp_path / "cache"), vocab_size=size)
     pad, oov, bos, eos = 0, size + 1, size + 2, size + 3
-    assert data.num_classes == size + 4 and data.x_scale is None and data.train.x.shape[1] == 20
+    assert data.num_classes == data.token_vocab == size + 4 and data.x_scale is None and data.train.x.shape[1] == 20
     assert data.train.x.dtype == np.int32 and data.names == sorted(USERS)
     ids = {w: i + 1 for i, (w, _) in enumerate(COUNTS[:size])}
     for split, users in sentences.items():
@@ -76,7 +76,7 @@ def test_leaf_sent140_word_ids_labels_and_owners(tmp_path):
     written = leaf_sent140(np.random.default_rng(1), USERS, ["good", "bad", "day", "don't", "go!", "ok,", "meh"])
     write_leaf(tmp_path / "sent140", written, per_file=3)
     data = load_leaf(str(tmp_path / "sent140"), str(tmp_path / "cache"), vocab_size=6)
-    assert data.num_classes == 2 and data.x_scale is None and data.train.x.shape[1] == 25
+    assert data.num_classes == 2 and data.token_vocab == 6 + 2 and data.x_scale is None and data.train.x.shape[1] == 25
     vocab = _tweet_vocabulary(written["train"], 6)
     assert len(vocab) == 6 and sorted(vocab.values()) == list(range(2, 8))
     for split in ("train", "test"):
@@ -94,15 +94,29 @@ def test_leaf_sent140_word_ids_labels_and_owners(tmp_path):
 
 def test_sent_lstm_parameters_and_padding_after_the_words():
     lstm = lambda i, h: 4 * h * (i + h) + 4 * h  # one bias per layer, as TF/Keras
-    net = build_net("sent_lstm", (25,), 2)
+    net = build_net("sent_lstm", (25,), 2, token_vocab=10_002)  # 10,000 words, pad, oov
     assert count_params(net) == 10_002 * 100 + lstm(100, 100) * 2 + (100 * 128 + 128) + (128 * 2 + 2) == 1_174_186
     torch.manual_seed(0)
-    small = build_net("sent_lstm", (25,), 2, vocab_size=20)
+    small = build_net("sent_lstm", (25,), 2, token_vocab=22)
     words = torch.randint(2, 22, (3, 7))
     padded = torch.cat([words, torch.zeros(3, 18, dtype=torch.int64)], dim=1)
     # pad steps leave the state: the padded tweet's logits are its words' alone
     torch.testing.assert_close(small(padded), small(words), rtol=1e-6, atol=1e-6)
     assert small(padded).shape == (3, 2)
+
+
+def test_sent_lstm_embeds_the_data_sets_ids(tmp_path):
+    from fedharness.config.load import load_settings
+    from fedharness.problems import build_problem
+
+    write_leaf(tmp_path / "d", leaf_sent140(np.random.default_rng(4), USERS, ["good", "bad", "day", "meh", "ok"]))
+    base = ["dataset=leaf", f"dataset.path={tmp_path / 'd'}", f"dataset.cache_dir={tmp_path / 'c'}", "model=sent_lstm"]
+    for size in (3, 5):  # the vocabulary's words, pad and oov: the embedding's rows
+        problem = build_problem(load_settings([*base, f"dataset.vocab_size={size}"]), 2)
+        assert problem.objective.net.embedding.num_embeddings == size + 2
+        assert int(problem.x.max()) == size + 1  # every word of the vocabulary is in the training split
+    with pytest.raises(fedharness.ConfigError, match="'model': 'sent_lstm'.*int64 token ids"):
+        build_problem(load_settings(["dataset=blobs", "model=sent_lstm"]), 2)
 
 
 def _write_hf(folder, rng):
@@ -137,8 +151,8 @@ def _write(kind, folder, rng):
 RUNS = {  # kind -> its overrides besides the path
     "leaf_images": ["dataset=leaf"],
     "leaf_shakespeare": ["dataset=leaf", "model=char_lstm", "algorithm.local_steps=1", "algorithm.batch_size=4"],
-    "leaf_sent140": ["dataset=leaf", "dataset.vocab_size=4", "model=sent_lstm", "model.vocab_size=4",
-                     "algorithm.local_steps=1", "algorithm.batch_size=4"],
+    "leaf_sent140": ["dataset=leaf", "dataset.vocab_size=4", "model=sent_lstm", "algorithm.local_steps=1",
+                     "algorithm.batch_size=4"],
     "tff_emnist": ["dataset=tff"],
     "tff_stackoverflow": ["dataset=tff", "dataset.vocab_size=5", "model=word_lstm", "algorithm.local_steps=1",
                           "algorithm.batch_size=4"],

@@ -197,6 +197,7 @@ def load_leaf(path: str | None, cache_dir: str | None = None, vocab_size: int = 
             lambda codes: _read_all(root, train, test, codes, vocab))
         task = tasks.pop()
         meta = {"task": task, "num_classes": {"text": len(LETTERS), "words": 2, "image": None}[task],
+                "token_vocab": {"text": len(LETTERS), "words": vocab_size + 2, "image": None}[task],  # + pad, oov
                 "x_scale": 1.0 / federated.PIXEL_CODES if codes and task == "image" else None}
         return iter(chunks), None if test_chunks is None else iter(test_chunks), meta
 
@@ -211,4 +212,4 @@ def leaf_dataset(path: str | None = None, cache_dir: str | None = None, vocab_si
 DATASETS.add("leaf", leaf_dataset, {
     **federated.keys(WHAT),
     "vocab_size": integer("Sent140: the words of the vocabulary, the training split's most frequent; "
-                          "model=sent_lstm's vocab_size must be the same", lo=1)})
+                          "model=sent_lstm's embedding has these and pad, oov", lo=1)})

@@ -121,15 +121,15 @@ class WordLSTM(nn.Module):
 
 
 class SentLSTM(nn.Module):
-    """LEAF's Sent140 model: an embedding of the words (+ pad 0 and oov 1), two LSTM layers, dense 128 with ReLU,
-    dense to the classes, from the last output; steps on `pad_id` are skipped, so a tweet padded after its words
-    is classified by the state its words leave."""
+    """LEAF's Sent140 model: an embedding of the `token_vocab` ids (the data set's: its words, pad 0 and oov 1),
+    two LSTM layers, dense 128 with ReLU, dense to the classes, from the last output; steps on `pad_id` are
+    skipped, so a tweet padded after its words is classified by the state its words leave."""
 
-    def __init__(self, num_classes: int = 2, vocab_size: int = 10_000, embed: int = 100, hidden: int = 100,
+    def __init__(self, num_classes: int = 2, token_vocab: int = 10_002, embed: int = 100, hidden: int = 100,
                  pad_id: int | None = 0):
         super().__init__()
         self.pad_id = pad_id
-        self.embedding = nn.Embedding(vocab_size + 2, embed)
+        self.embedding = nn.Embedding(token_vocab, embed)
         self.lstm = LSTM(embed, hidden, 2)
         self.dense = nn.Linear(hidden, 128)
         self.fc = nn.Linear(128, num_classes)
@@ -156,16 +156,15 @@ def _build_word_lstm(in_shape: tuple[int, ...], num_classes: int, pad_id: int | 
     return WordLSTM(vocab_size=num_classes, pad_id=pad_id)
 
 
-def _build_sent_lstm(in_shape: tuple[int, ...], num_classes: int, vocab_size: int = 10_000,
+def _build_sent_lstm(in_shape: tuple[int, ...], num_classes: int, token_vocab: int | None = None,
                      pad_id: int | None = 0) -> nn.Module:
     _sequence_length("sent_lstm", in_shape)
-    return SentLSTM(num_classes, vocab_size, pad_id=pad_id)
+    if token_vocab is None:
+        raise ConfigError("model", "sent_lstm", "a data set of int64 token ids (dataset=leaf's Sent140)")
+    return SentLSTM(num_classes, token_vocab, pad_id=pad_id)
 
 
 TOKEN_MODELS = ("char_lstm", "word_lstm", "sent_lstm")  # the built-in models that read int64 token ids
 MODELS.add("char_lstm", _build_char_lstm, {"l2": L2})
 MODELS.add("word_lstm", _build_word_lstm, {"l2": L2, "pad_id": PAD_ID})
-MODELS.add("sent_lstm", _build_sent_lstm, {
-    "l2": L2, "pad_id": PAD_ID,
-    "vocab_size": integer("sent_lstm: the words its embedding has, besides pad 0 and oov 1 (dataset=leaf's "
-                          "Sent140: the same as dataset.vocab_size)", lo=1)})
+MODELS.add("sent_lstm", _build_sent_lstm, {"l2": L2, "pad_id": PAD_ID})

@@ -149,7 +149,7 @@ def load_tff(path: str | None, cache_dir: str | None = None, vocab_path: str | N
         (chunks, test_chunks, tasks), codes = federated.read_with_codes(read_all)
         task = tasks.pop()
         classes = {"text": EOS + 1, "words": vocab_size + 4, "image": None}[task]  # words: + pad, oov, bos, eos
-        meta = {"task": task, "num_classes": classes,
+        meta = {"task": task, "num_classes": classes, "token_vocab": classes,
                 "x_scale": 1.0 / federated.PIXEL_CODES if codes and task == "image" else None}
         return iter(chunks), None if test_chunks is None else iter(test_chunks), meta
 

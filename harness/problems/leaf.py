@@ -16,6 +16,7 @@ from the samples:
 
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
 from typing import Iterator
 
@@ -113,7 +114,7 @@ def tweet_texts(path: Path, file: Path, user: str, xs: list) -> list[str]:
     """The text of each Sent140 record [id, date, query, user, text] (a one-line error naming the record)."""
     for i, x in enumerate(xs):
         if not (isinstance(x, list) and len(x) == 5 and isinstance(x[4], str)):
-            raise bad_file(path, file, f"user {user!r}: x[{i}] is {str(x)[:60]}: expected Sent140's [tweet_id, "
+            raise bad_file(path, file, f"user {user!r}: x[{i}] is {reprlib.repr(x)}: expected Sent140's [tweet_id, "
                                        "date, query, user, text]")
     return [x[4] for x in xs]
 

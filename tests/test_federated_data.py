@@ -14,7 +14,7 @@ from fedharness.cli import main
 from fedharness.problems import federated, leaf
 from fedharness.problems.leaf import LETTERS, load_leaf
 from fedharness.problems.tff import BOS, CHARS, EOS, PAD, load_tff
-from federated_fakes import leaf_images, leaf_text, write_leaf, write_tff_emnist, write_tff_shakespeare
+from federated_fakes import assert_refused, leaf_images, leaf_text, write_leaf, write_tff_emnist, write_tff_shakespeare
 
 USERS = ["f0007_12", "f0001_41", "f0113_02", "f0042_33", "f0003_40"]  # not in sorted order: clients come out sorted
 RUN = ["rounds=2", "eval_every=1", "progress=false", "algorithm.clients_per_round=2", "algorithm.batch_size=2",
@@ -334,13 +334,7 @@ def test_bad_input_one_line_exit_2_nothing_written(tmp_path, capsys, what, overr
         d = tmp_path / "data"
     elif what != "malformed h5":
         d = _bad_leaf(tmp_path, what)
-    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
-    code = main(["run", f"results_dir={tmp_path / 'res'}", f"dataset.cache_dir={tmp_path / 'cache'}",
-                 "progress=false", *overrides(d)])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1, err
-    assert err[0].startswith(f"fedharness: error: invalid value for '{key}': ") and expected in err[0], err[0]
-    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # no results, no cache
+    assert_refused(tmp_path, capsys, overrides(d), key, expected)
 
 
 def test_rules_that_need_the_number_of_clients_wait_for_the_data(tmp_path, capsys):

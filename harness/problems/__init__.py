@@ -40,11 +40,14 @@ from fedharness.settings import RunSettings
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
-def build_model(settings: RunSettings, in_shape: tuple[int, ...], num_classes: int, tokens: bool = False) -> Model:
+def build_model(settings: RunSettings, in_shape: tuple[int, ...], num_classes: int, tokens: bool = False,
+                token_vocab: int | None = None) -> Model:
     """The Model `settings.model` names, for samples of shape `in_shape` and `num_classes` classes; `tokens`: the
-    samples are int64 token ids (a text data set's), which a network takes as they are."""
+    samples are int64 token ids (a text data set's), which a network takes as they are, `token_vocab` of them
+    (a model naming a token_vocab parameter gets it: an embedding's rows)."""
     option = settings.model
-    made = MODELS.build(option.name, option.params, {"in_shape": in_shape, "num_classes": num_classes})
+    made = MODELS.build(option.name, option.params,
+                        {"in_shape": in_shape, "num_classes": num_classes, "token_vocab": token_vocab})
     if isinstance(made, Model):
         return made
     net = require_net(option.name, made)
@@ -110,7 +113,10 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
     if num_classes is None:  # a user data set may have no test; a vocabulary covers the input tokens too
         seen = [a.max() for a in (y, yt, *((pooled.x, pooled.x_test) if tokens else ())) if a is not None]
         num_classes = int(max(seen)) + 1
-    objective = build_model(settings, tuple(pooled.x.shape[1:]), num_classes, tokens)
+    token_vocab = pooled.token_vocab  # a loader's vocabulary; a user's token ids: the largest + 1
+    if tokens and token_vocab is None:
+        token_vocab = int(max(a.max() for a in (pooled.x, pooled.x_test) if a is not None)) + 1
+    objective = build_model(settings, tuple(pooled.x.shape[1:]), num_classes, tokens, token_vocab)
     index = _partition(settings, pooled, num_clients, seed)
     return DataProblem(objective, pooled.x, y, index, pooled.x_test, yt, batch_size, dtype, settings.device, budget,
                        _held_out(settings, pooled, index, seed), x_scale=pooled.x_scale)

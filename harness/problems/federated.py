@@ -59,12 +59,13 @@ class FederatedData:
     x_scale: float | None  # uint8 images: pixel = code * x_scale; None: x as stored (token ids, floats)
     num_classes: int | None
     folder: Path  # the cache folder read
+    token_vocab: int | None = None  # token ids: how many ids the vocabulary has (PooledData.token_vocab)
 
     def pooled(self) -> PooledData:
         test = self.test
         return PooledData(self.train.x, self.train.y, None if test is None else test.x,
                           None if test is None else test.y, self.train.owner,
-                          None if test is None else test.owner, self.num_classes, self.x_scale)
+                          None if test is None else test.owner, self.num_classes, self.x_scale, self.token_vocab)
 
 
 def require_path(path: str | None, what: str) -> Path:
@@ -199,14 +200,14 @@ def read_cache(folder: Path) -> FederatedData:
     index = json.loads((folder / "index.json").read_text())
     test = _read_split(folder, "test") if "test" in index["splits"] else None
     return FederatedData(index["names"], _read_split(folder, "train"), test, index.get("x_scale"),
-                         index.get("num_classes"), folder)
+                         index.get("num_classes"), folder, index.get("token_vocab"))
 
 
 def load_federated(fmt: str, files: list[Path], settings: dict[str, Any], cache_dir: str | None,
                    read: Callable[[], tuple[Iterator[Chunk], Iterator[Chunk] | None, dict[str, Any]]]
                    ) -> FederatedData:
     """The data set of `files`, from the cache when its folder exists, else read by `read` (train chunks, test
-    chunks or None, and the meta: x_scale, num_classes) and cached first."""
+    chunks or None, and the meta: x_scale, num_classes, token_vocab) and cached first."""
     folder = cache_folder(cache_dir, fmt, files, settings)
     if not (folder / "index.json").is_file():
         train, test, meta = read()
@@ -231,4 +232,4 @@ def select_owners(pooled: PooledData, count: int, seed: int) -> PooledData:
     if test_keep is not None:
         test = tuple(None if a is None else a[test_keep] for a in test)
     return PooledData(pooled.x[keep], pooled.y[keep], test[0], test[1], pooled.owner[keep], test[2],
-                      pooled.num_classes, pooled.x_scale)
+                      pooled.num_classes, pooled.x_scale, pooled.token_vocab)

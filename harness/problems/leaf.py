@@ -1,4 +1,4 @@
-"""dataset=leaf: LEAF's JSON (FEMNIST, Shakespeare, any image task stored as arrays), natural clients.
+"""dataset=leaf: LEAF's JSON (FEMNIST, Shakespeare, Sent140, any image task stored as arrays), natural clients.
 
 dataset.path is what LEAF's preprocess.sh leaves in data/<task>/data: train/ and test/ folders of JSON files,
 each {"users": [...], "num_samples": [...], "user_data": {user: {"x": [...], "y": [...]}}}; a folder of JSON
@@ -8,13 +8,15 @@ from the samples:
 * image: each x a list of numbers (FEMNIST: 784 pixels in [0, 1], written as 1 x 28 x 28), y an integer class;
   pixels that are k/255 are kept as uint8 codes, any other values as float32;
 * text (Shakespeare): each x a string of 80 characters, y the next character, both as ids in LEAF's 80-letter
-  vocabulary (LETTERS, LEAF's language_utils.ALL_LETTERS), so num_classes = 80.
-
-Sent140 (each x a tweet's fields) needs a word vocabulary and is refused with a message saying so.
+  vocabulary (LETTERS, LEAF's language_utils.ALL_LETTERS), so num_classes = 80;
+* words (Sent140): each x a tweet's [id, date, query, user, text], y its sentiment 0 or 1; the text's first 25
+  words (LEAF's max_words) as int32 ids in the training split's dataset.vocab_size most frequent words
+  (problems/words.py: pad 0, oov 1), padded after the words; num_classes = 2 (model=sent_lstm).
 """
 
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
 from typing import Iterator
 
@@ -22,7 +24,9 @@ import numpy as np
 
 from fedharness.errors import ConfigError
 from fedharness.problems import federated
+from fedharness.keys import integer
 from fedharness.problems.federated import Chunk, FederatedData, bad_file, codes_or_floats
+from fedharness.problems.words import leaf_vocabulary, leaf_word_ids
 from fedharness.registry.groups import DATASETS
 
 try:  # the `federated` extra: LEAF's JSON parsed over 3x faster, into the same lists and floats
@@ -31,6 +35,7 @@ except ImportError:
     from json import loads as parse_json
 
 LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
+TWEET_WORDS = 25  # Sent140: the words of a tweet read (LEAF's sent140 max_words)
 WHAT = "a LEAF data folder (train/ and test/ of JSON files, as LEAF's preprocess.sh writes them) or one JSON file"
 _LETTER_ID = np.full(256, -1, dtype=np.int16)
 _LETTER_ID[np.frombuffer(LETTERS.encode("ascii"), dtype=np.uint8)] = np.arange(len(LETTERS))
@@ -96,18 +101,33 @@ def _image(path: Path, file: Path, user: str, xs: list, ys: list, codes: bool) -
     return codes_or_floats(x, codes).reshape(shape), y.astype(np.int64)
 
 
-def _task(path: Path, file: Path, user: str, xs: list) -> str:
+def _task(xs: list) -> str:
     first = xs[0]
     if isinstance(first, str):
         return "text"
-    if isinstance(first, list) and first and all(isinstance(v, str) for v in first):
-        raise bad_file(path, file, "each x is a list of strings (Sent140's tweets): this needs a word "
-                                   "vocabulary, which dataset=leaf does not build; image and Shakespeare tasks only")
+    if isinstance(first, list) and first and isinstance(first[-1], str):
+        return "words"
     return "image"
 
 
-def _user_chunks(path: Path, files: list[Path], codes: bool, split: str, tasks: set[str]) -> Iterator[Chunk]:
-    """One chunk per user, one file parsed at a time; `tasks` gathers the tasks seen (image, text)."""
+def tweet_texts(path: Path, file: Path, user: str, xs: list) -> list[str]:
+    """The text of each Sent140 record [id, date, query, user, text] (a one-line error naming the record)."""
+    for i, x in enumerate(xs):
+        if not (isinstance(x, list) and len(x) == 5 and isinstance(x[4], str)):
+            raise bad_file(path, file, f"user {user!r}: x[{i}] is {reprlib.repr(x)}: expected Sent140's [tweet_id, "
+                                       "date, query, user, text]")
+    return [x[4] for x in xs]
+
+
+def _labels(path: Path, file: Path, user: str, ys: list) -> np.ndarray:
+    if not all(type(v) is int and v in (0, 1) for v in ys):
+        bad = next(v for v in ys if not (type(v) is int and v in (0, 1)))
+        raise bad_file(path, file, f"user {user!r}: y {bad!r}: expected Sent140's sentiment 0 or 1")
+    return np.asarray(ys, dtype=np.int64)
+
+
+def _users(path: Path, files: list[Path]) -> Iterator[tuple[Path, str, list, list]]:
+    """Each user's (file, name, xs, ys), one file parsed at a time."""
     for file in files:
         data = _read_json(path, file)
         counts = data.get("num_samples")
@@ -119,52 +139,78 @@ def _user_chunks(path: Path, files: list[Path], codes: bool, split: str, tasks: 
             if len(xs) != len(ys) or (isinstance(counts, list) and i < len(counts) and counts[i] != len(xs)):
                 raise bad_file(path, file, f"user {user!r}: {len(xs)} x, {len(ys)} y, num_samples says "
                                            f"{counts[i] if isinstance(counts, list) and i < len(counts) else '?'}")
-            if not xs:
-                if split == "train":
-                    raise bad_file(path, file, f"user {user!r} has no training samples; every client needs "
-                                               "at least one")
-                continue
-            tasks.add(_task(path, file, user, xs))
-            if len(tasks) > 1:
-                raise bad_file(path, file, f"user {user!r}: images and text mixed in one data set")
-            if "text" in tasks:
-                x, y = _text(path, file, user, xs, "x"), _text(path, file, user, ys, "y")
-                if y.shape[1] != 1:
-                    raise bad_file(path, file, f"user {user!r}: each y must be the one next character")
-                y = y[:, 0].astype(np.int64)
-            else:
-                x, y = _image(path, file, user, xs, ys, codes)
-            yield x, y, np.full(len(y), str(user))
+            yield file, str(user), xs, ys
         del data
 
 
-def _read_all(root: Path, train: list[Path], test: list[Path], codes: bool
+def sent140_vocabulary(path: Path, files: list[Path], size: int) -> dict[str, int] | None:
+    """The training split's vocabulary where it is Sent140 (its first sample a tweet record), else None."""
+    texts: list[str] = []
+    for file, user, xs, _ in _users(path, files):
+        if xs and _task(xs) != "words":
+            return None
+        texts += tweet_texts(path, file, user, xs)
+    return leaf_vocabulary(texts, size)
+
+
+def _user_chunks(path: Path, files: list[Path], codes: bool, split: str, tasks: set[str],
+                 vocab: dict[str, int] | None) -> Iterator[Chunk]:
+    """One chunk per user, one file parsed at a time; `tasks` gathers the tasks seen (image, text, words)."""
+    for file, user, xs, ys in _users(path, files):
+        if not xs:
+            if split == "train":
+                raise bad_file(path, file, f"user {user!r} has no training samples; every client needs at least one")
+            continue
+        tasks.add(_task(xs))
+        if len(tasks) > 1:
+            raise bad_file(path, file, f"user {user!r}: tasks mixed in one data set ({', '.join(sorted(tasks))})")
+        if "words" in tasks:
+            texts = tweet_texts(path, file, user, xs)
+            assert vocab is not None  # tweets in the training split: a vocabulary (a test split alone: mixed)
+            x, y = leaf_word_ids(texts, vocab, TWEET_WORDS), _labels(path, file, user, ys)
+        elif "text" in tasks:
+            x, y = _text(path, file, user, xs, "x"), _text(path, file, user, ys, "y")
+            if y.shape[1] != 1:
+                raise bad_file(path, file, f"user {user!r}: each y must be the one next character")
+            y = y[:, 0].astype(np.int64)
+        else:
+            x, y = _image(path, file, user, xs, ys, codes)
+        yield x, y, np.full(len(y), user)
+
+
+def _read_all(root: Path, train: list[Path], test: list[Path], codes: bool, vocab: dict[str, int] | None
               ) -> tuple[list[Chunk], list[Chunk] | None, set[str]]:
     tasks: set[str] = set()
-    return (list(_user_chunks(root, train, codes, "train", tasks)),
-            list(_user_chunks(root, test, codes, "test", tasks)) if test else None, tasks)
+    chunks = list(_user_chunks(root, train, codes, "train", tasks, vocab))
+    return chunks, list(_user_chunks(root, test, codes, "test", tasks, vocab)) if test else None, tasks
 
 
-def load_leaf(path: str | None, cache_dir: str | None = None) -> FederatedData:
-    """The LEAF data set at `path`, from the cache after its first read."""
+def load_leaf(path: str | None, cache_dir: str | None = None, vocab_size: int = 10_000) -> FederatedData:
+    """The LEAF data set at `path`, from the cache after its first read; Sent140's vocabulary: the training
+    split's `vocab_size` most frequent words."""
     root = federated.require_path(path, WHAT)
     train, test = leaf_files(root)
 
     def read():
+        vocab = sent140_vocabulary(root, train, vocab_size)
         # pixels as uint8 codes where every value is k/255 (LEAF's FEMNIST), else float32
         (chunks, test_chunks, tasks), codes = federated.read_with_codes(
-            lambda codes: _read_all(root, train, test, codes))
-        text = tasks == {"text"}
-        meta = {"task": "text" if text else "image", "num_classes": len(LETTERS) if text else None,
-                "x_scale": 1.0 / federated.PIXEL_CODES if codes and not text else None}
+            lambda codes: _read_all(root, train, test, codes, vocab))
+        task = tasks.pop()
+        meta = {"task": task, "num_classes": {"text": len(LETTERS), "words": 2, "image": None}[task],
+                "token_vocab": {"text": len(LETTERS), "words": vocab_size + 2, "image": None}[task],  # + pad, oov
+                "x_scale": 1.0 / federated.PIXEL_CODES if codes and task == "image" else None}
         return iter(chunks), None if test_chunks is None else iter(test_chunks), meta
 
-    return federated.load_federated("leaf", train + test, {}, cache_dir, read)
+    return federated.load_federated("leaf", train + test, {"vocab_size": vocab_size}, cache_dir, read)
 
 
-def leaf_dataset(path: str | None = None, cache_dir: str | None = None):
-    """dataset=leaf: the pooled samples with each one's owner (a writer, a speaking role)."""
-    return load_leaf(path, cache_dir).pooled()
+def leaf_dataset(path: str | None = None, cache_dir: str | None = None, vocab_size: int = 10_000):
+    """dataset=leaf: the pooled samples with each one's owner (a writer, a speaking role, a Twitter user)."""
+    return load_leaf(path, cache_dir, vocab_size).pooled()
 
 
-DATASETS.add("leaf", leaf_dataset, federated.keys(WHAT))
+DATASETS.add("leaf", leaf_dataset, {
+    **federated.keys(WHAT),
+    "vocab_size": integer("Sent140: the words of the vocabulary, the training split's most frequent; "
+                          "model=sent_lstm's embedding has these and pad, oov", lo=1)})

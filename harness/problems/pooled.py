@@ -22,3 +22,6 @@ class PooledData:
     # uint8 images stored as codes (federated file data sets): each pixel is code * x_scale, made float one
     # minibatch or evaluation chunk at a time (DataProblem); None: x as it is (floats, or integer token ids)
     x_scale: float | None = None
+    # token ids: how many ids there are (an embedding's rows: 0 .. token_vocab - 1) when the data set knows it
+    # (a vocabulary with pad and oov ids); None: the largest id + 1, where a model asks
+    token_vocab: int | None = None

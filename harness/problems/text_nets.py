@@ -4,6 +4,9 @@
                  the next character from the last output                 817,872 params (vocabulary 80)
 * ``word_lstm``  Reddi et al. 2021's StackOverflow next-word model: embedding 96, one LSTM layer of 670, dense
                  96, dense vocabulary; pad tokens (id 0, TFF's) are skipped   4,050,748 params (vocabulary 10,004)
+* ``sent_lstm``  LEAF's Sent140 classifier (sent140/stacked_lstm.py) with a trained embedding of 100 in place of
+                 GloVe's 300: two LSTM layers of 100, dense 128 (ReLU), dense to the classes, from the last
+                 output; pad tokens (id 0) are skipped              1,174,186 params (10,000 words, 2 classes)
 
 The LSTM is written with torch ops, one time step after another, so that torch.func.vmap batches it over the
 client copies like any other layer: nn.LSTM's fused kernel has no batching rule, and under vmap it falls back to
@@ -117,6 +120,25 @@ class WordLSTM(nn.Module):
         return self.fc(self.projection(self.lstm(self.embedding(x), keep)[:, -1]))
 
 
+class SentLSTM(nn.Module):
+    """LEAF's Sent140 model: an embedding of the `token_vocab` ids (the data set's: its words, pad 0 and oov 1),
+    two LSTM layers, dense 128 with ReLU, dense to the classes, from the last output; steps on `pad_id` are
+    skipped, so a tweet padded after its words is classified by the state its words leave."""
+
+    def __init__(self, num_classes: int = 2, token_vocab: int = 10_002, embed: int = 100, hidden: int = 100,
+                 pad_id: int | None = 0):
+        super().__init__()
+        self.pad_id = pad_id
+        self.embedding = nn.Embedding(token_vocab, embed)
+        self.lstm = LSTM(embed, hidden, 2)
+        self.dense = nn.Linear(hidden, 128)
+        self.fc = nn.Linear(128, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = None if self.pad_id is None else x != self.pad_id
+        return self.fc(torch.relu(self.dense(self.lstm(self.embedding(x), keep)[:, -1])))
+
+
 def _sequence_length(name: str, in_shape: tuple[int, ...]) -> int:
     if len(in_shape) != 1:
         raise ConfigError("model", name, f"token sequences of shape (seq_len,) (int64 ids), got samples of shape "
@@ -134,6 +156,15 @@ def _build_word_lstm(in_shape: tuple[int, ...], num_classes: int, pad_id: int | 
     return WordLSTM(vocab_size=num_classes, pad_id=pad_id)
 
 
-TOKEN_MODELS = ("char_lstm", "word_lstm")  # the built-in models that read int64 token ids
+def _build_sent_lstm(in_shape: tuple[int, ...], num_classes: int, token_vocab: int | None = None,
+                     pad_id: int | None = 0) -> nn.Module:
+    _sequence_length("sent_lstm", in_shape)
+    if token_vocab is None:
+        raise ConfigError("model", "sent_lstm", "a data set of int64 token ids (dataset=leaf's Sent140)")
+    return SentLSTM(num_classes, token_vocab, pad_id=pad_id)
+
+
+TOKEN_MODELS = ("char_lstm", "word_lstm", "sent_lstm")  # the built-in models that read int64 token ids
 MODELS.add("char_lstm", _build_char_lstm, {"l2": L2})
 MODELS.add("word_lstm", _build_word_lstm, {"l2": L2, "pad_id": PAD_ID})
+MODELS.add("sent_lstm", _build_sent_lstm, {"l2": L2, "pad_id": PAD_ID})

@@ -109,13 +109,15 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
     y, yt = pooled.y, pooled.y_test
     # integer samples without a pixel scale are token ids (a text task's): int64 from a user, uint8 from a loader
     tokens = np.issubdtype(pooled.x.dtype, np.integer) and pooled.x_scale is None
+    # the largest token id, read once (a pass over every sample) and only where a fallback below needs it
+    unknown = pooled.num_classes is None or pooled.token_vocab is None
+    top_token = int(max(a.max() for a in (pooled.x, pooled.x_test) if a is not None)) if tokens and unknown else -1
     num_classes = pooled.num_classes  # a data set that knows its classes (a vocabulary) says so
     if num_classes is None:  # a user data set may have no test; a vocabulary covers the input tokens too
-        seen = [a.max() for a in (y, yt, *((pooled.x, pooled.x_test) if tokens else ())) if a is not None]
-        num_classes = int(max(seen)) + 1
+        num_classes = max(top_token, *(int(a.max()) for a in (y, yt) if a is not None)) + 1
     token_vocab = pooled.token_vocab  # a loader's vocabulary; a user's token ids: the largest + 1
     if tokens and token_vocab is None:
-        token_vocab = int(max(a.max() for a in (pooled.x, pooled.x_test) if a is not None)) + 1
+        token_vocab = top_token + 1
     objective = build_model(settings, tuple(pooled.x.shape[1:]), num_classes, tokens, token_vocab)
     index = _partition(settings, pooled, num_clients, seed)
     return DataProblem(objective, pooled.x, y, index, pooled.x_test, yt, batch_size, dtype, settings.device, budget,

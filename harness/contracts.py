@@ -304,6 +304,22 @@ class SampleTerms(Protocol):
 
 
 @runtime_checkable
+class ClosedFormTerms(Protocol):
+    """A model whose summed loss has a gradient in closed form (the linear models): evaluation then computes the
+    loss and its gradient without autograd, and the test set's loss and correct predictions without a graph, a
+    chunk of samples at a time. Each replica's numbers come from its own product (bmm over replicas), so they do
+    not depend on how many replicas are evaluated beside it."""
+
+    def loss_and_grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed data loss [R] (float64) over samples x [n, ...], y [n] and its gradient [R, dim] (w's dtype)."""
+
+    def loss_and_correct(self, w: torch.Tensor, x: torch.Tensor,
+                         y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed data loss [R] (float64) and number of correct predictions [R], without a graph (loss_terms's
+        values up to rounding)."""
+
+
+@runtime_checkable
 class BufferTerms(Protocol):
     """A model scored with several sets of its buffers at once, its parameters shared, each set on its own samples
     (the built-in nets): FedBN's clients, each with its own buffers, are then scored together."""

@@ -10,12 +10,16 @@ import torch
 
 from typing import Mapping
 
-from fedharness.contracts import ClientKeys, ClientScores, Evaluation, ExactSolve, Model, Problem
+from fedharness.contracts import ClientKeys, ClientScores, ClosedFormTerms, Evaluation, ExactSolve, Model, Problem
 from fedharness.base import streams
 from fedharness.problems.client_eval import client_scores
 from fedharness.errors import require
 
 EVAL_CHUNK = 16384  # samples per evaluation chunk: bounds memory for large data sets
+# Samples per chunk of a closed-form evaluation (contracts.ClosedFormTerms): small enough that a few replicas'
+# logits stay in cache, large enough that the per-chunk calls cost little at one replica. It does not depend
+# on the replica count (only eval_chunk's memory cap may lower it), so neither does a replica's chunked sum.
+CLOSED_FORM_CHUNK = 2048
 GATHER_ELEMENTS = 1 << 20  # floats gathered at once when prefetching a round's minibatches
 
 
@@ -187,23 +191,54 @@ class DataProblem(Problem, ExactSolve):
         """F(w) = sum_k p_k F_k(w) per replica, differentiable (p_k = n_k / n, so a mean over all samples)."""
         return self._mean_loss(w, self.x, self.y)[0] + self.objective.regularizer(w).double()
 
-    def objective_and_grad(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """F and its gradient, one chunk of samples at a time: each chunk's graph is freed before the next,
-        and both sums accumulate in float64."""
-        w = w.detach()
+    def _closed_form_chunk(self, replicas: int) -> int:
+        return min(CLOSED_FORM_CHUNK, self.eval_chunk(replicas))
+
+    def _data_sums(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The summed training loss [R] and its gradient [R, dim], both accumulated in float64, one chunk of samples
+        at a time: in closed form where the model has one (no graph, no argmax), else by autograd, each chunk's
+        graph freed before the next."""
         value = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device)
         grad = torch.zeros(w.shape, dtype=torch.float64, device=w.device)
-        chunk, n = self.eval_chunk(w.shape[0]), len(self.y)
-        for start in range(0, n, chunk):
+        if isinstance(self.objective, ClosedFormTerms):
+            chunk = self._closed_form_chunk(w.shape[0])
+            for start in range(0, len(self.y), chunk):
+                loss, g = self.objective.loss_and_grad(w, self._model_input(self.x[start:start + chunk]),
+                                                       self.y[start:start + chunk])
+                value, grad = value.add_(loss), grad.add_(g)
+            return value, grad
+        chunk = self.eval_chunk(w.shape[0])
+        for start in range(0, len(self.y), chunk):
             wg = w.clone().requires_grad_(True)
             loss, _ = self.objective.loss_terms(wg, self._model_input(self.x[start:start + chunk]),
                                                 self.y[start:start + chunk])
             (g,) = torch.autograd.grad(loss.sum(), wg)
             value, grad = value + loss.detach().double(), grad + g.double()
+        return value, grad
+
+    def objective_and_grad(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """F and its gradient; the data terms' sums accumulate in float64 (_data_sums)."""
+        w = w.detach()
+        value, grad = self._data_sums(w)
+        n = len(self.y)
         wg = w.clone().requires_grad_(True)
         reg = self.objective.regularizer(wg)
         (g,) = torch.autograd.grad(reg.sum(), wg)
         return value / n + reg.detach().double(), (grad / n + g.double()).to(w.dtype)
+
+    def _test_metrics(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean test loss and accuracy per replica, without a graph (in closed form where the model has one)."""
+        if not isinstance(self.objective, ClosedFormTerms):
+            with torch.no_grad():
+                return self._mean_loss(w, self.x_test, self.y_test)
+        loss = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device)
+        correct = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device)
+        chunk = self._closed_form_chunk(w.shape[0])
+        for start in range(0, len(self.y_test), chunk):
+            l, c = self.objective.loss_and_correct(w, self._model_input(self.x_test[start:start + chunk]),
+                                                   self.y_test[start:start + chunk])
+            loss, correct = loss.add_(l), correct.add_(c)
+        return loss / len(self.y_test), correct / len(self.y_test)
 
     def data_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         if split == "train":
@@ -215,8 +250,7 @@ class DataProblem(Problem, ExactSolve):
         out = Evaluation(train_loss=train_loss.cpu().numpy(),
                          grad_norm_sq=(g.double() ** 2).sum(-1).cpu().numpy())
         if self.x_test is not None:
-            with torch.no_grad():
-                loss, acc = self._mean_loss(w, self.x_test, self.y_test)
+            loss, acc = self._test_metrics(w.detach())
             out.test_loss, out.test_acc = loss.cpu().numpy(), acc.cpu().numpy()
         return out
 

@@ -109,6 +109,54 @@ class SoftmaxRegression(Model):
         """Bytes one client copy's minibatch gradient holds besides parameters and features: the logits."""
         return 2 * batch * self.num_classes * itemsize
 
+    # --- evaluation in closed form (contracts.ClosedFormTerms): no autograd, no train-set argmax ---------------
+
+    def _logits_by_class(self, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """[R, C, n]: each replica's own product W_r X^T (bmm over replicas, never one GEMM over all of them, so
+        a replica's numbers do not depend on the replicas beside it); reductions over classes then run over
+        dim 1, along contiguous rows of samples, the fastest layout for the loss and its gradient."""
+        return torch.bmm(self._matrix(w), x.t().expand(w.shape[0], -1, -1))
+
+    @staticmethod
+    def _exp_shifted(logits: torch.Tensor, top: torch.Tensor, labels: torch.Tensor,
+                     dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """In place: logits become exp(logits - top) (classes along `dim`). Returns them, their sum over classes
+        and each replica's summed cross-entropy [R] in float64 (log-sum-exp minus the label's logit; shifting by
+        the largest logit keeps a large logit finite)."""
+        picked = logits.sub_(top).gather(dim, labels)
+        exps = logits.exp_()
+        total = exps.sum(dim, keepdim=True)
+        return exps, total, (total.log() - picked).sum((1, 2), dtype=torch.float64)
+
+    def loss_and_grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed cross-entropy [R] (float64) and its gradient sum_i (softmax_i - onehot(y_i)) x_i^T [R, dim]."""
+        labels = y.view(1, 1, -1).expand(w.shape[0], 1, -1)
+        logits = self._logits_by_class(w, x)
+        exps, total, loss = self._exp_shifted(logits, logits.amax(1, keepdim=True), labels, 1)
+        resid = _minus_onehot(exps.div_(total), labels, 1)
+        return loss, _data_gradient(resid, x)
+
+    def loss_and_correct(self, w: torch.Tensor, x: torch.Tensor,
+                         y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """By sample ([R, n, C], loss_terms's logits): a sample's logits, and so which class wins a near-tie,
+        do not depend on how many samples share its chunk (those of W X^T do)."""
+        labels = y.view(1, -1, 1).expand(w.shape[0], -1, 1)
+        logits = self.logits(w, x)
+        top, predicted = logits.max(-1, keepdim=True)  # max's index is argmax's (the first maximum)
+        _, _, loss = self._exp_shifted(logits, top, labels, -1)
+        return loss, (predicted == labels).sum((1, 2))
+
+
+def _minus_onehot(scores: torch.Tensor, labels: torch.Tensor, dim: int) -> torch.Tensor:
+    """scores minus onehot(labels) along `dim` (labels: scores' shape with 1 there), in place."""
+    return scores.scatter_add_(dim, labels, torch.full((), -1.0, dtype=scores.dtype, device=scores.device)
+                               .expand(labels.shape))
+
+
+def _data_gradient(resid: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """resid [R, C, n] times the samples x [n, d]: [R, C * d], each replica's own product."""
+    return torch.bmm(resid, x.expand(resid.shape[0], -1, -1)).view(resid.shape[0], -1)
+
 
 class LinearRegression(SoftmaxRegression):
     """Least squares 1/2 ||W x - onehot(y)||^2 + l2 ||w||^2: convex, closed-form gradient."""
@@ -132,6 +180,20 @@ class LinearRegression(SoftmaxRegression):
         pred = self.logits(w, x)
         target = torch.nn.functional.one_hot(y, self.num_classes).to(pred.dtype)
         return 0.5 * ((pred - target) ** 2).sum(-1), pred.argmax(-1) == y
+
+    def loss_and_grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed squared error [R] (float64) and its gradient sum_i (W x_i - onehot(y_i)) x_i^T [R, dim]."""
+        resid = _minus_onehot(self._logits_by_class(w, x), y.view(1, 1, -1).expand(w.shape[0], 1, -1), 1)
+        return 0.5 * resid.square().sum((1, 2), dtype=torch.float64), _data_gradient(resid, x)
+
+    def loss_and_correct(self, w: torch.Tensor, x: torch.Tensor,
+                         y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """By sample, as SoftmaxRegression's."""
+        labels = y.view(1, -1, 1).expand(w.shape[0], -1, 1)
+        pred = self.logits(w, x)
+        predicted = pred.max(-1, keepdim=True)[1]  # taken before the label is subtracted
+        resid = _minus_onehot(pred, labels, -1)
+        return 0.5 * resid.square().sum((1, 2), dtype=torch.float64), (predicted == labels).sum((1, 2))
 
 
 # The linear models (`model=auto` is logreg for a data set; the analytic data sets are their own model).

@@ -141,9 +141,9 @@ def main() -> int:
         print(f"  {scale}: powerlaw sizes=drawn exponent={split.exponent:g} min_size={split.min_size},"
               f" {split.samples} samples")
         for seed in li_mnist_draws(scale=scale):
-            s = powerlaw_stats(split, seed)
+            s, n = powerlaw_stats(split, seed), split.sizes(seed)
             print(f"  data_seed {seed:3d}:  N {s.devices}  total {s.total}  mean {s.mean:.0f}  std {s.std:.0f}"
-                  f"  std/mean {s.std / s.mean:.3f}  min {split.sizes(seed).min()}  max {split.sizes(seed).max()}")
+                  f"  std/mean {s.std / s.mean:.3f}  min {n.min()}  max {n.max()}")
     return 0
 
 

@@ -33,6 +33,7 @@ from fedharness.config.overrides import format_value
 from fedharness.studies.claims import rise_after
 from fedharness.studies.data_draws import DRAWS, closest_seeds, li_mnist_draws, size_stats, table2_draws
 from fedharness.studies.draws_report import draws_figure, summarise, write_docs_table
+from fedharness.studies.threshold_audit import write_docs as write_threshold_table
 from fedharness.studies.sweep import apply_cli, expand, load_spec
 
 logger = logging.getLogger(__name__)
@@ -767,6 +768,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp.replace(path)
     if out.resolve() == OUT_DIR and DOCS.exists():
         write_docs_table(DOCS, results)
+        write_threshold_table(DOCS, results)  # the margins of every threshold (issue 30's audit)
     print(f"reproduced {len(names) - len(failed)} claim(s) over {args.draws} draws in "
           f"{time.perf_counter() - start:.1f}s: {out}/results.json and figures")
     if failed:

@@ -7,7 +7,8 @@ those one draw compares (e.g. the four cells of a figure); a criterion that `mak
 is read at the median draw's value, an assertion of a test that runs draw 0 at draw 0's. Orderings (A ends below
 B), exact identities and counts have no threshold and are not listed.
 
-    python -m fedharness.studies.threshold_audit      # rewrite the table in docs/reproductions.md
+    python -m fedharness.studies.threshold_audit      # rewrite the table in docs/reproductions.md (make reproduce
+                                                      # does too)
 """
 
 from __future__ import annotations
@@ -194,6 +195,8 @@ def audit(results: dict) -> list[dict]:
     draw (claims) or draw 0 (tests), and at the closest draw."""
     rows = []
     for t in THRESHOLDS:
+        if not (results.get(t.claim) or {}).get("over_draws"):  # a results.json without that claim yet
+            continue
         draws = results[t.claim]["over_draws"]["results"]
         if not t.where.startswith("claims."):
             draws = draws[:1]  # the tests run draw 0
@@ -230,16 +233,18 @@ def docs_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_docs(docs: Path = DOCS, results_path: Path = RESULTS) -> list[dict]:
-    rows = audit(json.loads(results_path.read_text()))
+def write_docs(docs: Path, results: dict) -> list[dict]:
+    """Rewrite the table between TABLE_BEGIN and TABLE_END (`make reproduce` does, after its runs)."""
+    rows = audit(results)
     text = docs.read_text()
-    head, rest = text.split(TABLE_BEGIN, 1)
-    docs.write_text(f"{head}{TABLE_BEGIN}\n{docs_table(rows)}\n{TABLE_END}{rest.split(TABLE_END, 1)[1]}")
+    if TABLE_BEGIN in text and TABLE_END in text:
+        head, rest = text.split(TABLE_BEGIN, 1)
+        docs.write_text(f"{head}{TABLE_BEGIN}\n{docs_table(rows)}\n{TABLE_END}{rest.split(TABLE_END, 1)[1]}")
     return rows
 
 
 def main() -> int:
-    rows = write_docs()
+    rows = write_docs(DOCS, json.loads(RESULTS.read_text()))
     broken = [r for r in rows if r["breaks_rule"]]
     print(f"{len(rows)} thresholds, {len(broken)} within {RULE:.0%} of their value without the paper giving them")
     for r in broken:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from fedharness.errors import ConfigError, require
-from fedharness.keys import boolean, integer, number
+from fedharness.keys import boolean, choice, integer, number
 from fedharness.registry.groups import PARTITIONERS
 
 # Resampling budget for `dirichlet`'s min_size constraint: enough for any
@@ -229,12 +229,26 @@ PARTITIONERS.add("dirichlet", dirichlet,
                   "min_size": integer("redraw until every client has this many samples", lo=1)})
 
 
+# How `powerlaw` draws each client's weight (partition.sizes): "ranked", rank^-exponent over a seeded permutation
+# of the ranks (the same sizes for every seed, dealt to different clients); "drawn", i.i.d. Pareto weights of tail
+# index 1 / exponent, whose sorted values fall like rank^-exponent on average and whose sizes depend on the seed,
+# so a seed can be chosen by the size statistics (studies/data_draws.py).
+POWERLAW_SIZES = ("ranked", "drawn")
+
+
+def _powerlaw_weights(num_clients: int, exponent: float, law: str, rng: np.random.Generator) -> np.ndarray:
+    if law == "ranked":
+        ranks = rng.permutation(num_clients) + 1
+        return ranks.astype(np.float64) ** -exponent
+    # numpy's pareto is the Lomax law; + 1 makes it Pareto with minimum 1: P(w > x) = x^(-1 / exponent)
+    return rng.pareto(1.0 / exponent, num_clients) + 1.0
+
+
 def _powerlaw_sizes(
-    n: int, num_clients: int, exponent: float, min_size: int, rng: np.random.Generator
+    n: int, num_clients: int, exponent: float, min_size: int, rng: np.random.Generator, law: str = "ranked"
 ) -> np.ndarray:
-    """Sizes min_size + (share of the rest proportional to rank^-exponent), summing to n."""
-    ranks = rng.permutation(num_clients) + 1
-    weights = ranks.astype(np.float64) ** -exponent
+    """Sizes min_size + (share of the rest proportional to the clients' weights), summing to n."""
+    weights = _powerlaw_weights(num_clients, exponent, law, rng)
     rest = n - num_clients * min_size
     ideal = rest * weights / weights.sum()
     sizes = np.floor(ideal).astype(np.int64)
@@ -242,6 +256,13 @@ def _powerlaw_sizes(
     leftover = rest - int(sizes.sum())
     sizes[np.argsort(-(ideal - sizes), kind="stable")[:leftover]] += 1
     return sizes + min_size
+
+
+def _powerlaw_params(n: int, num_clients: int, exponent: Any, min_size: Any, sizes: Any) -> tuple[float, int, str]:
+    exponent = _positive_float("partition.exponent", exponent)
+    min_size = _int_param("partition.min_size", min_size, 1, n // num_clients)
+    require(sizes in POWERLAW_SIZES, "partition.sizes", sizes, "one of: " + ", ".join(POWERLAW_SIZES))
+    return exponent, min_size, sizes
 
 
 def powerlaw(
@@ -252,29 +273,43 @@ def powerlaw(
     exponent: float = 1.5,
     min_size: int = 1,
     label_sorted: bool = False,
+    sizes: str = "ranked",
 ) -> list[np.ndarray]:
     """Unbalanced sizes (Li et al. 2020, "unbalanced (power law)").
 
     Client sizes are min_size plus a share of the remaining samples proportional
-    to rank^-exponent, the ranks being a seeded permutation of 1..num_clients.
+    to each client's weight: rank^-exponent, the ranks being a seeded permutation
+    of 1..num_clients (sizes="ranked"), or a Pareto draw of tail index
+    1/exponent (sizes="drawn": the sizes themselves depend on the seed).
     Samples are dealt in shuffled order (size skew only) or, with
     label_sorted=True, in label-sorted order so clients also see few labels.
     Every sample is assigned once.
     """
     n = len(labels)
-    exponent = _positive_float("partition.exponent", exponent)
-    min_size = _int_param("partition.min_size", min_size, 1, n // num_clients)
+    exponent, min_size, sizes = _powerlaw_params(n, num_clients, exponent, min_size, sizes)
     label_sorted = _bool_param("partition.label_sorted", label_sorted)
 
-    sizes = _powerlaw_sizes(n, num_clients, exponent, min_size, rng)
+    counts = _powerlaw_sizes(n, num_clients, exponent, min_size, rng, sizes)
     order = _label_sorted_order(labels, rng) if label_sorted else rng.permutation(n)
-    return _finish(_split_by_sizes(order, sizes))
+    return _finish(_split_by_sizes(order, counts))
+
+
+def powerlaw_sizes(
+    n: int, num_clients: int, seed: int, *, exponent: float = 1.5, min_size: int = 1, sizes: str = "ranked"
+) -> np.ndarray:
+    """The client sizes `partition("powerlaw", labels, num_clients, seed, ...)` gives any n labels, in client
+    order, without the labels: the sizes are the partition's first draw, so its seed can be chosen by them."""
+    exponent, min_size, sizes = _powerlaw_params(n, num_clients, exponent, min_size, sizes)
+    return _powerlaw_sizes(n, num_clients, exponent, min_size, np.random.default_rng(seed), sizes)
 
 
 PARTITIONERS.add("powerlaw", powerlaw,
                  {"exponent": number("client sizes proportional to rank^-exponent", lo=0, lo_open=True),
                   "min_size": integer("samples every client gets first", lo=1),
-                  "label_sorted": boolean("deal in label-sorted order (label skew too)")})
+                  "label_sorted": boolean("deal in label-sorted order (label skew too)"),
+                  "sizes": choice("ranked: rank^-exponent over a seeded permutation (the same sizes for every "
+                                  "seed) | drawn: Pareto weights of tail index 1/exponent (sizes depend on the seed)",
+                                  POWERLAW_SIZES)})
 
 
 def natural(

@@ -112,7 +112,16 @@ def test_li_toy_constant_step_stalls_in_proportion_to_E_minus_1_and_decay_conver
     constant, decaying = dict(zip(res["E"], res["constant"])), dict(zip(res["E"], res["decaying"]))
     assert constant[1] < 1e-8  # E = 1 is gradient descent: it reaches w*
     per_unit = np.array(res["constant_over_E_minus_1_eta"])  # the floor / ((E - 1) eta), E = 2, 5, 10
-    assert per_unit.min() > 0.04 and per_unit.max() / per_unit.min() < 1.1  # linear in (E - 1) eta
+    # linear in (E - 1) eta: within claims.li_toy's factor 1.5 (issue 30's threshold audit: the factor 1.1 we had
+    # asserted sat 6% above the observed 1.04)
+    assert per_unit.min() > 0.04 and per_unit.max() / per_unit.min() < 1.5
+    # Theorem 5 (App. C.1) gives the number: ||w~* - w*|| >= (E - 1) eta / 16 ||A_1 A_2 w*||
+    from fedharness.problems.li_toy import li_toy_matrices
+
+    d = load_config(["experiment=li_toy"])["dataset"]
+    A, b = li_toy_matrices(d["num_clients"], d["block"])
+    w_star = np.linalg.solve(A.sum(0) + d["num_clients"] * d["mu"] * np.eye(A.shape[1]), b.sum(0))
+    assert per_unit.min() >= np.linalg.norm(A[0] @ A[1] @ w_star) / 16  # found: 0.060 against 0.0049
     for E in (2, 5, 10):
         assert decaying[E] < 0.25 * constant[E]  # the decaying schedule goes on towards w*
     assert (tmp_path / "li_toy.png").exists()
@@ -170,7 +179,9 @@ def test_qu_fedavg_rounds_to_target_fall_like_one_over_K():
                          "algorithm.clients_per_round": [1, 4, 16]})
     cell = R._speedup(g, "algorithm.clients_per_round", {}, "subopt", 0.05)
     assert cell["reached"] == 3
-    assert -1.2 < cell["slope"] < -0.8  # found: -1.0 over K = 1..16
+    # linear, not square-root: claims.SPEEDUP_SLOPE (issue 30's threshold audit: -1.2 .. -0.8 sat within 20% of
+    # the observed -1.02)
+    assert claims.SPEEDUP_SLOPE[0] < cell["slope"] < claims.SPEEDUP_SLOPE[1]  # found: -1.02 over K = 1, 4, 16
 
 
 def test_yang_theory_step_sizes_give_the_same_error_in_1_over_n_the_rounds(tmp_path):
@@ -209,19 +220,24 @@ def test_yang_table2_scaffold_costs_twice_the_bytes_per_round(tmp_path):
 @pytest.mark.slow
 def test_mangold_full(tmp_path):
     res = R.mangold(tmp_path, log=_quiet)
+    # issue 30's threshold audit: 0.6 (RR) and 0.9 (SCAFFOLD on noise) sat within 20% of draw 0's 0.51 and 1.12;
+    # the criteria are claims.mangold's, from the paper's words ("outperforms", "fails")
     for data in ("mangold_noisy", "mangold_heterogeneous"):
         for H in ("H=10", "H=100"):
-            assert res[data][H]["rr_over_fedavg_average"] < 0.6, (data, H)
+            assert res[data][H]["rr_over_fedavg_average"] < 1, (data, H)
     for H in ("H=10", "H=100"):  # SCAFFOLD: no help against noise, a cure for heterogeneity
-        assert res["mangold_noisy"][H]["scaffold_over_fedavg_average"] > 0.9
+        assert res["mangold_noisy"][H]["scaffold_over_fedavg_average"] > claims.SCAFFOLD_SUPPRESSES
     assert res["mangold_heterogeneous"]["H=100"]["scaffold_over_fedavg_average"] < 0.05
 
 
 @pytest.mark.slow
 def test_mangold_bias_is_first_order_in_gamma_and_H_and_rr_second_order(tmp_path):
     res = R.mangold_bias(tmp_path, log=_quiet)
-    assert 0.9 < res["fedavg_slope_in_gamma"] < 1.1 and 0.9 < res["fedavg_slope_in_H_minus_1"] < 1.1
-    assert 1.8 < res["rr_slope_in_gamma"] < 2.2
+    # first and second order: the nearest integer slope (claims.ORDER_HALF_WIDTH; issue 30's threshold audit: the
+    # bands +-0.1 and +-0.2 sat within 20% of the observed 0.98 and 2.04); the closed forms below are exact
+    half = claims.ORDER_HALF_WIDTH
+    assert abs(res["fedavg_slope_in_gamma"] - 1) < half and abs(res["fedavg_slope_in_H_minus_1"] - 1) < half
+    assert abs(res["rr_slope_in_gamma"] - 2) < half
     for cell in res["gamma"].values():
         assert cell["fedavg"]["bias"] == pytest.approx(cell["fedavg"]["closed_form"], rel=1e-6)
     assert res["gamma"]["0.005"]["fedavg"]["rel_err_vs_first_order"] < 0.02
@@ -251,10 +267,10 @@ def test_wang_quadratic_and_synthetic_full(tmp_path):
 #   li_toy           Thm. 4: E = 1 reaches w*, a constant-step floor proportional to (E - 1) eta, decay goes on
 #   yang_noniid      Fig. 1: slower the more non-iid; partial participation zigzags and is slower at p = 1
 #   yang_speedup     Cor. 2: rounds ~ 1 / n (log-log slope -1 +- 0.5)
-#   yang_table2      Table 2: about the same rounds (factor 2), FedAvg fewer MB in every row
+#   yang_table2      Table 2: about the same rounds (the paper's own MNIST rows: 7/17 .. 17/7), FedAvg fewer MB
 #   qu_speedup       rounds ~ 1 / K (slope -1 +- 0.5): strongly convex; overparameterized below the critical batch
 #   mangold          Fig. 1: RR beats FedAvg everywhere; SCAFFOLD halves the heterogeneous error, not the noisy one
-#   mangold_bias     Prop. 5: bias slope 1 +- 0.1 in gamma and H - 1, RR's slope 2 +- 0.2 in gamma
+#   mangold_bias     Prop. 5: bias slope nearest 1 in gamma and H - 1, RR's slope nearest 2 in gamma
 #   wang_quadratic   Fig. 2: FedNova = FedAvg at equal tau; at least 2x closer than FedAvg and FedProx otherwise
 #   wang_synthetic   Fig. 5: FedNova ends lowest in all three settings
 #
@@ -266,7 +282,8 @@ DOES_NOT_REPRODUCE: dict[str, set[str]] = {
     "li_schemes": {"synthetic(0,0): original second", "synthetic(0,0): scheme II fluctuates",
                    "synthetic(1,1): original second", "synthetic(1,1): scheme II fluctuates"},
     # the tuned original scheme (eta_0 = 1.1) ends lowest on both splits of the digits, and scheme II's largest rise
-    # after round 10 is 0.8-1.9% of the initial loss on the unbalanced split: 0 of 5 draws (make reproduce)
+    # after round 10 is 0.08-4.6% of the initial loss on the unbalanced split (matched to Table 2's std / mean,
+    # data seeds 131, 138, 109, 96, 58): 0 of 5 draws (make reproduce)
     "li_schemes_mnist": {"balanced: I and II better than the original", "unbalanced: scheme I best",
                          "unbalanced: scheme II unstable"},
 }

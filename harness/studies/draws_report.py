@@ -30,6 +30,16 @@ def summarise(name: str, draws: list[dict], seeds: list) -> dict:
             "parts": {part: sum(p[part] for p in parts) for part in parts[0]}, "spread": spread}
 
 
+def _in_order(name: str, s: dict) -> tuple[dict, dict]:
+    """A claim's part counts and spreads in the order its criterion and headline give them (draw 0's): results.json
+    is written with sorted keys, so a run of some claims (--only) reads the others' back sorted."""
+    first = (s.get("results") or [None])[0]
+    parts_order = list(CRITERIA[name](first)) if first else []
+    spread_order = list(headline(name, first)) if first else []
+    return ({**{k: s["parts"][k] for k in parts_order if k in s["parts"]}, **s["parts"]},
+            {**{k: s["spread"][k] for k in spread_order if k in s["spread"]}, **s["spread"]})
+
+
 def verdict(k: int, n: int) -> str:
     """A claim reproduces when it holds in most draws."""
     return "reproduces" if 2 * k > n else "does not reproduce"
@@ -50,9 +60,10 @@ def docs_table(results: dict) -> str:
         s = res.get("over_draws") if isinstance(res, dict) else None
         if not s:
             continue
-        failing = "; ".join(f"{p} ({c}/{s['n']})" for p, c in s["parts"].items() if c < s["n"]) or "none"
+        parts, spread = _in_order(name, s)
+        failing = "; ".join(f"{p} ({c}/{s['n']})" for p, c in parts.items() if c < s["n"]) or "none"
         numbers = "; ".join(f"{k} {_number(v['median'])} [{_number(v['min'])}, {_number(v['max'])}]"
-                            for k, v in s["spread"].items())
+                            for k, v in spread.items())
         lines.append(f"| `{name}` | {s['k']} of {s['n']} | {verdict(s['k'], s['n'])} | {failing} | {numbers} |")
     return "\n".join(lines)
 
@@ -78,7 +89,7 @@ def draws_figure(results: dict, out: Path) -> str:
     fig = Figure(figsize=(4.2 * cols, 3.4 * rows))
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, (name, s) in zip(axes, claims):
-        for x, (key, v) in enumerate(s["spread"].items()):
+        for x, (key, v) in enumerate(_in_order(name, s)[1].items()):
             values = [u for u in v["values"] if u is not None]
             if v["median"] and values:
                 ax.plot([x] * len(values), np.array(values) / v["median"], "o", ms=3, alpha=0.6, color="C0")

@@ -31,8 +31,9 @@ from fedharness.references.solve import solve_reference
 from fedharness.runs.execute import build_engine, build_executor, prepare_run
 from fedharness.config.overrides import format_value
 from fedharness.studies.claims import rise_after
-from fedharness.studies.data_draws import DRAWS, closest_seeds, size_stats, table2_draws
+from fedharness.studies.data_draws import DRAWS, closest_seeds, li_mnist_draws, size_stats, table2_draws
 from fedharness.studies.draws_report import draws_figure, summarise, write_docs_table
+from fedharness.studies.threshold_audit import write_docs as write_threshold_table
 from fedharness.studies.sweep import apply_cli, expand, load_spec
 
 logger = logging.getLogger(__name__)
@@ -159,6 +160,10 @@ SIZE_MATCHED = {"repro_li_schemes": ("synthetic(0,0)", "synthetic(1,1)"),
 # what draw 0 costs, chosen from the sizes alone. Sweep: (devices, configured data seed).
 SIZE_LIKE_DRAW_0 = {"repro_wang_synthetic": (30, 0)}
 
+# Li et al.'s MNIST unbalanced split (the digits at the smoke scale): the draws are the data seeds whose power-law
+# split (sizes drawn from the seed) has the std / mean of n_k closest to Table 2's; the config holds draw 0's.
+SIZE_MATCHED_SPLIT = {"repro_li_schemes_mnist": "smoke"}
+
 
 def draw_seeds_of(sweep: str, draws: int) -> list[list[int]] | None:
     """The data seeds of a size-chosen sweep's draws (one list per zipped data set), or None: seeds 0, 1, 2, ..."""
@@ -167,6 +172,8 @@ def draw_seeds_of(sweep: str, draws: int) -> list[list[int]] | None:
     if sweep in SIZE_LIKE_DRAW_0:
         devices, seed = SIZE_LIKE_DRAW_0[sweep]
         return [closest_seeds(size_stats(seed, devices), draws)]
+    if sweep in SIZE_MATCHED_SPLIT:
+        return [li_mnist_draws(draws, SIZE_MATCHED_SPLIT[sweep])]
     return None
 
 
@@ -761,6 +768,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp.replace(path)
     if out.resolve() == OUT_DIR and DOCS.exists():
         write_docs_table(DOCS, results)
+        write_threshold_table(DOCS, results)  # the margins of every threshold (issue 30's audit)
     print(f"reproduced {len(names) - len(failed)} claim(s) over {args.draws} draws in "
           f"{time.perf_counter() - start:.1f}s: {out}/results.json and figures")
     if failed:

@@ -23,7 +23,7 @@ from fedharness.results.store import ResultsStore
 from fedharness.studies.tuning.batched_trials import run_batch
 from fedharness.studies.tuning.export import trial_status
 from fedharness.studies.tuning.lease import Lease, reap_lost, trial_counts
-from fedharness.studies.tuning.optuna_parts import make_sampler, open_study, quiet_optuna
+from fedharness.studies.tuning.optuna_parts import ask_trial, open_study, quiet_optuna
 from fedharness.studies.tuning.spec import TuneSpec
 from fedharness.studies.tuning.trial import Reporter, tell_value, trial_line, trial_settings
 
@@ -49,18 +49,21 @@ def work(spec: TuneSpec, worker: int = 0, echo: Callable[[str], None] = logger.i
             time.sleep(poll)
             continue
         if spec.batch > 1:  # tune.batch trials at once as one batched run
-            ran += run_batch(spec, study, worker, len(trials), echo, store)
+            ran += run_batch(spec, study, worker, echo, store)
         else:
             ran += _run_one(spec, study, worker, len(trials), echo, store)
 
 
 def _run_one(spec: TuneSpec, study, worker: int, trial_number: int,
              echo: Callable[[str], None] = logger.info, store: ResultsStore | None = None) -> int:
+    """Ask for one trial, run it and tell it; 1 if it finished. `trial_number`: the study's length when the worker
+    read it, the number a new trial gets unless another worker asks first; the sampler is seeded by the number the
+    trial does get (an enqueued trial keeps its own), so the argument only names the race that the claim rule
+    settles."""
     import optuna
     from optuna.trial import TrialState
 
-    study.sampler = make_sampler(spec, worker, trial_number)
-    trial = study.ask()
+    trial = ask_trial(spec, study, worker, queued=True)
     with Lease(trial, spec.heartbeat_s):
         earlier = [t for t in study.get_trials(deepcopy=False)
                    if t.number < trial.number and t.state != TrialState.FAIL]

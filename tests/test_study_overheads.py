@@ -1,14 +1,18 @@
 """What a study's trials no longer pay per trial, and that it changes nothing: a trial's config is its values set
-into a copy of the study's composed base (plain dict, where it holds no interpolation)."""
+into a copy of the study's composed base (plain dict, where it holds no interpolation); a finished trial's outcome
+and value are one transaction (storage.tell_complete) instead of study.tell's read of the whole trial and commit."""
 
 from __future__ import annotations
 
+import optuna
 import pytest
 from omegaconf import OmegaConf
+from optuna.trial import TrialState
 
 from fedharness.config import compose as compose_module
 from fedharness.config.compose import compose_values
 from fedharness.config.load import load_config
+from fedharness.studies.tuning.storage import tell_complete, write_trial
 
 W1 = ["dataset.samples_per_client=200", "dataset.num_clients=100", "algorithm.clients_per_round=10"]  # benchmarks W1
 VALUES = ["algorithm.client_lr=1e-05", "algorithm.local_steps=20", "seed=3"]
@@ -34,3 +38,86 @@ def test_interpolations_take_the_omegaconf_path():
     value = ["algorithm.server_lr=${algorithm.client_lr}"]  # a value that is an interpolation
     assert compose_values(W1, value) == compose_values([*W1, *value], [])
     assert compose_values(W1, value)["algorithm"]["server_lr"] == compose_values(W1, [])["algorithm"]["client_lr"]
+
+
+def _told(storage: str, tell) -> optuna.trial.FrozenTrial:
+    """A study with one trial (one param, one report, one attr), told by `tell`; the trial as the storage holds it."""
+    study = optuna.create_study(study_name="s", storage=storage, sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = study.ask()
+    trial.suggest_float("x", 0.0, 1.0)
+    trial.set_user_attr("run_id", "r1")
+    tell(study, trial)
+    return optuna.load_study(study_name="s", storage=storage).trials[0]
+
+
+def test_tell_complete_stores_what_write_trial_and_study_tell_store(tmp_path):
+    """One transaction (storage.tell_complete) against Optuna's own calls: the same state, value, params, attrs and
+    reports; without a read of the trial back (study.tell's storage.get_trial)."""
+    attrs, reports = {"status": "ok", "budget_used": 400}, {1: 0.5, 2: 0.25}
+
+    def optuna_calls(study, trial):
+        write_trial(trial, attrs, reports)
+        study.tell(trial, 0.125)
+
+    def one_write(study, trial):
+        reads = []
+        real = study._storage.get_trial
+        study._storage.get_trial = lambda trial_id: reads.append(trial_id) or real(trial_id)
+        tell_complete(trial, 0.125, attrs, reports)
+        assert reads == [] and trial.user_attrs == {"run_id": "r1", **attrs}
+
+    a = _told(f"sqlite:///{tmp_path}/a.db", optuna_calls)
+    b = _told(f"sqlite:///{tmp_path}/b.db", one_write)
+    assert (b.state, b.value, b.params, b.user_attrs, b.intermediate_values) == \
+        (a.state, a.value, a.params, a.user_attrs, a.intermediate_values) == \
+        (TrialState.COMPLETE, 0.125, a.params, {"run_id": "r1", **attrs}, reports)
+    assert b.datetime_complete is not None and b.datetime_complete >= b.datetime_start
+
+
+def test_tell_complete_of_a_trial_declared_lost_writes_nothing(tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    study = optuna.create_study(study_name="s", storage=storage)
+    trial = study.ask()
+    study.tell(trial.number, state=TrialState.FAIL)  # what reap_lost does to a trial whose heartbeat stopped
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        tell_complete(trial, 0.5, {"status": "ok"}, {1: 0.5})
+    stored = optuna.load_study(study_name="s", storage=storage).trials[0]
+    assert (stored.state, stored.value, stored.user_attrs, stored.intermediate_values) == (TrialState.FAIL, None,
+                                                                                          {}, {})
+
+
+def test_tell_complete_of_nan_fails_the_trial_as_study_tell_does(tmp_path):
+    def nan(study, trial):
+        with pytest.warns(UserWarning):
+            tell_complete(trial, float("nan"), {"status": "ok"})
+
+    stored = _told(f"sqlite:///{tmp_path}/s.db", nan)
+    assert stored.state == TrialState.FAIL and stored.user_attrs == {"run_id": "r1", "status": "ok"}
+
+
+def test_the_trials_table_is_built_column_by_column_as_from_pylist_builds_it(tmp_path):
+    """trials/ without pandas (pa.Table.from_pylist imports it): the same table, nulls and a categorical included."""
+    import pyarrow as pa
+
+    from fedharness.studies.tuning.export import trial_rows, trials_table
+    from fedharness.studies.tuning.spec import build_spec
+
+    spec = build_spec(["tune=default", "dataset=quadratic", "tune.space.local_steps.high=4",
+                       "+tune.space.momentum={type: categorical, choices: [0.0, 0.5, 'off'], key: algorithm.momentum}",
+                       f"results_dir={tmp_path}"], probe=False)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for i in range(4):
+        trial = study.ask()
+        for p in spec.params:
+            p.suggest(trial)
+        trial.set_user_attr("budget_used", 40 + i)
+        if i < 3:  # the last one stays RUNNING: no value, no end
+            study.tell(trial, 0.5 + i)
+    trials = study.get_trials()
+    table = trials_table(spec, trials)
+    rows = trial_rows(spec, trials)
+    for r in rows:
+        r["param_momentum"] = None if r["param_momentum"] is None else str(r["param_momentum"])
+    expected = pa.Table.from_pylist([{f.name: r.get(f.name) for f in table.schema} for r in rows], schema=table.schema)
+    assert table.equals(expected) and table.num_rows == 4 and table.column("value").null_count == 1
+    assert set(table.column("param_momentum").to_pylist()) <= {"0.0", "0.5", "off"}

@@ -151,8 +151,8 @@ def _tell(spec: TuneSpec, study, a: BatchTrial, result: RunResult, echo: Callabl
         study.tell(trial, state=TrialState.FAIL)
         return 0
     value = spec.objective.value(result.rows, result.status)
-    a.reporter.finish({**batch, "status": result.status, "budget_used": spec.budget.used(result.rows)})
-    return tell_value(spec, study, trial, value, echo)
+    attrs = {**batch, "status": result.status, "budget_used": spec.budget.used(result.rows)}
+    return tell_value(spec, a.reporter, attrs, value, echo)
 
 
 def _fail(study, trials: list, err: BaseException) -> None:

@@ -121,3 +121,36 @@ def test_the_trials_table_is_built_column_by_column_as_from_pylist_builds_it(tmp
     expected = pa.Table.from_pylist([{f.name: r.get(f.name) for f in table.schema} for r in rows], schema=table.schema)
     assert table.equals(expected) and table.num_rows == 4 and table.column("value").null_count == 1
     assert set(table.column("param_momentum").to_pylist()) <= {"0.0", "0.5", "off"}
+
+
+def test_adjacent_slots_with_alike_aggregators_get_one_call_and_each_its_own_coefficients():
+    """FedAvg in slots 0-2, FedNova (steps) in 3-4, FedAvg again in 5: three calls; each slot's rows are exactly
+    those of a call on its own rows (coefficients are row-wise)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from fedharness.algorithms.aggregators import NormalizedAverage, WeightedAverage
+    from fedharness.contracts import WeightStats
+    from fedharness.core.slots import SlotAggregator, SlotSet
+
+    aggregators = [WeightedAverage(), WeightedAverage(), WeightedAverage(), NormalizedAverage(), NormalizedAverage(),
+                   WeightedAverage()]
+    replicas = np.array([2, 1, 3, 1, 2, 2])
+    n = len(aggregators)
+    slots = SlotSet(list(range(n)), [SimpleNamespace(aggregator=a) for a in aggregators], np.zeros(n, dtype=int),
+                    replicas, np.full(n, 10), np.ones(n, dtype=np.int64), {})
+    combined = SlotAggregator(slots)
+    assert [(type(a).__name__, r.start, r.stop) for a, r in combined.runs] == \
+        [("WeightedAverage", 0, 6), ("NormalizedAverage", 6, 9), ("WeightedAverage", 9, 11)]
+    rng = np.random.default_rng(0)
+    rows, k = int(replicas.sum()), 5
+    q = rng.dirichlet(np.ones(k), size=rows)
+    tau = rng.integers(1, 20, size=(rows, k)).astype(float)
+    stats = WeightStats(tau * 0.05, tau * 0.0025, np.full((rows, k), 0.05), rng.uniform(0.5, 2, size=(rows, k)))
+    got = combined.coefficients(q, stats, tau)
+    for i, a in enumerate(aggregators):
+        r = slots.rows(i)
+        own = a.coefficients(q[r], WeightStats(stats.l1[r], stats.l2sq[r], stats.last[r], stats.scale[r]), tau[r])
+        for name in ("coef", "tau_eff", "chi2", "slowdown"):
+            assert np.array_equal(getattr(got, name)[r], getattr(own, name)), (i, name)

@@ -91,8 +91,12 @@ def ask_trial(spec: TuneSpec, study, worker: int, queued: bool):
     trial_id = study._pop_waiting_trial_id() if queued else None
     if trial_id is None:
         trial_id = study._storage.create_new_trial(study._study_id)
-    study.sampler = make_sampler(spec, worker, study._storage.get_trial(trial_id).number)  # cached: no read
-    return optuna.Trial(study, trial_id)
+    trial = optuna.Trial(study, trial_id)  # reads the trial, its number with it (a running trial is not cached)
+    study.sampler = make_sampler(spec, worker, trial.number)
+    # Trial() told the previous sampler before_trial (Optuna's samplers: nothing to do); tell the trial's own
+    frozen = trial._cached_frozen_trial
+    study.sampler.before_trial(optuna.pruners._filter_study(study, frozen), frozen)
+    return trial
 
 
 def open_bracket(study, trials: list) -> None:

@@ -3,7 +3,7 @@
 * slots whose samplers draw alike (equal seed, equal sampler) draw in one call (harness/core/slots.py), giving each
   slot exactly the rows of its own call;
 * a batch of trials asks for its trials without Optuna's look for enqueued trials, which read every running trial
-  each time (harness/studies/tuning/optuna_parts.py ask_new), unless the study holds enqueued trials: then those
+  each time (harness/studies/tuning/optuna_parts.py ask_trial), unless the study holds enqueued trials: then those
   are run first, as study.ask does.
 """
 
@@ -149,3 +149,23 @@ def test_hyperband_decides_a_rung_once_a_member_that_never_reports_has_left():
     assert [pruner.prune(study, t) for t in trials] == [False] * 5  # trial 5 has not reported: no decision
     pruner.leave(5)
     assert [pruner.prune(study, t) for t in trials] == [False, True, True, True, True]  # the best (lowest) goes on
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_enqueued_trials_do_not_make_the_sampler_repeat_a_proposal(tmp_path, batch):
+    """Each trial's sampler is seeded by the trial's own number: a popped enqueued trial keeps its number, so a seed
+    taken from the study's length (the trials before the batch, plus the place in it) was given to two trials, and
+    the random sampler proposed the same client_lr (a continuous axis) twice. Enqueued trials fix local_steps only:
+    client_lr is sampled for every trial, and no two may be equal."""
+    results = tmp_path / "r"
+    assert cli.main(["tune", *QUAD, "tune.n_trials=1", f"results_dir={results}"]) == 0
+    storage = f"sqlite:///{results}/optuna.db"
+    study = optuna.load_study(study_name="default-fedavg", storage=storage)
+    for steps in (2, 3):
+        study.enqueue_trial({"local_steps": steps})
+    assert cli.main(["tune", *QUAD, "tune.n_trials=11", f"tune.batch={batch}", f"results_dir={results}"]) == 0
+    trials = optuna.load_study(study_name="default-fedavg", storage=storage).get_trials()
+    assert [t.state.name for t in trials] == ["COMPLETE"] * 11
+    assert [t.params["local_steps"] for t in trials[1:3]] == [2, 3]
+    lrs = [t.params["client_lr"] for t in trials]
+    assert len(set(lrs)) == 11, sorted(lrs)

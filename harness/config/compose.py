@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import AnyNode, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from fedharness.errors import ConfigError, require
@@ -99,15 +99,48 @@ def compose_values(overrides: list[str], values: list[str], config_name: str = "
     an existing key (`algorithm.client_lr=0.1`, never a group or +/~): Hydra applies such value overrides to the
     composed config before resolving, which is what this does, so interpolations (`${div:10000,
     ${algorithm.local_steps}}`) still follow the values. Anything else, or any error, takes compose_raw's path
-    (and its messages). A tuning study's trials compose in ~5 ms instead of ~0.25 s."""
+    (and its messages). A tuning study's trials compose in ~5 ms instead of ~0.25 s; where the composed config holds
+    no interpolation and the keys set are untyped leaves, the values go into a copy of its plain dict (~0.8 ms:
+    copying the DictConfig was most of the 5 ms)."""
     try:
-        cfg = copy.deepcopy(_composed_unresolved(tuple(user_search_path() + list(overrides)), config_name))
-        for key, value in _value_overrides(cfg, values):
-            OmegaConf.update(cfg, key, value, merge=True)
+        key = tuple(user_search_path() + list(overrides))
+        base = _composed_unresolved(key, config_name)
+        changes = _value_overrides(base, values)
+        plain = _plain(key, config_name)
+        if plain is not None and all(_plain_settable(base, k, v) for k, v in changes):
+            cfg = copy.deepcopy(plain)
+            for k, value in changes:
+                *sections, leaf = k.split(".")
+                node = cfg
+                for section in sections:
+                    node = node[section]
+                node[leaf] = value
+            return cfg
+        cfg = copy.deepcopy(base)
+        for k, value in changes:
+            OmegaConf.update(cfg, k, value, merge=True)
         return OmegaConf.to_container(cfg, resolve=True)
     except (_NotValues, ConfigCompositionException, MissingConfigException, OverrideParseException,
             OmegaConfBaseException):
         return compose_raw([*overrides, *values], config_name)
+
+
+@lru_cache(maxsize=8)
+def _plain(overrides: tuple[str, ...], config_name: str) -> dict[str, Any] | None:
+    """The composed config as a plain dict, or None where it holds an interpolation (a value may then follow
+    another: OmegaConf resolves it)."""
+    cfg = _composed_unresolved(overrides, config_name)
+    unresolved = OmegaConf.to_container(cfg, resolve=False)
+    return None if "${" in repr(unresolved) else OmegaConf.to_container(cfg, resolve=True)
+
+
+def _plain_settable(cfg: DictConfig, key: str, value: Any) -> bool:
+    """Whether OmegaConf would store `value` at `key` as it is: an untyped leaf (AnyNode; a typed one converts or
+    refuses) and no interpolation in the value."""
+    node = cfg
+    for part in key.split("."):
+        node = node._get_node(part)
+    return isinstance(node, AnyNode) and not (isinstance(value, str) and "${" in value)
 
 
 class _NotValues(Exception):

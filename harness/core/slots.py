@@ -108,6 +108,8 @@ def _same_part(a, b) -> bool:
 def _same_value(x, y) -> bool:
     if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
         return np.array_equal(x, y)
+    if isinstance(x, (bool, int, float, str, type(None))):  # before the Sampler check, a Protocol's: slow
+        return bool(x == y)
     if isinstance(x, Sampler) and isinstance(y, Sampler):
         return _same_part(x, y)
     return bool(x == y)
@@ -153,7 +155,8 @@ class SlotSampler(Sampler):
             for i in group:
                 sels[i] = _selection_rows(drawn, slice(start, start + int(s.replicas[i])))
                 start += int(s.replicas[i])
-        sels = [_widened(sel, max(sel.clients.shape[1] for sel in sels)) for sel in sels]
+        width = max(sel.clients.shape[1] for sel in sels)
+        sels = [_widened(sel, width) for sel in sels]
         active = None
         if any(sel.active is not None for sel in sels):
             active = np.concatenate([np.ones(len(sel.clients), bool) if sel.active is None else sel.active
@@ -224,14 +227,30 @@ class SlotSolver(LocalSolver):
         return self.trainer.update_server_ctx(ctx, extras)
 
 
+def _alike_runs(slots: SlotSet, parts: list) -> list[tuple[object, slice]]:
+    """(part, rows) of each run of adjacent slots whose parts are alike (_same_part): one call of a row-wise part
+    on the run's rows, which are contiguous, gives each slot the rows of its own call, as a solo run's replicas
+    rely on."""
+    runs: list[tuple[object, slice]] = []
+    for i, part in enumerate(parts):
+        rows = slots.rows(i)
+        if runs and _same_part(runs[-1][0], part):
+            runs[-1] = (runs[-1][0], slice(runs[-1][1].start, rows.stop))
+        else:
+            runs.append((part, rows))
+    return runs
+
+
 class SlotAggregator(Aggregator):
+    """Each slot's aggregator on its rows (coefficients are row-wise); adjacent slots with alike aggregators (every
+    slot of a study over step sizes and E) in one call."""
+
     def __init__(self, slots: SlotSet):
         self.slots = slots
+        self.runs = _alike_runs(slots, [a.aggregator for a in slots.algorithms])
 
     def coefficients(self, q: np.ndarray, stats: WeightStats, tau: np.ndarray) -> Coefficients:
-        s = self.slots
-        parts = [a.aggregator.coefficients(q[s.rows(i)], _stats_rows(stats, s.rows(i)), tau[s.rows(i)])
-                 for i, a in enumerate(s.algorithms)]
+        parts = [aggregator.coefficients(q[rows], _stats_rows(stats, rows), tau[rows]) for aggregator, rows in self.runs]
         return Coefficients(_cat(p.coef for p in parts), _cat(p.tau_eff for p in parts), _cat(p.chi2 for p in parts),
                             _cat(p.slowdown for p in parts))
 

@@ -68,6 +68,7 @@ def batchable(a: RunSettings, b: RunSettings) -> bool:
 def check_batch(settings: Sequence[RunSettings]) -> None:
     """ConfigError naming the first key that keeps these runs from one batch."""
     first = settings[0]
+    key = batch_key(first)
     for s in settings:
         require(s.checkpoint_every == 0, "checkpoint_every", s.checkpoint_every,
                 "0 in a batched run (a batch is not checkpointed; run it alone to checkpoint)")
@@ -80,7 +81,7 @@ def check_batch(settings: Sequence[RunSettings]) -> None:
         require(s.dp.target_epsilon is None or s.rounds == first.rounds, "rounds", s.rounds,
                 f"equal in every run of a batch with dp.target_epsilon (the first has {first.rounds}): the noise "
                 "multiplier is calibrated to the rounds")
-        if batch_key(s) != batch_key(first):
+        if batch_key(s) != key:
             raise _refusal(first, s)
 
 

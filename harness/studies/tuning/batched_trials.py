@@ -22,7 +22,7 @@ from fedharness.settings import RunSettings
 from fedharness.results.store import ResultsStore
 from fedharness.studies.grouping import group_batches
 from fedharness.studies.tuning.lease import Lease, trial_counts
-from fedharness.studies.tuning.optuna_parts import ask_new, make_sampler, next_batch_size, open_bracket
+from fedharness.studies.tuning.optuna_parts import ask_trial, next_batch_size, open_bracket
 from fedharness.studies.tuning.spec import TuneSpec
 from fedharness.studies.tuning.trial import Reporter, tell_value, trial_line, trial_settings
 
@@ -62,8 +62,8 @@ class BatchTrial:
     batch_id: str | None = None  # the batched run it trained in (None: alone)
 
 
-def run_batch(spec: TuneSpec, study, worker: int, trial_number: int,
-              echo: Callable[[str], None] = logger.info, store: ResultsStore | None = None) -> int:
+def run_batch(spec: TuneSpec, study, worker: int, echo: Callable[[str], None] = logger.info,
+              store: ResultsStore | None = None) -> int:
     """Ask for up to spec.batch trials (no more than the study still lacks), train them (recording into `store`,
     default: the results_dir's), tell each; returns how many finished (complete or pruned)."""
     from optuna.trial import TrialState
@@ -80,7 +80,7 @@ def run_batch(spec: TuneSpec, study, worker: int, trial_number: int,
         try:
             for i in range(size):
                 known = (len(trials) + i, live + len(claimed))  # (its number, non-failed before it) if alone
-                trial = _claim(spec, study, worker, trial_number + i, lease, known, queued)
+                trial = _claim(spec, study, worker, lease, known, queued)
                 if trial is not None:
                     claimed.append(trial)
                     settings, run_id = trial_settings(spec, trial)  # sampled now, with this trial's sampler
@@ -98,15 +98,14 @@ def run_batch(spec: TuneSpec, study, worker: int, trial_number: int,
     return sum(counts)
 
 
-def _claim(spec: TuneSpec, study, worker: int, number: int, lease: Lease, known: tuple[int, int], queued: bool):
+def _claim(spec: TuneSpec, study, worker: int, lease: Lease, known: tuple[int, int], queued: bool):
     """A new trial with its heartbeat on; None if n_trials non-failed trials precede it (FAIL, status surplus).
     `known`: the number the trial gets and the non-failed trials before it when no other worker asked for a trial
     since the batch read the study; the study is read again only when one did (a read per trial costs O(batch^2)).
     `queued`: the study held WAITING trials when the batch read it (study.ask takes those first)."""
     from optuna.trial import TrialState
 
-    study.sampler = make_sampler(spec, worker, number)
-    trial = study.ask() if queued else ask_new(study)
+    trial = ask_trial(spec, study, worker, queued)
     lease.add(trial)
     expected, earlier = known  # trials can only turn FAIL meanwhile: `earlier` is exact or too many (safe)
     if trial.number != expected:
@@ -152,8 +151,8 @@ def _tell(spec: TuneSpec, study, a: BatchTrial, result: RunResult, echo: Callabl
         study.tell(trial, state=TrialState.FAIL)
         return 0
     value = spec.objective.value(result.rows, result.status)
-    a.reporter.finish({**batch, "status": result.status, "budget_used": spec.budget.used(result.rows)})
-    return tell_value(spec, study, trial, value, echo)
+    attrs = {**batch, "status": result.status, "budget_used": spec.budget.used(result.rows)}
+    return tell_value(spec, a.reporter, attrs, value, echo)
 
 
 def _fail(study, trials: list, err: BaseException) -> None:

@@ -77,16 +77,26 @@ def make_pruner(spec: TuneSpec):
     return optuna.pruners.NopPruner()
 
 
-def ask_new(study):
-    """`study.ask()` for a study known to hold no WAITING (enqueued) trial: a new RUNNING trial. ask() first looks
-    for a WAITING trial to pop, reading every unfinished trial of the study (its params, attrs and reports) from the
-    storage to do so; a batch of B trials asked one after another paid B such reads of up to B running trials, the
-    largest part of asking for them. The rest is what ask() does (optuna 4 and 5): the sampler's cached view of
-    the trials is dropped, so that it sees the trials asked for before this one."""
+def ask_trial(spec: TuneSpec, study, worker: int, queued: bool):
+    """`study.ask()` with the trial's sampler seeded by the trial's own number (make_sampler), so no two trials of a
+    worker share a seed. The number is known only once the trial exists: an enqueued (WAITING) trial keeps the
+    number it was given when enqueued, so a seed taken from the study's length repeated an earlier trial's
+    proposal. `queued`: the study may hold WAITING trials (ask() runs those first); False skips that look, which
+    reads every unfinished trial of the study (params, attrs, reports) from the storage: a batch of B trials asked
+    one after another paid B such reads of up to B running trials. The rest is what ask() does (optuna 4 and 5):
+    the sampler's cached view of the trials is dropped, so that it sees the trials asked for before this one."""
     import optuna
 
     study._thread_local.cached_all_trials = None
-    return optuna.Trial(study, study._storage.create_new_trial(study._study_id))
+    trial_id = study._pop_waiting_trial_id() if queued else None
+    if trial_id is None:
+        trial_id = study._storage.create_new_trial(study._study_id)
+    trial = optuna.Trial(study, trial_id)  # reads the trial, its number with it (a running trial is not cached)
+    study.sampler = make_sampler(spec, worker, trial.number)
+    # Trial() told the previous sampler before_trial (Optuna's samplers: nothing to do); tell the trial's own
+    frozen = trial._cached_frozen_trial
+    study.sampler.before_trial(optuna.pruners._filter_study(study, frozen), frozen)
+    return trial
 
 
 def open_bracket(study, trials: list) -> None:

@@ -91,31 +91,82 @@ def write_trial(trial, attrs: dict[str, Any], reports: dict[int, float] | None =
     reports inserted as rows, after one check that the trial is running (their (trial, step) is unique in the
     schema: a step stored before fails the transaction, it is never overwritten). Another storage (a journal)
     gets each call."""
-    import optuna
-
-    storage = trial.storage
-    backend = storage._backend if isinstance(storage, optuna.storages._CachedStorage) else storage
-    reports = reports or {}
-    if not isinstance(backend, optuna.storages.RDBStorage):
+    backend = _database(trial)
+    if backend is None:
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
-        for step, value in reports.items():
+        for step, value in (reports or {}).items():
             trial.report(value, step)
+        return
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    with _create_scoped_session(backend.scoped_session) as session:  # an IntegrityError is raised, all rolled back
+        _write_without_commit(session, backend, trial, attrs, reports or {})
+    _cache(trial, attrs, reports or {})
+
+
+def tell_complete(trial, value: float, attrs: dict[str, Any], reports: dict[int, float] | None = None) -> None:
+    """write_trial(trial, attrs, reports), then study.tell(trial, value): in one transaction where the study is in
+    a database and `value` is a number. study.tell reads the whole trial back from the storage first (its params,
+    attributes and reports, to hand them to the sampler's after_trial) and commits on its own; here the sampler
+    gets the trial as this process holds it (the same values: every write went through it) and the value and
+    state COMPLETE are set with the attributes, as Optuna's set_trial_state_values sets them (Optuna 4 and 5). A
+    trial finished meanwhile (declared lost) raises UpdateFinishedTrialError and nothing is written, as
+    study.tell would; a NaN (Optuna tells it FAIL, with a warning) and a journal take Optuna's own calls."""
+    import math
+    from datetime import datetime
+
+    import optuna
+    from optuna.trial import TrialState
+
+    backend = _database(trial)
+    if backend is None or math.isnan(value):
+        write_trial(trial, attrs, reports)
+        trial.study.tell(trial, value)
         return
     from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
 
-    with _create_scoped_session(backend.scoped_session) as session:  # an IntegrityError is raised, all rolled back
-        for key, value in attrs.items():
-            backend._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial._trial_id, key,
-                                                   value)
-        if reports:
-            backend.check_trial_is_updatable(trial._trial_id,
-                                             models.TrialModel.find_or_raise_by_id(trial._trial_id, session).state)
-            rows = models.TrialIntermediateValueModel
-            stored = {step: rows.intermediate_value_to_stored_repr(value) for step, value in reports.items()}
-            session.add_all([rows(trial_id=trial._trial_id, step=step, intermediate_value=value,
-                                  intermediate_value_type=kind) for step, (value, kind) in stored.items()])
-    frozen = trial._cached_frozen_trial  # what trial.user_attrs and the pruner read back, as the setters keep it
+    study, frozen, values = trial.study, trial._cached_frozen_trial, [float(value)]
+    study._thread_local.cached_all_trials = None  # as study.tell: the sampler's cached view of the trials is stale
+    try:
+        study.sampler.after_trial(optuna.pruners._filter_study(study, frozen), frozen, TrialState.COMPLETE, values)
+    finally:
+        with _create_scoped_session(backend.scoped_session) as session:
+            model = models.TrialModel.find_or_raise_by_id(trial._trial_id, session, for_update=True)
+            backend.check_trial_is_updatable(trial._trial_id, model.state)
+            _write_without_commit(session, backend, trial, attrs, reports or {})
+            backend._set_trial_value_without_commit(session, model, 0, values[0])
+            model.state = TrialState.COMPLETE
+            model.datetime_complete = datetime.now()
+    _cache(trial, attrs, reports or {})
+
+
+def _database(trial):
+    """The trial's RDB storage (under Optuna's cache), or None for another storage (a journal)."""
+    import optuna
+
+    storage = trial.storage
+    backend = storage._backend if isinstance(storage, optuna.storages._CachedStorage) else storage
+    return backend if isinstance(backend, optuna.storages.RDBStorage) else None
+
+
+def _write_without_commit(session, backend, trial, attrs: dict[str, Any], reports: dict[int, float]) -> None:
+    from optuna.storages._rdb import models
+
+    for key, value in attrs.items():
+        backend._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial._trial_id, key, value)
+    if reports:
+        backend.check_trial_is_updatable(trial._trial_id,
+                                         models.TrialModel.find_or_raise_by_id(trial._trial_id, session).state)
+        rows = models.TrialIntermediateValueModel
+        stored = {step: rows.intermediate_value_to_stored_repr(value) for step, value in reports.items()}
+        session.add_all([rows(trial_id=trial._trial_id, step=step, intermediate_value=value,
+                              intermediate_value_type=kind) for step, (value, kind) in stored.items()])
+
+
+def _cache(trial, attrs: dict[str, Any], reports: dict[int, float]) -> None:
+    """What trial.user_attrs and the pruner read back, as Optuna's setters keep it."""
+    frozen = trial._cached_frozen_trial
     frozen.user_attrs.update(attrs)
     frozen.intermediate_values.update(reports)

@@ -54,8 +54,8 @@ def tune(spec: TuneSpec, store: ResultsStore, echo: Callable[[str], None] = log.
     echo(f"[{spec.study}] {spec.n_trials} trials of {spec.sampler} ({spec.objective.name}, "
          f"{spec.objective.direction}; budget {spec.budget.total} {spec.budget.kind}) in {mask_secrets(spec.storage)}")
     try:
-        run_workers(spec, store, echo)
-        return export_study(spec, open_study(spec), store)
+        run_workers(spec, store, echo, study)
+        return export_study(spec, study, store)  # get_trials reads the storage: what every worker told
     except RunInterrupted as err:
         finished, _ = trial_counts(study.get_trials(deepcopy=False))
         raise StudyInterrupted(err.signum, spec.study, finished, spec.n_trials) from err

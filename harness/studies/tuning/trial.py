@@ -14,7 +14,7 @@ from fedharness.runs.execute import new_run_id
 from fedharness.settings import RunSettings
 from fedharness.studies.tuning.optuna_parts import close_slot
 from fedharness.studies.tuning.spec import TuneSpec, trial_config
-from fedharness.studies.tuning.storage import write_trial
+from fedharness.studies.tuning.storage import tell_complete, write_trial
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,11 @@ class Reporter(Callback):
         write_trial(self.trial, attrs, self.pending)
         self.pending = {} if self.pending is not None else None
 
+    def complete(self, attrs: dict, value: float) -> None:
+        """finish, and the trial told COMPLETE with `value`, in one write (storage.tell_complete)."""
+        tell_complete(self.trial, value, attrs, self.pending)
+        self.pending = {} if self.pending is not None else None
+
     def on_evaluation(self, context: RoundContext) -> None:
         self(context.rows, context.state)
 
@@ -92,13 +97,14 @@ def trial_line(spec: TuneSpec, trial, value: float | None, status: str | None = 
             f"{params}")
 
 
-def tell_value(spec: TuneSpec, study, trial, value: float, echo: Callable[[str], None]) -> int:
-    """Tell Optuna the trial's value and echo its line; 1, or 0 when it was declared lost while it ran (missed
-    heartbeats: another worker runs it again)."""
+def tell_value(spec: TuneSpec, reporter: Reporter, attrs: dict, value: float, echo: Callable[[str], None]) -> int:
+    """Store the trial's outcome `attrs` and tell Optuna its value (Reporter.complete), and echo its line; 1, or 0
+    when it was declared lost while it ran (missed heartbeats: another worker runs it again)."""
     import optuna
 
+    trial = reporter.trial
     try:
-        study.tell(trial, value)
+        reporter.complete(attrs, value)
     except optuna.exceptions.UpdateFinishedTrialError:
         logger.warning(f"[{spec.study}] trial {trial.number}: finished after it was declared lost; not counted")
         return 0

@@ -23,7 +23,7 @@ from fedharness.results.store import ResultsStore
 from fedharness.studies.tuning.batched_trials import run_batch
 from fedharness.studies.tuning.export import trial_status
 from fedharness.studies.tuning.lease import Lease, reap_lost, trial_counts
-from fedharness.studies.tuning.optuna_parts import make_sampler, open_study, quiet_optuna
+from fedharness.studies.tuning.optuna_parts import ask_trial, open_study, quiet_optuna
 from fedharness.studies.tuning.spec import TuneSpec
 from fedharness.studies.tuning.trial import Reporter, tell_value, trial_line, trial_settings
 
@@ -31,13 +31,15 @@ logger = logging.getLogger(__name__)
 
 
 def work(spec: TuneSpec, worker: int = 0, echo: Callable[[str], None] = logger.info,
-         plugins: tuple[Carried, ...] = (), store: ResultsStore | None = None) -> int:
+         plugins: tuple[Carried, ...] = (), store: ResultsStore | None = None, study=None) -> int:
     """Claim and run trials until the study holds spec.n_trials finished ones; returns how many this ran.
     `plugins`: the driver's Python registrations, for a worker in another process. `store`: where the trials' runs
-    record (a Ray worker gets the driver's, a results_writer.DriverStore; default: spec.results_dir's store)."""
+    record (a Ray worker gets the driver's, a results_writer.DriverStore; default: spec.results_dir's store).
+    `study`: the study as the driver opened it, for a worker in its process (opening the storage again costs
+    about 0.2 s: Optuna checks its tables); default: opened here."""
     install(plugins)
     quiet_optuna()
-    study = open_study(spec, worker)
+    study = study if study is not None else open_study(spec, worker)
     ran, poll = 0, min(1.0, spec.heartbeat_s)
     while True:
         trials = study.get_trials(deepcopy=False)
@@ -49,18 +51,21 @@ def work(spec: TuneSpec, worker: int = 0, echo: Callable[[str], None] = logger.i
             time.sleep(poll)
             continue
         if spec.batch > 1:  # tune.batch trials at once as one batched run
-            ran += run_batch(spec, study, worker, len(trials), echo, store)
+            ran += run_batch(spec, study, worker, echo, store)
         else:
             ran += _run_one(spec, study, worker, len(trials), echo, store)
 
 
 def _run_one(spec: TuneSpec, study, worker: int, trial_number: int,
              echo: Callable[[str], None] = logger.info, store: ResultsStore | None = None) -> int:
+    """Ask for one trial, run it and tell it; 1 if it finished. `trial_number`: the study's length when the worker
+    read it, the number a new trial gets unless another worker asks first; the sampler is seeded by the number the
+    trial does get (an enqueued trial keeps its own), so the argument only names the race that the claim rule
+    settles."""
     import optuna
     from optuna.trial import TrialState
 
-    study.sampler = make_sampler(spec, worker, trial_number)
-    trial = study.ask()
+    trial = ask_trial(spec, study, worker, queued=True)
     with Lease(trial, spec.heartbeat_s):
         earlier = [t for t in study.get_trials(deepcopy=False)
                    if t.number < trial.number and t.state != TrialState.FAIL]
@@ -69,7 +74,7 @@ def _run_one(spec: TuneSpec, study, worker: int, trial_number: int,
             study.tell(trial, state=TrialState.FAIL)
             return 0
         try:
-            value = run_trial(spec, trial, store)
+            value, reporter, attrs = run_trial(spec, trial, store)
         except optuna.TrialPruned:
             study.tell(trial, state=TrialState.PRUNED)
             echo(trial_line(spec, trial, None))
@@ -80,11 +85,12 @@ def _run_one(spec: TuneSpec, study, worker: int, trial_number: int,
             trial.set_user_attr("error", f"interrupted by {err}" if interrupted else f"{type(err).__name__}: {err}")
             study.tell(trial, state=TrialState.FAIL)
             raise
-    return tell_value(spec, study, trial, value, echo)
+    return tell_value(spec, reporter, attrs, value, echo)
 
 
-def run_trial(spec: TuneSpec, trial, store: ResultsStore | None = None) -> float:
-    """One trial: sample, build the config under the budget, run it (recording into `store`), score it."""
+def run_trial(spec: TuneSpec, trial, store: ResultsStore | None = None) -> tuple[float, Reporter, dict]:
+    """One trial: sample, build the config under the budget, run it (recording into `store`), score it. Returns
+    its value, its reporter and the outcome's user attrs, which tell_value stores with the value, in one write."""
     import optuna
 
     settings, run_id = trial_settings(spec, trial)
@@ -94,8 +100,8 @@ def run_trial(spec: TuneSpec, trial, store: ResultsStore | None = None) -> float
     except optuna.TrialPruned:
         reporter.finish({"status": "pruned", "budget_used": spec.budget.used(reporter.rows)})
         raise
-    reporter.finish({"status": result.status, "budget_used": spec.budget.used(result.rows)})
-    return spec.objective.value(result.rows, result.status)
+    attrs = {"status": result.status, "budget_used": spec.budget.used(result.rows)}
+    return spec.objective.value(result.rows, result.status), reporter, attrs
 
 
 def connect_ray(address: str | None):
@@ -107,15 +113,15 @@ def connect_ray(address: str | None):
         raise ConfigError("tune.ray_address", err.value, err.allowed) from None
 
 
-def run_workers(spec: TuneSpec, store: ResultsStore, echo: Callable[[str], None] = logger.info) -> int:
+def run_workers(spec: TuneSpec, store: ResultsStore, echo: Callable[[str], None] = logger.info, study=None) -> int:
     """Run the study to n_trials, the trials' runs recording into `store`: in this process, or as `parallel` Ray
-    tasks with `resources` each.
+    tasks with `resources` each. `study`: the driver's, which the worker in this process uses.
 
     Ray workers' output stays in Ray's logs (on a cluster it is on other machines); the driver
     echoes each trial as it lands in the storage instead.
     """
     if spec.parallel == 1:
-        return work(spec, 0, echo, store=store)
+        return work(spec, 0, echo, store=store, study=study)
     ray = require_extra("ray", "tune.parallel", spec.parallel)
 
     conn = connect_ray(spec.ray_address)
@@ -130,7 +136,7 @@ def run_workers(spec: TuneSpec, store: ResultsStore, echo: Callable[[str], None]
         # results_dir. The Optuna storage is theirs to reach (a database server on a cluster: docs/tuning.md).
         with results_writer.driver_store(store) as remote:
             pending = [task.remote(spec, i, plugins=plugins, store=remote) for i in range(spec.parallel)]
-            study, shown, ran = open_study(spec), set(), 0
+            study, shown, ran = study if study is not None else open_study(spec), set(), 0
             while pending:
                 done, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
                 ran += sum(ray.get(done))  # raises a worker's error here

@@ -28,11 +28,13 @@ import pandas as pd
 from fedharness.references import closed_forms as cf
 from fedharness.config.load import load_config, load_settings
 from fedharness.references.solve import solve_reference
-from fedharness.runs.execute import build_engine, build_executor, prepare_run
+from fedharness.runs.batch import batch_settings
+from fedharness.runs.execute import build_engine, build_executor, prepare_run, slot_set
 from fedharness.config.overrides import format_value
 from fedharness.studies.claims import rise_after
 from fedharness.studies.data_draws import DRAWS, closest_seeds, size_stats, table2_draws
 from fedharness.studies.draws_report import draws_figure, summarise, write_docs_table
+from fedharness.studies.grouping import group_batches
 from fedharness.studies.sweep import apply_cli, expand, load_spec
 
 logger = logging.getLogger(__name__)
@@ -68,16 +70,25 @@ def final_iterates(engine, outcome) -> dict[str, np.ndarray]:
 
 def run_overrides(overrides: list[str], reference: bool = False):
     """One run of a composed config on the engine: (outcome, config, problem, reference, final iterates)."""
-    run = prepare_run(load_settings([*overrides, "reference=off"]))  # w* and F*: reference_for, where asked
+    return run_batch([load_settings([*overrides, "reference=off"])], reference)[0]
+
+
+def run_batch(settings: list, reference: bool = False) -> list[tuple]:
+    """Runs that differ only in batchable keys (fedharness.runs.batch: step sizes, E, schedules, ...) trained as one
+    batched run on the engine, each slot as if run alone; one run alone where there is one. Per run: (outcome,
+    config, problem, reference, final iterates). The exact reference (w*, F*) is reference_for's, where asked."""
+    run = prepare_run(batch_settings(settings))  # reference=off in every run: w* and F* are reference_for's
     cfg, problem = run.settings.config, run.problem
     ref = reference_for(cfg, problem) if reference and problem.convex else None
+    slots = slot_set(run, [s.replace(kernel=run.settings.kernel, dp=run.settings.dp) for s in settings])
     executor = build_executor(run.settings, problem, run.algorithm.solver)
-    engine = build_engine(replace(run, reference=ref), executor)
+    engine = build_engine(replace(run, reference=ref), executor, [()] * len(settings), slots)
     try:
-        outcome = engine.run()
+        engine.run()
     finally:
         executor.close()
-    return outcome, cfg, problem, ref, final_iterates(engine, outcome)
+    outcomes = [engine.outcomes[i] for i in range(len(settings))]
+    return [(outcome, s.config, problem, ref, final_iterates(engine, outcome)) for s, outcome in zip(settings, outcomes)]
 
 
 @dataclass
@@ -126,11 +137,19 @@ def run_grid(sweep: str, extra: list[str] = (), reference: bool = False, log: Ca
     jobs = [j for j in expand(spec) if all(j.point.get(k) in vals for k, vals in wanted.items())]
     if not jobs:
         raise ValueError(f"{sweep}: no grid point matches {only}")
-    frames, configs, problems, refs, finals = [], [], [], [], []
+    settings = [load_settings([*job.overrides, "reference=off"]) for job in jobs]
+    ran: dict[int, tuple] = {}
     start = time.perf_counter()
-    for job in jobs:
+    for group in group_batches(settings, len(settings)):  # the points that can train as one batched run
         t0 = time.perf_counter()
-        outcome, cfg, problem, ref, last = run_overrides(job.overrides, reference)
+        for i, one in zip(group, run_batch([settings[i] for i in group], reference)):
+            ran[i] = one
+            label = " ".join(f"{k}={v}" for k, v in jobs[i].point.items())
+            log(f"  {sweep} [{i + 1}/{len(jobs)}] {time.perf_counter() - t0:5.1f}s {one[0].status:<8} {label}"
+                + (f" (one batch of {len(group)})" if len(group) > 1 else ""))
+    frames, configs, problems, refs, finals = [], [], [], [], []
+    for i, job in enumerate(jobs):
+        outcome, cfg, problem, ref, last = ran[i]
         rows = pd.DataFrame(outcome.rows)
         for key, value in job.point.items():
             rows[key] = value
@@ -138,8 +157,6 @@ def run_grid(sweep: str, extra: list[str] = (), reference: bool = False, log: Ca
         rows["point"] = job.index
         frames.append(rows)
         configs.append(cfg), problems.append(problem), refs.append(ref), finals.append(last)
-        label = " ".join(f"{k}={v}" for k, v in job.point.items())
-        log(f"  {sweep} [{job.index + 1}/{len(jobs)}] {time.perf_counter() - t0:5.1f}s {outcome.status:<8} {label}")
     frame = pd.concat(frames, ignore_index=True)
     return Grid(sweep, frame, [j.point for j in jobs], configs, problems, refs, finals, time.perf_counter() - start)
 
@@ -304,8 +321,11 @@ def wang_synthetic(out: Path, log=logger.info, draw: int = 0) -> dict:
 
 # ---------------------------------------------------------------- Mangold et al.: FedAvg, RR, SCAFFOLD
 
+# The Richardson-Romberg run's first R chains are FedAvg's own (step gamma, the same seeds and streams: algorithms/
+# series.py), so FedAvg's numbers are read from them rather than from a run of its own; they agree to float64
+# round-off (tests/test_reproductions.py checks the averaged error against a FedAvg run).
 MANGOLD_METHODS = {  # label: (algorithm, series of its iterates, series of its averages)
-    "FedAvg": ("fedavg", "iterate", "average"),
+    "FedAvg": ("fedavg_rr", "iterate", "average"),
     "FedAvg+RR": ("fedavg_rr", "rr", "rr_average"),
     "SCAFFOLD": ("scaffold", "iterate", "average"),
 }
@@ -319,7 +339,7 @@ def _mse_curve(rows: pd.DataFrame, series: str, replicas: int) -> pd.Series:
 
 def mangold(out: Path, log=logger.info, draw: int = 0) -> dict:
     """MSE ||theta - theta*||^2 of iterates and averages, both data sets, H in {10, 100}, at the end of the run."""
-    g = run_grid("repro_mangold", reference=True, log=log, draw=draw)
+    g = run_grid("repro_mangold", reference=True, log=log, draw=draw, only={"algorithm": ["fedavg_rr", "scaffold"]})
     res: dict[str, Any] = {"seconds": g.seconds}
     fig, ax = _figure(4, 2, width=3.6, height=3.0)
     for row, data in enumerate(("mangold_noisy", "mangold_heterogeneous")):
@@ -349,15 +369,15 @@ def mangold(out: Path, log=logger.info, draw: int = 0) -> dict:
 
 def mangold_bias(out: Path, log=logger.info, draw: int = 0) -> dict:
     """Stationary bias of FedAvg (and of the RR extrapolation) against gamma and H, beside (gamma (H-1)/2) b_h."""
-    g = run_grid("repro_mangold_bias", reference=True, log=log, draw=draw)
+    g = run_grid("repro_mangold_bias", reference=True, log=log, draw=draw, only={"algorithm": ["fedavg_rr"]})
     p = g.problems[0]
     A, e = p.A_np, p.e_np
     theta = cf.optimum(A, e, p.weights)
     res: dict[str, Any] = {"seconds": g.seconds, "gamma": {}, "H": {}}
 
     def point(alg: str, lr: float, H: int) -> dict:
-        where = {"algorithm": alg}
-        where.update({"algorithm__client_lr": lr} if H == 10 else {"algorithm__local_steps": H})
+        # FedAvg is the RR run's first chain (step gamma, FedAvg's own seeds and streams: MANGOLD_METHODS)
+        where = {"algorithm__client_lr": lr} if H == 10 else {"algorithm__local_steps": H}
         last = g.finals[g.index(**where)]
         x = last["iterate"][0] if alg == "fedavg" else last["rr"][0]
         if alg != "fedavg":

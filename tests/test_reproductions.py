@@ -213,7 +213,6 @@ def draw_zero(claim_draws: dict[str, list], name: str) -> dict:
     return res
 
 
-
 @pytest.mark.slow
 def test_yang_noniid_degree_and_participation(claim_draws):
     res = draw_zero(claim_draws, "yang_noniid")

@@ -2,8 +2,9 @@
 
 Each claim is a grid in `conf/sweep/repro_*.yaml` over an experiment in `conf/experiment/` (the same files
 `fedharness sweep sweep=repro_NAME scale=paper` runs at the paper's scale). Here every grid point runs in
-this process on the engine directly: exact references (w*, F*) are solved once per problem and only where a
-claim needs them, and nothing is written to Parquet. Every claim returns a dict of the numbers it found; the
+this process on the engine directly (points that differ only in batchable keys as one batched run): exact
+references (w*, F*) are solved once per problem and only where a claim needs them, and nothing is written to
+Parquet. Every claim returns a dict of the numbers it found; the
 tests (tests/test_reproductions.py) assert their direction and rough size, docs/reproductions.md quotes them.
 
     python -m fedharness.studies.reproduce                    # every claim, smoke scale

@@ -2,8 +2,9 @@
 
 Each claim is a grid in `conf/sweep/repro_*.yaml` over an experiment in `conf/experiment/` (the same files
 `fedharness sweep sweep=repro_NAME scale=paper` runs at the paper's scale). Here every grid point runs in
-this process on the engine directly: exact references (w*, F*) are solved once per problem and only where a
-claim needs them, and nothing is written to Parquet. Every claim returns a dict of the numbers it found; the
+this process on the engine directly (points that differ only in batchable keys as one batched run): exact
+references (w*, F*) are solved once per problem and only where a claim needs them, and nothing is written to
+Parquet. Every claim returns a dict of the numbers it found; the
 tests (tests/test_reproductions.py) assert their direction and rough size, docs/reproductions.md quotes them.
 
     python -m fedharness.studies.reproduce                    # every claim, smoke scale
@@ -28,12 +29,14 @@ import pandas as pd
 from fedharness.references import closed_forms as cf
 from fedharness.config.load import load_config, load_settings
 from fedharness.references.solve import solve_reference
-from fedharness.runs.execute import build_engine, build_executor, prepare_run
+from fedharness.runs.batch import batch_settings
+from fedharness.runs.execute import build_engine, build_executor, prepare_run, slot_set
 from fedharness.config.overrides import format_value
 from fedharness.studies.claims import rise_after
 from fedharness.studies.data_draws import DRAWS, closest_seeds, li_mnist_draws, size_stats, table2_draws
 from fedharness.studies.draws_report import draws_figure, summarise, write_docs_table
 from fedharness.studies.threshold_audit import write_docs as write_threshold_table
+from fedharness.studies.grouping import group_batches
 from fedharness.studies.sweep import apply_cli, expand, load_spec
 
 logger = logging.getLogger(__name__)
@@ -69,16 +72,25 @@ def final_iterates(engine, outcome) -> dict[str, np.ndarray]:
 
 def run_overrides(overrides: list[str], reference: bool = False):
     """One run of a composed config on the engine: (outcome, config, problem, reference, final iterates)."""
-    run = prepare_run(load_settings([*overrides, "reference=off"]))  # w* and F*: reference_for, where asked
+    return run_batch([load_settings([*overrides, "reference=off"])], reference)[0]
+
+
+def run_batch(settings: list, reference: bool = False) -> list[tuple]:
+    """Runs that differ only in batchable keys (fedharness.runs.batch: step sizes, E, schedules, ...) trained as one
+    batched run on the engine, each slot as if run alone; one run alone where there is one. Per run: (outcome,
+    config, problem, reference, final iterates). The exact reference (w*, F*) is reference_for's, where asked."""
+    run = prepare_run(batch_settings(settings))  # reference=off in every run: w* and F* are reference_for's
     cfg, problem = run.settings.config, run.problem
     ref = reference_for(cfg, problem) if reference and problem.convex else None
+    slots = slot_set(run, [s.replace(kernel=run.settings.kernel, dp=run.settings.dp) for s in settings])
     executor = build_executor(run.settings, problem, run.algorithm.solver)
-    engine = build_engine(replace(run, reference=ref), executor)
+    engine = build_engine(replace(run, reference=ref), executor, [()] * len(settings), slots)
     try:
-        outcome = engine.run()
+        engine.run()
     finally:
         executor.close()
-    return outcome, cfg, problem, ref, final_iterates(engine, outcome)
+    outcomes = [engine.outcomes[i] for i in range(len(settings))]
+    return [(outcome, s.config, problem, ref, final_iterates(engine, outcome)) for s, outcome in zip(settings, outcomes)]
 
 
 @dataclass
@@ -127,11 +139,19 @@ def run_grid(sweep: str, extra: list[str] = (), reference: bool = False, log: Ca
     jobs = [j for j in expand(spec) if all(j.point.get(k) in vals for k, vals in wanted.items())]
     if not jobs:
         raise ValueError(f"{sweep}: no grid point matches {only}")
-    frames, configs, problems, refs, finals = [], [], [], [], []
+    settings = [load_settings([*job.overrides, "reference=off"]) for job in jobs]
+    ran: dict[int, tuple] = {}
     start = time.perf_counter()
-    for job in jobs:
+    for group in group_batches(settings, len(settings)):  # the points that can train as one batched run
         t0 = time.perf_counter()
-        outcome, cfg, problem, ref, last = run_overrides(job.overrides, reference)
+        for i, one in zip(group, run_batch([settings[i] for i in group], reference)):
+            ran[i] = one
+            label = " ".join(f"{k}={v}" for k, v in jobs[i].point.items())
+            log(f"  {sweep} [{i + 1}/{len(jobs)}] {time.perf_counter() - t0:5.1f}s {one[0].status:<8} {label}"
+                + (f" (one batch of {len(group)})" if len(group) > 1 else ""))
+    frames, configs, problems, refs, finals = [], [], [], [], []
+    for i, job in enumerate(jobs):
+        outcome, cfg, problem, ref, last = ran[i]
         rows = pd.DataFrame(outcome.rows)
         for key, value in job.point.items():
             rows[key] = value
@@ -139,8 +159,6 @@ def run_grid(sweep: str, extra: list[str] = (), reference: bool = False, log: Ca
         rows["point"] = job.index
         frames.append(rows)
         configs.append(cfg), problems.append(problem), refs.append(ref), finals.append(last)
-        label = " ".join(f"{k}={v}" for k, v in job.point.items())
-        log(f"  {sweep} [{job.index + 1}/{len(jobs)}] {time.perf_counter() - t0:5.1f}s {outcome.status:<8} {label}")
     frame = pd.concat(frames, ignore_index=True)
     return Grid(sweep, frame, [j.point for j in jobs], configs, problems, refs, finals, time.perf_counter() - start)
 
@@ -184,6 +202,12 @@ def draw_overrides(sweep: str, draw: int) -> tuple[list[str], dict[str, list[str
         return ([f"dataset.data_seed={draw}"] if draw else []), {}
     seeds = [str(per_set[draw]) for per_set in chosen]
     return ([f"dataset.data_seed={seeds[0]}"], {}) if len(seeds) == 1 else ([], {"dataset.data_seed": seeds})
+
+
+def final_only(experiment: str, draw: int) -> list[str]:
+    """The override that evaluates a draw after draw 0 only at round 0 and at its last round (eval_every = rounds),
+    for a claim that reads final values alone: draw 0 keeps the experiment's eval_every, for its figure."""
+    return [] if draw == 0 else [f"eval_every={load_config([f'experiment={experiment}'])['rounds']}"]
 
 
 # ---------------------------------------------------------------- small analysis helpers
@@ -311,8 +335,11 @@ def wang_synthetic(out: Path, log=logger.info, draw: int = 0) -> dict:
 
 # ---------------------------------------------------------------- Mangold et al.: FedAvg, RR, SCAFFOLD
 
+# The Richardson-Romberg run's first R chains are FedAvg's own (step gamma, the same seeds and streams: algorithms/
+# series.py), so FedAvg's numbers are read from them rather than from a run of its own; they agree to float64
+# round-off (tests/test_reproductions.py checks the averaged error against a FedAvg run).
 MANGOLD_METHODS = {  # label: (algorithm, series of its iterates, series of its averages)
-    "FedAvg": ("fedavg", "iterate", "average"),
+    "FedAvg": ("fedavg_rr", "iterate", "average"),
     "FedAvg+RR": ("fedavg_rr", "rr", "rr_average"),
     "SCAFFOLD": ("scaffold", "iterate", "average"),
 }
@@ -326,7 +353,7 @@ def _mse_curve(rows: pd.DataFrame, series: str, replicas: int) -> pd.Series:
 
 def mangold(out: Path, log=logger.info, draw: int = 0) -> dict:
     """MSE ||theta - theta*||^2 of iterates and averages, both data sets, H in {10, 100}, at the end of the run."""
-    g = run_grid("repro_mangold", reference=True, log=log, draw=draw)
+    g = run_grid("repro_mangold", reference=True, log=log, draw=draw, only={"algorithm": ["fedavg_rr", "scaffold"]})
     res: dict[str, Any] = {"seconds": g.seconds}
     fig, ax = _figure(4, 2, width=3.6, height=3.0)
     for row, data in enumerate(("mangold_noisy", "mangold_heterogeneous")):
@@ -356,15 +383,15 @@ def mangold(out: Path, log=logger.info, draw: int = 0) -> dict:
 
 def mangold_bias(out: Path, log=logger.info, draw: int = 0) -> dict:
     """Stationary bias of FedAvg (and of the RR extrapolation) against gamma and H, beside (gamma (H-1)/2) b_h."""
-    g = run_grid("repro_mangold_bias", reference=True, log=log, draw=draw)
+    g = run_grid("repro_mangold_bias", reference=True, log=log, draw=draw, only={"algorithm": ["fedavg_rr"]})
     p = g.problems[0]
     A, e = p.A_np, p.e_np
     theta = cf.optimum(A, e, p.weights)
     res: dict[str, Any] = {"seconds": g.seconds, "gamma": {}, "H": {}}
 
     def point(alg: str, lr: float, H: int) -> dict:
-        where = {"algorithm": alg}
-        where.update({"algorithm__client_lr": lr} if H == 10 else {"algorithm__local_steps": H})
+        # FedAvg is the RR run's first chain (step gamma, FedAvg's own seeds and streams: MANGOLD_METHODS)
+        where = {"algorithm__client_lr": lr} if H == 10 else {"algorithm__local_steps": H}
         last = g.finals[g.index(**where)]
         x = last["iterate"][0] if alg == "fedavg" else last["rr"][0]
         if alg != "fedavg":
@@ -497,8 +524,10 @@ def li_local_steps(out: Path, log=logger.info, draw: int = 0) -> dict:
 
 
 def li_clients(out: Path, log=logger.info, draw: int = 0) -> dict:
-    """Figure 1b: the loss against rounds for K in {10, 20, 50, 100} on Synthetic(0,0), E = 5."""
-    g = run_grid("repro_li_clients", log=log, draw=draw)
+    """Figure 1b: the loss against rounds for K in {10, 20, 50, 100} on Synthetic(0,0), E = 5. The claim reads the
+    final losses alone, so the draws after draw 0 (which draw no figure) evaluate only at the first and the last
+    round: evaluation leaves the training as it is, and was 3/4 of this grid's time."""
+    g = run_grid("repro_li_clients", log=log, draw=draw, extra=final_only("li_clients", draw))
     Ks = [int(p["algorithm.clients_per_round"]) for p in g.points]
     fig, ax = _figure(1)
     res: dict[str, Any] = {"seconds": g.seconds, "K": Ks, "final_loss": [], "final_loss_std": []}
@@ -695,20 +724,20 @@ def draw_seeds(name: str, draws: int) -> list:
     return [chosen[0][d] if len(chosen) == 1 else [per_set[d] for per_set in chosen] for d in range(draws)]
 
 
-def run_draw(name: str, draw: int, out: str) -> tuple[dict, float]:
+def run_draw(name: str, draw: int, out: str) -> tuple[dict, float, float]:
     """One draw of one claim, in a worker process: draw 0 draws the figures into `out`, the others into a folder
-    that is thrown away. Returns the claim's numbers and the seconds it took."""
+    that is thrown away. Returns the claim's numbers, the seconds it took and the CPU seconds it used."""
     import tempfile
 
     import torch
 
     torch.set_num_threads(1)  # the grids are many small runs: one thread per process, one process per core
     _register()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     with tempfile.TemporaryDirectory() as tmp:
         res = CLAIMS[name](Path(out) if draw == 0 else Path(tmp), log=lambda s: print(f"[{draw}] {s}", flush=True),
                            draw=draw)
-    return res, time.perf_counter() - t0
+    return res, time.perf_counter() - t0, time.process_time() - cpu0
 
 
 def run_all(names: list[str], draws: int, jobs: int, out: Path, previous: dict) -> dict[str, list[dict]]:
@@ -724,12 +753,12 @@ def run_all(names: list[str], draws: int, jobs: int, out: Path, previous: dict) 
         for future in futures:
             n, d = futures[future]
             try:
-                res, seconds = future.result()
+                res, seconds, cpu = future.result()
             except Exception as exc:  # one failed draw: say so, keep the others' numbers, exit non-zero
                 print(f"{n} draw {d} FAILED: {type(exc).__name__}: {exc}", flush=True)
                 continue
             found[n][d] = res
-            print(f"{n} draw {d} done in {seconds:.1f}s", flush=True)
+            print(f"{n} draw {d} done in {seconds:.1f}s ({cpu:.1f} CPU s)", flush=True)
     return found
 
 

@@ -187,12 +187,16 @@ class DataProblem(Problem, ExactSolve):
         per_sample = replicas * (self.sample_numel * item + self.objective.activation_bytes(1, item))
         return int(max(1, min(EVAL_CHUNK, self.memory_budget // per_sample)))
 
-    def _mean_loss(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _mean_loss(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, terms=None,
+                   chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean loss and accuracy per replica, one chunk of samples at a time, summed in float64. `terms`: the
+        model's per-chunk (summed loss, correct count) function (default loss_terms), `chunk` its chunk size."""
+        terms = terms or self.objective.loss_terms
         loss = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device)
         correct = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device)
-        chunk = self.eval_chunk(w.shape[0])
+        chunk = chunk or self.eval_chunk(w.shape[0])
         for start in range(0, len(y), chunk):
-            l, c = self.objective.loss_terms(w, self._model_input(x[start:start + chunk]), y[start:start + chunk])
+            l, c = terms(w, self._model_input(x[start:start + chunk]), y[start:start + chunk])
             loss, correct = loss + l.double(), correct + c.double()
         return loss / len(y), correct / len(y)
 
@@ -240,14 +244,8 @@ class DataProblem(Problem, ExactSolve):
         if not isinstance(self.objective, ClosedFormTerms):
             with torch.no_grad():
                 return self._mean_loss(w, self.x_test, self.y_test)
-        loss = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device)
-        correct = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device)
-        chunk = self._closed_form_chunk(w.shape[0])
-        for start in range(0, len(self.y_test), chunk):
-            l, c = self.objective.loss_and_correct(w, self._model_input(self.x_test[start:start + chunk]),
-                                                   self.y_test[start:start + chunk])
-            loss, correct = loss.add_(l), correct.add_(c)
-        return loss / len(self.y_test), correct / len(self.y_test)
+        return self._mean_loss(w, self.x_test, self.y_test, self.objective.loss_and_correct,
+                               self._closed_form_chunk(w.shape[0]))
 
     def data_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         if split == "train":

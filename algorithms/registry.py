@@ -67,6 +67,8 @@ def user_keys() -> dict[str, tuple[Key, Any]]:
     for registry in PARTS.values():
         for name, factory in registry.items():
             declared = registry.option_keys.get(name, {})
+            if not declared:  # a built-in: no keys of its own, and reading its signature costs a trial's config ~1 ms
+                continue
             for p in key_parameters(factory):
                 if p.name in declared:
                     found[p.name] = (declared[p.name], None if p.default is inspect.Parameter.empty else p.default)

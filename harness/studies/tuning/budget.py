@@ -13,8 +13,9 @@ replica layout) and counters without training, so the count matches what the run
 the trial runs the largest number of rounds whose cost is <= total on every replica. What is
 left (less than one round's cost) goes unused; `budget_used` in `trials/` says how much was spent.
 
-A replay is paid once per cost-relevant setting: the rounds are cached under the config less the keys that only
-scale steps (learning rates, momentum, regularisation; COST_FREE), so a study over client_lr x E replays once per E.
+A replay is paid once per cost-relevant setting: the rounds are cached under what the replay reads of the config
+(REPLAY_KEYS) less the keys that only scale steps (learning rates, momentum, regularisation; COST_FREE), so a study
+over client_lr x E replays once per E.
 """
 
 from __future__ import annotations
@@ -77,10 +78,17 @@ class Budget:
         return max(int(r[self.kind]) for r in final)
 
 
+# What _cumulative_cost reads of a config: the problem (problem_for's keys), the algorithm, and the Engine's
+# arguments. Nothing else (results_dir, eval, wandb, ...) changes a replay, so studies in one process that differ
+# only there (another results_dir) share their replays.
+PROBLEM_KEYS = ("dataset", "partition", "model", "seed", "dtype", "device")
+REPLAY_KEYS = (*PROBLEM_KEYS, "algorithm", "rounds", "replicas", "network")
+
+
 def cost_key(cfg: dict[str, Any]) -> str:
-    """The config less COST_FREE: what a replay of its rounds' costs depends on."""
+    """What a replay of the config's rounds' costs depends on: REPLAY_KEYS, the algorithm less COST_FREE."""
     algorithm = {k: v for k, v in cfg["algorithm"].items() if k not in COST_FREE}
-    return json.dumps({**cfg, "algorithm": algorithm}, sort_keys=True, default=str)
+    return json.dumps({**{k: cfg[k] for k in REPLAY_KEYS}, "algorithm": algorithm}, sort_keys=True, default=str)
 
 
 _PROBLEMS: dict[str, Any] = {}
@@ -88,7 +96,7 @@ _PROBLEMS: dict[str, Any] = {}
 
 def problem_for(cfg: dict[str, Any]):
     """Problems are rebuilt only when their config changes (the tuned keys are usually the algorithm's)."""
-    key = json.dumps([cfg[k] for k in ("dataset", "partition", "model", "seed", "dtype", "device")]
+    key = json.dumps([cfg[k] for k in PROBLEM_KEYS]
                      + [cfg["algorithm"]["batch_size"]], sort_keys=True, default=str)
     if key not in _PROBLEMS:
         _PROBLEMS.clear()  # keep one: problems can hold whole datasets

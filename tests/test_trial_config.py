@@ -125,11 +125,11 @@ def test_rounds_for_is_the_last_round_the_run_records_within_the_budget(kind, to
 def test_studies_that_differ_only_where_a_replay_does_not_read_share_it(monkeypatch, tmp_path):
     """Another results_dir, eval or metrics: the same replay; another seed or number of replicas: a new one."""
     replays = []
-    real = budget_module._cumulative_cost
-    monkeypatch.setattr(budget_module, "_cumulative_cost", lambda cfg, kind, total: replays.append(1)
-                        or real(cfg, kind, total))
+    real, replay = budget_module._cumulative_cost, budget_module._replay
+    monkeypatch.setattr(budget_module, "_replay", lambda *a: replays.append(1) or replay(*a))
     monkeypatch.setattr(budget_module, "_ROUNDS", {})
-    base = ["dataset=quadratic", "algorithm.sampler=scheme_i", "algorithm.clients_per_round=5"]
+    monkeypatch.setattr(budget_module, "_UNIT", {})
+    base = ["dataset=quadratic", "algorithm=fednova", "algorithm.sampler=scheme_i", "algorithm.clients_per_round=5"]
     budget = Budget("grad_evals", 3000)
     rounds = budget.rounds_for(load_config([*base, f"results_dir={tmp_path / 'a'}"]))
     for other in (f"results_dir={tmp_path / 'b'}", "eval.per_client=true", "eval_every=3", "progress=false"):
@@ -138,4 +138,45 @@ def test_studies_that_differ_only_where_a_replay_does_not_read_share_it(monkeypa
     for other in ("seed=1", "replicas=3"):
         cfg = load_config([*base, other])
         assert budget.rounds_for(cfg) == int(real(cfg, "grad_evals", 3000).searchsorted(3000, side="right"))
-    assert len(replays) == 3
+        assert len(replays) in (3, 5)  # its own replay (and the comparison's): not the cached one
+    assert len(replays) == 5
+
+
+@pytest.mark.parametrize("run", [
+    ["algorithm.sampler=scheme_i"],  # with replacement: a client drawn twice trains once
+    ["algorithm.sampler=scheme_ii", "algorithm.dropout=0.5", "replicas=3"],  # rounds where no client returns
+    ["algorithm=fedavg_rr", "algorithm.rr=H", "replicas=2"],  # Richardson-Romberg over H: tau_factor 2
+])
+def test_costs_that_scale_with_e_give_the_rounds_of_es_own_replay(run, monkeypatch):
+    """E's rounds from the replay at E = 1 (x E; bytes as they are) against E's own full replay, for each kind."""
+    monkeypatch.setattr(budget_module, "_ROUNDS", {})
+    monkeypatch.setattr(budget_module, "_UNIT", {})
+    replays = []
+    real = budget_module._replay
+    monkeypatch.setattr(budget_module, "_replay", lambda cfg, *a: replays.append(cfg["algorithm"]["local_steps"])
+                        or real(cfg, *a))
+    for kind, total in (("local_steps", 90), ("grad_evals", 9000), ("bytes", 12_000)):
+        for steps in (2, 3, 7, 11):
+            cfg = load_config(["dataset=quadratic", "algorithm.clients_per_round=4", *run,
+                               f"algorithm.local_steps={steps}"])
+            problem = budget_module.problem_for(cfg)
+            algorithm = budget_module.build_algorithm({**cfg["algorithm"], "rounds": cfg["rounds"]}, problem)
+            layout, _ = budget_module.build_series(cfg["replicas"], **cfg["algorithm"])
+            own = real(cfg, problem, algorithm, layout, kind, total)
+            assert Budget(kind, total).rounds_for(cfg) == int(own.searchsorted(total, side="right")), (kind, steps)
+    assert replays == [1, 1, 1]  # one replay per kind, at E = 1
+
+
+@pytest.mark.parametrize("run", [["algorithm=fednova"], ["algorithm.local_work=random_steps"],
+                                 ["algorithm.local_work_min=true"]])
+def test_costs_that_may_not_scale_are_replayed_at_e(run, monkeypatch):
+    """FedNova's coefficients and random or FedAvg-min local work depend on tau: each E is replayed itself."""
+    monkeypatch.setattr(budget_module, "_ROUNDS", {})
+    monkeypatch.setattr(budget_module, "_UNIT", {})
+    replays = []
+    real = budget_module._replay
+    monkeypatch.setattr(budget_module, "_replay", lambda cfg, *a: replays.append(cfg["algorithm"]["local_steps"])
+                        or real(cfg, *a))
+    for steps in (2, 3):
+        Budget("local_steps", 60).rounds_for(load_config(["dataset=quadratic", *run, f"algorithm.local_steps={steps}"]))
+    assert replays == [2, 3]

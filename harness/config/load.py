@@ -13,14 +13,16 @@ from fedharness.config.schema import validate
 from fedharness.settings import RunSettings
 
 
-def load_config(overrides: list[str], config_name: str = "config", values: list[str] = ()) -> dict[str, Any]:
+def load_config(overrides: list[str], config_name: str = "config", values: list[str] | None = None) -> dict[str, Any]:
     """Compose the config with overrides (then `values`) and validate it against harness/config/schema.py. `values` are
-    overrides that many calls vary over a fixed `overrides` (a study's trials): composed once (compose_values)."""
+    overrides that many calls vary over a fixed `overrides` (a study's trials): composed once (compose_values; with
+    values=[], the composition those calls will reuse)."""
     load_entry_points()  # installed packages' parts, so that the config can name them
-    plain = compose_values(overrides, list(values), config_name) if values else compose_raw(overrides, config_name)
+    values = None if values is None else list(values)
+    plain = compose_raw(overrides, config_name) if values is None else compose_values(overrides, values, config_name)
     if any("_target_" in (plain.get(s) or {}) for s in ("dataset", "partition", "model", "algorithm", "attack")):
         register_targets(plain)  # a user's own parts, before validation names them
-    dp_sampling(plain, [*overrides, *values])
+    dp_sampling(plain, [*overrides, *(values or [])])
     validate(plain)
     return plain
 

@@ -26,9 +26,14 @@ from typing import Any
 
 import numpy as np
 
+from fedharness.algorithms.aggregators import WeightedAverage
+from fedharness.algorithms.local_work import FixedSteps
 from fedharness.algorithms.registry import build_algorithm
+from fedharness.contracts import Algorithm, ReplicaLayout
 from fedharness.core.engine import Engine, NetworkModel
 from fedharness.algorithms.series import build_series
+from fedharness.registry.binding import key_parameters
+from fedharness.registry.groups import PARTS
 from fedharness.errors import ConfigError
 from fedharness.problems import build_problem
 from fedharness.settings import RunSettings
@@ -105,10 +110,59 @@ def problem_for(cfg: dict[str, Any]):
 
 
 def _cumulative_cost(cfg: dict[str, Any], kind: str, total: int) -> np.ndarray:
-    """Cost after rounds 1, 2, ... (max over replicas), replayed until it passes `total`."""
+    """Cost after rounds 1, 2, ... (max over replicas), replayed until it passes `total`; where the costs scale with
+    the local steps E (_scales_with_steps), E times those of E = 1 (bytes: the same), from one replay per study."""
     problem = problem_for(cfg)
     algorithm = build_algorithm({**cfg["algorithm"], "rounds": cfg["rounds"]}, problem)
     layout, _ = build_series(cfg["replicas"], **cfg["algorithm"])
+    steps = cfg["algorithm"].get("local_steps")
+    if steps != 1 and _scales_with_steps(cfg, algorithm, layout):
+        try:
+            unit = _unit_cost(cfg, kind, total)
+        except ConfigError:  # E = 1 needs more than MAX_ROUNDS: E's own replay may not
+            return _replay(cfg, problem, algorithm, layout, kind, total)
+        return unit if kind == "bytes" else steps * unit
+    return _replay(cfg, problem, algorithm, layout, kind, total)
+
+
+_UNIT: dict[tuple, np.ndarray] = {}  # (kind, total, cost key at E = 1) -> that config's cumulative costs
+
+
+def _unit_cost(cfg: dict[str, Any], kind: str, total: int) -> np.ndarray:
+    """_cumulative_cost of the config with E = 1 (it passes `total` no earlier than E times it does)."""
+    unit = {**cfg, "algorithm": {**cfg["algorithm"], "local_steps": 1}}
+    cached = (kind, total, cost_key(unit))
+    if cached not in _UNIT:
+        if len(_UNIT) >= 64:
+            _UNIT.clear()
+        _UNIT[cached] = _cumulative_cost(unit, kind, total)
+    return _UNIT[cached]
+
+
+def _scales_with_steps(cfg: dict[str, Any], algorithm: Algorithm, layout: ReplicaLayout) -> bool:
+    """Whether a round's counters are E times those of E = 1 (bytes: equal), replica by replica, so that E's rounds
+    follow from one replay. They are when every sampled client makes exactly E steps (the built-in `steps` local
+    work, no FedAvg-min: tau = E x the layout's tau_factor), which clients train is the sampler's choice alone (the
+    FedAvg coefficients are the selection's weights q, whatever tau: Engine._count counts coefficient != 0), and no
+    other part reads E (their factories' signatures; the replica layout compared): then local_steps adds E x
+    tau_factor per round with a client, grad_evals E x tau_factor x b per client, bytes nothing that depends on E."""
+    if type(algorithm.local_work) is not FixedSteps:
+        return False
+    if type(algorithm.aggregator).coefficients is not WeightedAverage.coefficients:
+        return False
+    acfg = cfg["algorithm"]
+    for kind, registry in PARTS.items():
+        if kind != "local_work" and any(p.name == "local_steps" for p in key_parameters(registry[acfg[kind]])):
+            return False
+    unit, _ = build_series(cfg["replicas"], **{**acfg, "local_steps": 1})
+    return all(np.array_equal(a, b) for a, b in ((unit.stream_ids, layout.stream_ids),
+                                                 (unit.tau_factor, layout.tau_factor),
+                                                 (unit.lr_factor, layout.lr_factor), (unit.init_ids, layout.init_ids)))
+
+
+def _replay(cfg: dict[str, Any], problem, algorithm: Algorithm, layout: ReplicaLayout, kind: str,
+            total: int) -> np.ndarray:
+    """The engine's own round plans and counters, without training, until the cost passes `total`."""
     engine = Engine(problem, algorithm, None, rounds=cfg["rounds"], seed=cfg["seed"], replicas=cfg["replicas"],
                     eval_every=1, layout=layout, network=NetworkModel(**cfg["network"]))
     state = engine.initial_state()

@@ -228,7 +228,7 @@ def build_spec(overrides: list[str], extra_run_overrides: tuple[str, ...] = (), 
     for ov in run_overrides:
         require(override_key(ov) not in DRIVEN_KEYS, override_key(ov), ov.partition("=")[2],
                 "set by the budget in tuning; use tune.budget.kind=rounds tune.budget.total=N")
-    base_cfg = load_config(list(run_overrides))
+    base_cfg = load_config(list(run_overrides), values=[])  # composed once for the probes and every trial
 
     params = tuple(parse_space(tune.space))
     objective = Objective.of(tune.objective.metric, tune.objective.direction, tune.objective.target)
@@ -277,7 +277,7 @@ def probe_space(spec: TuneSpec, base_cfg: dict) -> None:
     for p in spec.params:
         for value in p.extremes():
             ov = p.override(value)
-            _validate_builds(load_config([*spec.run_overrides, ov]), spec, ov)
+            _validate_builds(load_config(list(spec.run_overrides), values=[ov]), spec, ov)
 
 
 def _validate_builds(cfg: dict, spec: TuneSpec, context: str) -> None:

@@ -122,13 +122,9 @@ def test_rounds_for_is_the_last_round_the_run_records_within_the_budget(kind, to
         assert costs[rounds] <= total < costs[rounds + 1], (kind, steps, rounds, costs[rounds], costs[rounds + 1])
 
 
-def test_studies_that_differ_only_where_a_replay_does_not_read_share_it(monkeypatch, tmp_path):
+def test_studies_that_differ_only_where_a_replay_does_not_read_share_it(replays, tmp_path):
     """Another results_dir, eval or metrics: the same replay; another seed or number of replicas: a new one."""
-    replays = []
-    real, replay = budget_module._cumulative_cost, budget_module._replay
-    monkeypatch.setattr(budget_module, "_replay", lambda *a: replays.append(1) or replay(*a))
-    monkeypatch.setattr(budget_module, "_ROUNDS", {})
-    monkeypatch.setattr(budget_module, "_UNIT", {})
+    real = budget_module._cumulative_cost
     base = ["dataset=quadratic", "algorithm=fednova", "algorithm.sampler=scheme_i", "algorithm.clients_per_round=5"]
     budget = Budget("grad_evals", 3000)
     rounds = budget.rounds_for(load_config([*base, f"results_dir={tmp_path / 'a'}"]))
@@ -142,19 +138,31 @@ def test_studies_that_differ_only_where_a_replay_does_not_read_share_it(monkeypa
     assert len(replays) == 5
 
 
+class Replays(list):
+    """The E of each replay budget.py runs (`real`: the replay itself)."""
+
+    real = staticmethod(budget_module._replay)
+
+
+@pytest.fixture
+def replays(monkeypatch) -> Replays:
+    """Empty budget caches, and every replay recorded by its E."""
+    monkeypatch.setattr(budget_module, "_ROUNDS", {})
+    monkeypatch.setattr(budget_module, "_UNIT", {})
+    seen = Replays()
+    monkeypatch.setattr(budget_module, "_replay", lambda cfg, *a: seen.append(cfg["algorithm"]["local_steps"])
+                        or Replays.real(cfg, *a))
+    return seen
+
+
 @pytest.mark.parametrize("run", [
     ["algorithm.sampler=scheme_i"],  # with replacement: a client drawn twice trains once
     ["algorithm.sampler=scheme_ii", "algorithm.dropout=0.5", "replicas=3"],  # rounds where no client returns
     ["algorithm=fedavg_rr", "algorithm.rr=H", "replicas=2"],  # Richardson-Romberg over H: tau_factor 2
 ])
-def test_costs_that_scale_with_e_give_the_rounds_of_es_own_replay(run, monkeypatch):
+def test_costs_that_scale_with_e_give_the_rounds_of_es_own_replay(run, replays):
     """E's rounds from the replay at E = 1 (x E; bytes as they are) against E's own full replay, for each kind."""
-    monkeypatch.setattr(budget_module, "_ROUNDS", {})
-    monkeypatch.setattr(budget_module, "_UNIT", {})
-    replays = []
-    real = budget_module._replay
-    monkeypatch.setattr(budget_module, "_replay", lambda cfg, *a: replays.append(cfg["algorithm"]["local_steps"])
-                        or real(cfg, *a))
+    real = replays.real
     for kind, total in (("local_steps", 90), ("grad_evals", 9000), ("bytes", 12_000)):
         for steps in (2, 3, 7, 11):
             cfg = load_config(["dataset=quadratic", "algorithm.clients_per_round=4", *run,
@@ -169,14 +177,8 @@ def test_costs_that_scale_with_e_give_the_rounds_of_es_own_replay(run, monkeypat
 
 @pytest.mark.parametrize("run", [["algorithm=fednova"], ["algorithm.local_work=random_steps"],
                                  ["algorithm.local_work_min=true"]])
-def test_costs_that_may_not_scale_are_replayed_at_e(run, monkeypatch):
+def test_costs_that_may_not_scale_are_replayed_at_e(run, replays):
     """FedNova's coefficients and random or FedAvg-min local work depend on tau: each E is replayed itself."""
-    monkeypatch.setattr(budget_module, "_ROUNDS", {})
-    monkeypatch.setattr(budget_module, "_UNIT", {})
-    replays = []
-    real = budget_module._replay
-    monkeypatch.setattr(budget_module, "_replay", lambda cfg, *a: replays.append(cfg["algorithm"]["local_steps"])
-                        or real(cfg, *a))
     for steps in (2, 3):
         Budget("local_steps", 60).rounds_for(load_config(["dataset=quadratic", *run, f"algorithm.local_steps={steps}"]))
     assert replays == [2, 3]

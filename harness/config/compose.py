@@ -101,8 +101,8 @@ def compose_values(overrides: list[str], values: list[str], config_name: str = "
     composed config before resolving, which is what this does, so interpolations (`${div:10000,
     ${algorithm.local_steps}}`) still follow the values. Anything else, or any error, takes compose_raw's path
     (and its messages). A tuning study's trials compose in ~5 ms instead of ~0.25 s; where the composed config holds
-    no interpolation and the keys set are untyped leaves, the values go into a copy of its plain dict (~0.8 ms:
-    copying the DictConfig was most of the 5 ms)."""
+    no interpolation and the keys set are untyped leaves, the values go into a copy of its plain dict (~0.2 ms,
+    numbers read without Hydra's parser: _parsed_value; copying the DictConfig was most of the 5 ms)."""
     try:
         key = tuple(user_search_path() + list(overrides))
         base = _composed_unresolved(key, config_name)

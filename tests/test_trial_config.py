@@ -132,10 +132,9 @@ def test_studies_that_differ_only_where_a_replay_does_not_read_share_it(replays,
         assert budget.rounds_for(load_config([*base, other])) == rounds
     assert len(replays) == 1
     for other in ("seed=1", "replicas=3"):
-        cfg = load_config([*base, other])
+        cfg, before = load_config([*base, other]), len(replays)
         assert budget.rounds_for(cfg) == int(real(cfg, "grad_evals", 3000).searchsorted(3000, side="right"))
-        assert len(replays) in (3, 5)  # its own replay (and the comparison's): not the cached one
-    assert len(replays) == 5
+        assert len(replays) == before + 2  # its own replay, not the cached one (and the comparison's)
 
 
 class Replays(list):

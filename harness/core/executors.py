@@ -223,7 +223,8 @@ class ClientShard:
         problem, solver, dev = self.problem, self.solver, x.device
         w0 = x[e.replica]
         w = w0.clone()
-        saved = [self.client_state.get((int(r), int(k)), {}) for r, k in zip(e.replica, e.clients)]
+        saved = [self.client_state.get((int(r), int(k)), {}) for r, k in zip(e.replica, e.clients)] \
+            if self.client_state else [{} for _ in e.clients]  # a stateless solver's: no lookups
         b = buffer_dim(problem)  # trailing buffer entries (BatchNorm statistics): set by forward passes
         if local_buffers(problem):
             load_client_buffers(w, saved, b)

@@ -414,7 +414,8 @@ class BatchedEngine(Engine):
 
     def _finite(self, x: torch.Tensor) -> list[bool]:
         finite = torch.isfinite(x).all(dim=1).cpu().numpy()
-        return [bool(finite[self.slots.rows(i)].all()) for i in range(len(self.slots.ids))]
+        starts = [self.slots.rows(i).start for i in range(len(self.slots.ids))]  # every slot has a replica
+        return np.logical_and.reduceat(finite, starts).tolist()
 
     def slot_rows(self, rows: list[dict], i: int) -> list[dict]:
         """Slot i's rows of the batch's, its replicas renumbered from 0 and its own server lr."""

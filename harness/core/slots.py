@@ -4,10 +4,11 @@ run is a batch of one slot, which keeps its own parts (the composites below are 
 
 Each slot keeps its own parts, built from its own settings, for everything the driver plans per round: the composite
 parts below call each slot's sampler, local work, schedule, solver statistics, aggregator and server optimizer on
-the slot's rows and put the results side by side, so each slot's plan is the one its solo run makes. Only local
-training is shared: the executor trains every slot's clients in one batched computation, with each replica's own
-seed (RoundPlan.seed [R]), step sizes (RoundPlan.step_lrs [R, T]) and solver values (mu, momentum: sent per replica
-in the server context). A slot that diverges, finishes its rounds, or whose recording raises leaves the batch: its
+the slot's rows and put the results side by side, so each slot's plan is the one its solo run makes (adjacent
+slots whose parts are alike, as every trial of a study over step sizes and E, in one call over their rows: a
+row-wise part gives each slot the rows of its own call). Only local training is shared: the executor trains every
+slot's clients in one batched computation, with each replica's own seed (RoundPlan.seed [R]), step sizes
+(RoundPlan.step_lrs [R, T]) and solver values (mu, momentum: sent per replica in the server context). A slot that diverges, finishes its rounds, or whose recording raises leaves the batch: its
 rows are cut out of every per-replica array, and the others go on as before.
 """
 

@@ -46,7 +46,8 @@ class LocalSGD(LocalSolver):
 
     @property
     def rows_of_step_sizes(self) -> bool:
-        """Step sizes [R, T] (each row its own) are taken where the weights are their prefix sums: plain SGD."""
+        """Step sizes [R, T] (each row its own) are taken where the weights are their prefix sums: plain SGD. A
+        subclass with its own weight_stats or step_lrs sets this False unless those take [R, T] too."""
         return self.is_plain_sgd
 
     def step_lrs(self, base_lrs: np.ndarray) -> np.ndarray:

@@ -44,9 +44,15 @@ class LocalSGD(LocalSolver):
     def is_plain_sgd(self) -> bool:
         return not (self.momentum or self.mu or self.weight_decay or self.lr_decay != 1.0)
 
+    @property
+    def rows_of_step_sizes(self) -> bool:
+        """Step sizes [R, T] (each row its own) are taken where the weights are their prefix sums: plain SGD. A
+        subclass with its own weight_stats or step_lrs sets this False unless those take [R, T] too."""
+        return self.is_plain_sgd
+
     def step_lrs(self, base_lrs: np.ndarray) -> np.ndarray:
-        """The schedule's step sizes times the solver's own exponential decay within the round."""
-        return base_lrs * self.lr_decay ** np.arange(len(base_lrs))
+        """The schedule's step sizes times the solver's own exponential decay within the round ([T] or [R, T])."""
+        return base_lrs * self.lr_decay ** np.arange(np.shape(base_lrs)[-1])
 
     def init_state(self, w0: torch.Tensor, server_ctx: ServerContext | None = None,
                    saved: list[ClientState] | None = None) -> SolverState:
@@ -81,6 +87,8 @@ class LocalSGD(LocalSolver):
         divided by the client's first step size, so a = [1, ..., 1] for plain SGD.
         """
         scale = np.ones(tau.shape) if lr_scale is None else np.broadcast_to(lr_scale, tau.shape)
+        if self.is_plain_sgd and np.ndim(step_lrs) == 2:  # each row its own step sizes [R, T] (rows_of_step_sizes)
+            return _plain_row_stats(tau, np.asarray(step_lrs, dtype=np.float64), scale)
         if self.is_plain_sgd:  # a_t = eta_t / eta_0: the prefix sums of the round's relative step sizes
             ratio = np.asarray(step_lrs, dtype=np.float64) / step_lrs[0]
             if (ratio == 1.0).all():  # constant within the round: a = [1, ..., 1]
@@ -106,6 +114,17 @@ class LocalSGD(LocalSolver):
         shape = tau.shape
         return WeightStats(l1[inverse].reshape(shape), l2sq[inverse].reshape(shape), last[inverse].reshape(shape),
                            scale)
+
+
+def _plain_row_stats(tau: np.ndarray, step_lrs: np.ndarray, scale: np.ndarray) -> WeightStats:
+    """Plain SGD's statistics with each row's own step sizes [R, T]: a_t = eta_t / eta_0 of the row, the prefix sums
+    taken along the row as the [T] case takes them (so equal bits; with constant steps exact integers, the values
+    the [T] case returns without summing)."""
+    ratio = step_lrs / step_lrs[:, :1]
+    l1, l2sq = np.cumsum(ratio, axis=1), np.cumsum(ratio * ratio, axis=1)
+    last = tau - 1
+    return WeightStats(np.take_along_axis(l1, last, axis=1), np.take_along_axis(l2sq, last, axis=1),
+                       np.take_along_axis(ratio, last, axis=1), scale)
 
 
 @part("solver", "scaffold")

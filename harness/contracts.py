@@ -414,6 +414,9 @@ class LocalSolver(Protocol):
     """The update each client applies at every local step, vectorized over client copies (algorithms/solvers.py)."""
 
     comm_factor: int = 1  # model-sized vectors each way per client and round (SCAFFOLD: 2, its control variate)
+    # step_lrs and weight_stats also take step sizes [R, T], each row (replica) its own: a batch of slots then asks
+    # once for all the alike slots' rows (harness/core/slots.py SlotSolver), not slot by slot
+    rows_of_step_sizes: bool = False
 
     def init_state(self, w0: torch.Tensor, server_ctx: ServerContext | None = None,
                    saved: list[ClientState] | None = None) -> SolverState:

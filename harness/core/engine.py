@@ -112,6 +112,8 @@ class Engine:
         """`client_eval` (eval.per_client): the clients each evaluation scores on their own held-out data (the
         problem is a contracts.ClientEvaluation); None: none. `adversary` (attack=NAME): the Byzantine clients."""
         self.problem, self.alg, self.executor, self.reference = problem, algorithm, executor, reference
+        # an UpdateAggregator is a runtime Protocol: isinstance reads its members, too slow to ask every round
+        self.send_updates = isinstance(algorithm.aggregator, UpdateAggregator)
         self.slots, self.trainer = slots, trainer
         self.privacy = privacy  # DP-FedAvg (algorithms/privacy.py): clipping in the shards, noise on the sum
         self.layout, self.stream_replicas, self.series = layout, layout.stream_ids, series
@@ -154,17 +156,14 @@ class Engine:
         if sel.active is not None and not sel.active.all():
             coefs.idle(~sel.active)  # replicas none of whose sampled clients returned (dropout): Delta = 0
         plan = RoundPlan(rnd, self.seed, self.stream_replicas, sel.clients, coefs.coef, tau, lr_scale, lrs,
-                         send_updates=isinstance(alg.aggregator, UpdateAggregator))  # else shards reduce in place
+                         send_updates=self.send_updates)  # else shards reduce in place
         if self.adversary is not None and self.adversary.flips_labels:
             plan.poisoned = byzantine_draws(self.adversary, plan)  # the shards train them on flipped labels
         return plan, coefs
 
     def _count(self, state: RunState, plan: RoundPlan) -> None:
         c = state.counters
-        # a client drawn twice trains once; coefficient-0 entries (dropped out) do not train
-        trained = [np.unique(row[cf != 0], return_index=True) for row, cf in zip(plan.clients, plan.coef)]
-        distinct = np.array([len(ids) for ids, _ in trained])
-        work = np.array([tau[cf != 0][first].sum() for (_, first), tau, cf in zip(trained, plan.tau, plan.coef)])
+        distinct, work = trained_clients(plan.clients, plan.coef, plan.tau)
         c["local_steps"] += np.where(distinct > 0, plan.tau.max(1), 0)
         c["grad_evals"] += work * self.alg.batch_size
         model_bytes = self.problem.dim * self.bytes_per_param * self.alg.solver.comm_factor
@@ -415,7 +414,8 @@ class BatchedEngine(Engine):
 
     def _finite(self, x: torch.Tensor) -> list[bool]:
         finite = torch.isfinite(x).all(dim=1).cpu().numpy()
-        return [bool(finite[self.slots.rows(i)].all()) for i in range(len(self.slots.ids))]
+        starts = [self.slots.rows(i).start for i in range(len(self.slots.ids))]  # every slot has a replica
+        return np.logical_and.reduceat(finite, starts).tolist()
 
     def slot_rows(self, rows: list[dict], i: int) -> list[dict]:
         """Slot i's rows of the batch's, its replicas renumbered from 0 and its own server lr."""
@@ -447,6 +447,7 @@ class BatchedEngine(Engine):
         index = torch.as_tensor(rows, device=state.x.device)
         client_state = self.executor.get_state()
         self.alg = slot_algorithm(self.slots, self.trainer)
+        self.send_updates = isinstance(self.alg.aggregator, UpdateAggregator)
         self.layout = self.slots.layout()
         self.stream_replicas = self.layout.stream_ids
         state.x = state.x[index]
@@ -462,6 +463,19 @@ class BatchedEngine(Engine):
             new_row = {int(old): new for new, old in enumerate(rows)}
             self.executor.set_state({(new_row[r], k): v for (r, k), v in client_state.items() if r in new_row})
 
+
+
+def trained_clients(clients: np.ndarray, coef: np.ndarray, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of a round's plan [R, K]: how many distinct clients train and the sum of their local steps. A client
+    drawn twice trains once, with its first draw's tau; coefficient-0 entries (dropped out) do not train. One sort
+    of every row at once (stable, so a client's first draw leads its equal keys), not np.unique row by row."""
+    key = np.where(coef != 0, clients, -1)  # client ids are >= 0: -1 marks an entry that does not train
+    order = np.argsort(key, axis=1, kind="stable")
+    sorted_key = np.take_along_axis(key, order, axis=1)
+    first = np.ones(key.shape, dtype=bool)
+    first[:, 1:] = sorted_key[:, 1:] != sorted_key[:, :-1]
+    first &= sorted_key >= 0
+    return first.sum(axis=1), (np.take_along_axis(tau, order, axis=1) * first).sum(axis=1)
 
 
 def _finite_or_none(v):

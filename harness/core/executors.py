@@ -172,12 +172,15 @@ class ClientShard:
         self.client_state: dict[tuple[int, int], ClientState] = {}  # (replica, client) -> e.g. SCAFFOLD's c_i
         self.budget = problem.memory_budget
         self._flipped: Problem | None = None  # attack=label_flip: the problem with flipped labels
+        self._entry_bytes: dict[int, int] = {}  # steps -> entry_bytes
 
     def chunk_entries(self, steps: int, entries: int) -> int:
         """Client copies per batched computation: all `entries`, or as many as the budget holds (>= 1)."""
         if self.budget is None:
             return entries
-        return int(max(1, min(entries, self.budget // entry_bytes(self.problem, self.solver, steps))))
+        if steps not in self._entry_bytes:  # a function of the round's length alone: worked out once per length
+            self._entry_bytes[steps] = entry_bytes(self.problem, self.solver, steps)
+        return int(max(1, min(entries, self.budget // self._entry_bytes[steps])))
 
     def entries(self, plan: RoundPlan) -> Entries:
         R, K = plan.clients.shape
@@ -223,7 +226,8 @@ class ClientShard:
         problem, solver, dev = self.problem, self.solver, x.device
         w0 = x[e.replica]
         w = w0.clone()
-        saved = [self.client_state.get((int(r), int(k)), {}) for r, k in zip(e.replica, e.clients)]
+        saved = [self.client_state.get((int(r), int(k)), {}) for r, k in zip(e.replica, e.clients)] \
+            if self.client_state else [{} for _ in e.clients]  # a stateless solver's: no lookups
         b = buffer_dim(problem)  # trailing buffer entries (BatchNorm statistics): set by forward passes
         if local_buffers(problem):
             load_client_buffers(w, saved, b)

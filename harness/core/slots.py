@@ -4,10 +4,11 @@ run is a batch of one slot, which keeps its own parts (the composites below are 
 
 Each slot keeps its own parts, built from its own settings, for everything the driver plans per round: the composite
 parts below call each slot's sampler, local work, schedule, solver statistics, aggregator and server optimizer on
-the slot's rows and put the results side by side, so each slot's plan is the one its solo run makes. Only local
-training is shared: the executor trains every slot's clients in one batched computation, with each replica's own
-seed (RoundPlan.seed [R]), step sizes (RoundPlan.step_lrs [R, T]) and solver values (mu, momentum: sent per replica
-in the server context). A slot that diverges, finishes its rounds, or whose recording raises leaves the batch: its
+the slot's rows and put the results side by side, so each slot's plan is the one its solo run makes (adjacent
+slots whose parts are alike, as every trial of a study over step sizes and E, in one call over their rows: a
+row-wise part gives each slot the rows of its own call). Only local training is shared: the executor trains every
+slot's clients in one batched computation, with each replica's own seed (RoundPlan.seed [R]), step sizes
+(RoundPlan.step_lrs [R, T]) and solver values (mu, momentum: sent per replica in the server context). A slot that diverges, finishes its rounds, or whose recording raises leaves the batch: its
 rows are cut out of every per-replica array, and the others go on as before.
 """
 
@@ -147,6 +148,8 @@ class SlotSampler(Sampler):
 
     def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
         s = self.slots
+        if len(self.groups) == 1:  # every slot draws alike (a study's trials): their rows are the one call's
+            return s.algorithms[0].sampler.select(int(s.seeds[0]), replicas, rnd, p)
         sels: list[Selection | None] = [None] * len(s.algorithms)
         for group in self.groups:
             first = s.algorithms[group[0]].sampler
@@ -193,19 +196,28 @@ class SlotSolver(LocalSolver):
     def __init__(self, slots: SlotSet, trainer: LocalSolver):
         self.slots, self.trainer = slots, trainer
         self.comm_factor = trainer.comm_factor
+        self.runs: list[tuple[LocalSolver, slice]] = []  # alike solvers taking each row's step sizes: one call
+        for solver, run in _alike_positions([a.solver for a in slots.algorithms]):
+            if solver.rows_of_step_sizes:
+                self.runs.append((solver, slice(slots.rows(run.start).start, slots.rows(run[-1]).stop)))
+            else:
+                self.runs.extend((solver, slots.rows(i)) for i in run)
 
     def step_lrs(self, base_lrs: np.ndarray) -> np.ndarray:
-        s = self.slots
-        return s.per_row(np.stack([a.solver.step_lrs(base_lrs[s.rows(i).start])
-                                   for i, a in enumerate(s.algorithms)]))
+        """[R, T]: each row's solver on its slot's step sizes (base_lrs [R, T]: equal rows within a slot)."""
+        return _cat(solver.step_lrs(base_lrs[rows]) if solver.rows_of_step_sizes
+                    else np.repeat(solver.step_lrs(base_lrs[rows.start])[None], rows.stop - rows.start, axis=0)
+                    for solver, rows in self.runs)
 
     def weight_stats(self, tau: np.ndarray, step_lrs: np.ndarray, lr_scale: np.ndarray | None = None) -> WeightStats:
-        s, parts = self.slots, []
-        for i, a in enumerate(s.algorithms):
-            rows = s.rows(i)
+        parts = []
+        for solver, rows in self.runs:
+            scale = None if lr_scale is None else lr_scale[rows]
+            if solver.rows_of_step_sizes:
+                parts.append(solver.weight_stats(tau[rows], step_lrs[rows], scale))
+                continue
             steps = int(tau[rows].max())  # the solo run's step sizes are as long as its own longest round
-            parts.append(a.solver.weight_stats(tau[rows], step_lrs[rows.start][:steps],
-                                               None if lr_scale is None else lr_scale[rows]))
+            parts.append(solver.weight_stats(tau[rows], step_lrs[rows.start][:steps], scale))
         scale = None if any(p.scale is None for p in parts) else np.concatenate([p.scale for p in parts])
         return WeightStats(_cat(p.l1 for p in parts), _cat(p.l2sq for p in parts), _cat(p.last for p in parts), scale)
 
@@ -227,18 +239,23 @@ class SlotSolver(LocalSolver):
         return self.trainer.update_server_ctx(ctx, extras)
 
 
+def _alike_positions(parts: list) -> list[tuple[object, range]]:
+    """(part, slot positions) of each run of adjacent slots whose parts are alike (_same_part)."""
+    runs: list[tuple[object, range]] = []
+    for i, part in enumerate(parts):
+        if runs and _same_part(runs[-1][0], part):
+            runs[-1] = (runs[-1][0], range(runs[-1][1].start, i + 1))
+        else:
+            runs.append((part, range(i, i + 1)))
+    return runs
+
+
 def _alike_runs(slots: SlotSet, parts: list) -> list[tuple[object, slice]]:
     """(part, rows) of each run of adjacent slots whose parts are alike (_same_part): one call of a row-wise part
     on the run's rows, which are contiguous, gives each slot the rows of its own call, as a solo run's replicas
     rely on."""
-    runs: list[tuple[object, slice]] = []
-    for i, part in enumerate(parts):
-        rows = slots.rows(i)
-        if runs and _same_part(runs[-1][0], part):
-            runs[-1] = (runs[-1][0], slice(runs[-1][1].start, rows.stop))
-        else:
-            runs.append((part, rows))
-    return runs
+    return [(part, slice(slots.rows(run.start).start, slots.rows(run[-1]).stop))
+            for part, run in _alike_positions(parts)]
 
 
 class SlotAggregator(Aggregator):
@@ -272,6 +289,7 @@ class SlotServer(ServerOptimizer):
 
     def __init__(self, slots: SlotSet):
         self.slots = slots
+        self.runs = _alike_runs(slots, [a.server for a in slots.algorithms])  # a server step is row-wise
 
     def init_state(self, x: torch.Tensor) -> dict:
         s = self.slots
@@ -279,10 +297,11 @@ class SlotServer(ServerOptimizer):
         return {name: torch.cat([st[name] for st in states]) for name in states[0]}
 
     def step(self, x: torch.Tensor, delta: torch.Tensor, state, lr=None) -> torch.Tensor:
-        s = self.slots
-        return torch.cat([a.server.step(x[s.rows(i)], delta[s.rows(i)], {k: v[s.rows(i)] for k, v in state.items()},
-                                        None if lr is None else lr[s.rows(i)])
-                          for i, a in enumerate(s.algorithms)])
+        """Each run of adjacent alike optimizers (every slot of a study over client step sizes and E) in one call,
+        on views of the state, so in-place updates land in it."""
+        steps = [server.step(x[rows], delta[rows], {k: v[rows] for k, v in state.items()},
+                             None if lr is None else lr[rows]) for server, rows in self.runs]
+        return steps[0] if len(steps) == 1 else torch.cat(steps)
 
 
 def slot_algorithm(slots: SlotSet, trainer: LocalSolver) -> Algorithm:

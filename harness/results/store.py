@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -127,6 +128,69 @@ class ArrowStore:
 
     def __repr__(self) -> str:
         return f"ArrowStore({self.url!r})"
+
+
+class WriteBehind:
+    """A store whose writes wait on the disk together: each write (whole, as the store makes it: a temporary name,
+    fsync, rename) goes on in a background thread, so a batch's many small objects (every slot's runs/ row and
+    rounds/ part) do not wait for the disk one after another. The writes of one run (its keys under run_id=<id>)
+    land in the order they were made, as do those of any one key; a read, listing, existence check or delete first
+    waits for every write before it; `drain()` waits for all and raises the first error. Only writes of different
+    runs may land in another order than they were made."""
+
+    def __init__(self, store: ResultsStore, threads: int = 8):
+        self.store, self.url = store, store.url
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="fedharness-write")
+        self._last: dict[str, Future] = {}  # each run's (or key's) latest write
+
+    def write(self, key: str, data: bytes) -> None:
+        group = layout.run_of(key) or key
+        self._last[group] = self._pool.submit(_write_after, self._last.get(group), self.store, key, data)
+
+    def drain(self) -> None:
+        pending, self._last = list(self._last.values()), {}
+        errors = [error for error in (future.exception() for future in pending) if error is not None]
+        if errors:
+            raise errors[0]
+
+    def close(self) -> None:
+        """Drain, then stop the threads."""
+        try:
+            self.drain()
+        finally:
+            self._pool.shutdown()
+
+    def read(self, key: str) -> bytes | None:
+        self.drain()
+        return self.store.read(key)
+
+    def exists(self, key: str) -> bool:
+        self.drain()
+        return self.store.exists(key)
+
+    def list(self, prefix: str) -> list[str]:
+        self.drain()
+        return self.store.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.drain()
+        self.store.delete(key)
+
+    def __repr__(self) -> str:
+        return f"WriteBehind({self.store!r})"
+
+
+def _write_after(before: Future | None, store: ResultsStore, key: str, data: bytes) -> None:
+    """store.write(key, data) once the write before it (of the same run) has ended. A pool takes its tasks in
+    order, so `before` is running or done by the time this one runs: waiting on it cannot deadlock."""
+    if before is not None:
+        before.exception()  # waits; its error is drain's to raise
+    store.write(key, data)
+
+
+def write_behind(store: ResultsStore) -> WriteBehind | None:
+    """A WriteBehind over a folder or an object store (None for another store, such as the Ray driver's)."""
+    return WriteBehind(store) if isinstance(store, (FileStore, ArrowStore)) else None
 
 
 def _scheme(results_dir: str) -> str | None:

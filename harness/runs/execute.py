@@ -31,7 +31,7 @@ from fedharness.base.runtime import apply_runtime, auto_threads, step_work, use_
 from fedharness.assembly.reference_policy import run_client_minima, run_reference
 from fedharness.errors import require
 from fedharness.settings import RunSettings
-from fedharness.results.store import ResultsStore, open_store
+from fedharness.results.store import ResultsStore, open_store, write_behind
 
 
 @dataclass
@@ -203,8 +203,12 @@ def _execute(slots: Sequence[Slot], batch_id: str | None, store: ResultsStore | 
     exact = exact_references(run.settings, run.problem, run.reference)
     resumed = load_resume(run.settings, store) if run.settings.resume else None  # before any cluster or file
     executor = build_executor(run.settings, run.problem, run.algorithm.solver)
-    records = [RunRecord(s, resumed.run_id if resumed else slot.run_id or new_run_id(), store, executor, exact=exact,
-                         hooks=_caller_hooks(slot), callbacks=slot.callbacks, batch_id=batch_id, resumed=resumed)
+    # A batch's runs write their many small objects together, each run's in order (a batch keeps no checkpoints,
+    # whose order against the rows matters across runs' keys: harness/runs/batch.py check_batch)
+    writes = write_behind(store) if len(slots) > 1 else None
+    records = [RunRecord(s, resumed.run_id if resumed else slot.run_id or new_run_id(), writes or store, executor,
+                         exact=exact, hooks=_caller_hooks(slot), callbacks=slot.callbacks, batch_id=batch_id,
+                         resumed=resumed)
                for s, slot in zip(recorded, slots)]
     engine = build_engine(run, executor, [record.hooks for record in records], slots_of_batch)
     # From the `running` rows on, a signal records the runs as interrupted; also while recording their ends, so a
@@ -213,6 +217,8 @@ def _execute(slots: Sequence[Slot], batch_id: str | None, store: ResultsStore | 
         try:
             for record in records:
                 record.start()
+            if writes is not None:
+                writes.drain()  # every run is recorded running before any trains
             if resumed is not None and resumed.state is not None:
                 executor.set_state(resumed.client_state)
             engine.run(resumed.state if resumed else None)
@@ -223,6 +229,8 @@ def _execute(slots: Sequence[Slot], batch_id: str | None, store: ResultsStore | 
                 raise
         finally:
             executor.close()
+            if writes is not None:
+                writes.close()  # every object written before the runs' results are returned
     return records
 
 

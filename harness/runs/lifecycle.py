@@ -196,18 +196,29 @@ def split_invariant(settings: RunSettings) -> bool:
     return torch.device(settings.device).type == "cpu" and settings.sums == "exact"
 
 
+@cache  # by pid, so a forked child reads its own: /proc/<pid>/stat takes milliseconds in a process of many threads
+def _own_start(pid: int) -> int | None:
+    return process_start(pid)
+
+
+def config_json(settings: RunSettings) -> str:
+    """The runs/ row's config_json: the run's config, secrets masked, as sorted JSON."""
+    return json.dumps(mask_secrets(settings.config), sort_keys=True, default=str)
+
+
 def run_row(settings: RunSettings, status: str, rounds_done: int, started: str, error: str | None = None,
-            callbacks: Sequence[str] = (), exact: dict | None = None, batch_id: str | None = None) -> dict:
+            callbacks: Sequence[str] = (), exact: dict | None = None, batch_id: str | None = None,
+            config: str | None = None) -> dict:
     """The run's runs/ row. `exact`: F* and the heterogeneity Gamma (null where not known); `batch_id`: the
-    batched run it trained in as one slot (null: alone)."""
+    batched run it trained in as one slot (null: alone); `config`: its config_json (settings') if already made."""
     return {
         "study": settings.study, "experiment": settings.experiment, "algorithm": settings.algorithm.name,
         "dataset": settings.dataset.name, "partition": settings.partition.name, "model": settings.model.name,
         "seed": settings.seed, "n_replicas": settings.replicas, "status": status, "rounds_done": rounds_done,
-        "config_json": json.dumps(mask_secrets(settings.config), sort_keys=True, default=str), "git_sha": _git_sha(),
+        "config_json": config_json(settings) if config is None else config, "git_sha": _git_sha(),
         "started_at": started, "finished_at": None if status == "running" else now(),
         "versions_json": _versions(), "host": platform.node(), "error": mask_secrets(error), "trial": settings.trial,
-        "pid": os.getpid(), "pid_start": process_start(os.getpid()),
+        "pid": os.getpid(), "pid_start": _own_start(os.getpid()),
         "callbacks": json.dumps(list(callbacks)), "metrics": json.dumps(list(settings.metrics)),
         "split_invariant": split_invariant(settings), **(exact or {}), "batch_id": batch_id,
         "epsilon": final_epsilon(settings.dp, settings.dataset.num_clients, settings.algorithm.clients_per_round,
@@ -288,6 +299,7 @@ class RunRecord(Callback):
                                 clients_table=settings.eval.clients_table)
         self.started = resumed.started if resumed else now()
         self.callback_names = [callback_name(cb) for cb in callbacks]
+        self.config_json = config_json(settings)  # the same in the running row and the final one: made once
         self.outcome: RunOutcome | None = None
         if resumed:
             restore_rows(self.sink, run_id)  # the checkpoint's rows, if the process died before writing them
@@ -301,7 +313,7 @@ class RunRecord(Callback):
 
     def write(self, status: str, rounds_done: int, error: str | None = None) -> None:
         self.sink.write_run(run_row(self.settings, status, rounds_done, self.started, error, self.callback_names,
-                                    self.exact, self.batch_id))
+                                    self.exact, self.batch_id, self.config_json))
 
     def start(self) -> None:
         self.write("running", 0)

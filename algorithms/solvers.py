@@ -46,9 +46,11 @@ class LocalSGD(LocalSolver):
 
     @property
     def rows_of_step_sizes(self) -> bool:
-        """Step sizes [R, T] (each row its own) are taken where the weights are their prefix sums: plain SGD. A
-        subclass with its own weight_stats or step_lrs sets this False unless those take [R, T] too."""
-        return self.is_plain_sgd
+        """Step sizes [R, T] (each row its own) are taken where the weights are their prefix sums: plain SGD, with
+        LocalSGD's own step_lrs and weight_stats (a subclass that overrides either gets the per-slot calls, which
+        hand it [T] as before; it may override this property where its methods take [R, T] too)."""
+        own = type(self).step_lrs is LocalSGD.step_lrs and type(self).weight_stats is LocalSGD.weight_stats
+        return own and self.is_plain_sgd
 
     def step_lrs(self, base_lrs: np.ndarray) -> np.ndarray:
         """The schedule's step sizes times the solver's own exponential decay within the round ([T] or [R, T])."""

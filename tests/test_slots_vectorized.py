@@ -93,6 +93,30 @@ def test_plain_sgd_weight_stats_by_row_equal_each_row_alone():
     assert np.array_equal(constant.l1, tau[:2].astype(np.float64)) and np.array_equal(constant.last, np.ones((2, 4)))
 
 
+def test_a_subclass_with_its_own_step_sizes_is_asked_slot_by_slot():
+    """A user's LocalSGD subclass that overrides step_lrs or weight_stats for [T] only never gets [R, T]: the
+    batched call is LocalSGD's own methods' promise, not its subclasses'."""
+    class Halved(LocalSGD):
+        def step_lrs(self, base_lrs):
+            assert np.ndim(base_lrs) == 1, "handed [R, T]"
+            return super().step_lrs(base_lrs) / 2
+
+    class Counted(LocalSGD):
+        def weight_stats(self, tau, step_lrs, lr_scale=None):
+            assert np.ndim(step_lrs) == 1, "handed [R, T]"
+            return super().weight_stats(tau, step_lrs, lr_scale)
+
+    assert not Halved().rows_of_step_sizes and not Counted().rows_of_step_sizes and LocalSGD().rows_of_step_sizes
+    solvers = [Halved(), Halved(), Counted(), Counted()]
+    schedules = [Constant(0.1), Constant(0.3), Constant(0.2), Constant(0.4)]
+    slots = slot_set(solvers=solvers, schedules=schedules, replicas=[1, 2, 1, 1])
+    batched = SlotSolver(slots, LocalSGD())
+    base = slots.per_row(np.stack([s.step_lrs(0, 4) for s in schedules]))
+    lrs = batched.step_lrs(base)
+    batched.weight_stats(np.full((5, 3), 4), lrs, None)
+    assert np.array_equal(lrs[0], np.full(4, 0.05)) and np.array_equal(lrs[2], np.full(4, 0.15))
+
+
 def test_slot_solver_equals_each_slot_alone():
     """Plain SGD slots (one call over their rows) and momentum slots (slot by slot) side by side: step sizes and
     weight statistics as each slot's own solver gives them."""

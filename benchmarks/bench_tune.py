@@ -41,6 +41,7 @@ import torch
 
 import fedharness
 from fedharness.runs.lifecycle import open_results
+from fedharness.studies.tuning.budget import forget_replays
 from fedharness.studies.tuning.spec import build_spec
 from fedharness.studies.tuning.study import tune
 
@@ -60,6 +61,7 @@ WORKLOADS = {
 def run_study(workload: dict, trials: int, batch: int, results: Path, extra: tuple[str, ...] = ()) -> dict:
     """One study in a fresh results folder: wall seconds, trials per minute and its best trial. `extra`: tune.*
     overrides after the benchmark's (another sampler, seed)."""
+    forget_replays()  # each study (its probe, then its trials) pays its own budget replays, as in a process of its own
     spec = build_spec([*STUDY, *workload["tune"], f"tune.n_trials={trials}", f"tune.batch={batch}", *extra,
                        f"results_dir={results}", *workload["run"]])
     start, cpu = time.perf_counter(), time.process_time()

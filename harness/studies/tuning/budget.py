@@ -139,6 +139,14 @@ def _unit_cost(cfg: dict[str, Any], kind: str, total: int) -> np.ndarray:
     return _UNIT[cached]
 
 
+def forget_replays() -> None:
+    """Forget this process's replays and the problem they were built on: what a study started in a fresh process
+    pays (benchmarks/bench_tune.py times each study so, not on its predecessor's replays)."""
+    _ROUNDS.clear()
+    _UNIT.clear()
+    _PROBLEMS.clear()
+
+
 def _scales_with_steps(cfg: dict[str, Any], algorithm: Algorithm, layout: ReplicaLayout) -> bool:
     """Whether a round's counters are E times those of E = 1 (bytes: equal), replica by replica, so that E's rounds
     follow from one replay. They are when every sampled client makes exactly E steps (the built-in `steps` local

@@ -46,6 +46,7 @@ class SoftmaxRegression(Model):
         self.l2 = l2
         self.dim = self.d * num_classes
         self._minus_ones: dict[tuple, torch.Tensor] = {}
+        self._logits_buffer: torch.Tensor | None = None  # the closed-form evaluation's [R, C, n] logits (_logits_by_class)
 
     def prepare(self, x: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         flat = torch.as_tensor(x.reshape(len(x), -1), dtype=dtype)
@@ -114,8 +115,18 @@ class SoftmaxRegression(Model):
     def _logits_by_class(self, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """[R, C, n]: each replica's own product W_r X^T (bmm over replicas, never one GEMM over all of them, so
         a replica's numbers do not depend on the replicas beside it); reductions over classes then run over
-        dim 1, along contiguous rows of samples, the fastest layout for the loss and its gradient."""
-        return torch.bmm(self._matrix(w), x.t().expand(w.shape[0], -1, -1))
+        dim 1, along contiguous rows of samples, the fastest layout for the loss and its gradient.
+
+        Written into one buffer the model keeps (w carries no graph here), reused from chunk to chunk and from
+        evaluation to evaluation: a chunk's logits are megabytes at 64 replicas, and allocating them anew makes
+        the allocator fault their pages in again, which cost as much as the product (the same kernel either way,
+        so the same bits). It is the size of the largest chunk evaluated, which eval_chunk's memory cap bounds."""
+        shape = (w.shape[0], self.num_classes, len(x))
+        size = math.prod(shape)
+        buffer = self._logits_buffer
+        if buffer is None or len(buffer) < size or buffer.dtype != w.dtype or buffer.device != w.device:
+            buffer = self._logits_buffer = torch.empty(size, dtype=w.dtype, device=w.device)
+        return torch.bmm(self._matrix(w), x.t().expand(w.shape[0], -1, -1), out=buffer[:size].view(shape))
 
     @staticmethod
     def _exp_shifted(logits: torch.Tensor, top: torch.Tensor, labels: torch.Tensor,
@@ -128,11 +139,21 @@ class SoftmaxRegression(Model):
         total = exps.sum(dim, keepdim=True)
         return exps, total, (total.log() - picked).sum((1, 2), dtype=torch.float64)
 
-    def loss_and_grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed cross-entropy [R] (float64) and its gradient sum_i (softmax_i - onehot(y_i)) x_i^T [R, dim]."""
+    def _class_terms(self, w: torch.Tensor, x: torch.Tensor,
+                     y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The labels [R, 1, n] and _exp_shifted's exps [R, C, n], their sums over classes and the summed
+        cross-entropy [R] (float64), by class."""
         labels = y.view(1, 1, -1).expand(w.shape[0], 1, -1)
         logits = self._logits_by_class(w, x)
-        exps, total, loss = self._exp_shifted(logits, logits.amax(1, keepdim=True), labels, 1)
+        return labels, *self._exp_shifted(logits, logits.amax(1, keepdim=True), labels, 1)
+
+    def summed_loss(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """loss_and_grad's summed cross-entropy [R] (float64), the same bits: one product per chunk, not two."""
+        return self._class_terms(w, x, y)[3]
+
+    def loss_and_grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed cross-entropy [R] (float64) and its gradient sum_i (softmax_i - onehot(y_i)) x_i^T [R, dim]."""
+        labels, exps, total, loss = self._class_terms(w, x, y)
         resid = _minus_onehot(exps.div_(total), labels, 1)
         return loss, _data_gradient(resid, x)
 
@@ -181,9 +202,17 @@ class LinearRegression(SoftmaxRegression):
         target = torch.nn.functional.one_hot(y, self.num_classes).to(pred.dtype)
         return 0.5 * ((pred - target) ** 2).sum(-1), pred.argmax(-1) == y
 
+    def _residual(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """W x_i - onehot(y_i) by class, [R, C, n]."""
+        return _minus_onehot(self._logits_by_class(w, x), y.view(1, 1, -1).expand(w.shape[0], 1, -1), 1)
+
+    def summed_loss(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """loss_and_grad's summed squared error [R] (float64), the same bits; the residual squared in place."""
+        return 0.5 * self._residual(w, x, y).square_().sum((1, 2), dtype=torch.float64)
+
     def loss_and_grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed squared error [R] (float64) and its gradient sum_i (W x_i - onehot(y_i)) x_i^T [R, dim]."""
-        resid = _minus_onehot(self._logits_by_class(w, x), y.view(1, 1, -1).expand(w.shape[0], 1, -1), 1)
+        resid = self._residual(w, x, y)
         return 0.5 * resid.square().sum((1, 2), dtype=torch.float64), _data_gradient(resid, x)
 
     def loss_and_correct(self, w: torch.Tensor, x: torch.Tensor,

@@ -95,3 +95,33 @@ def test_a_large_logit_stays_finite_in_float32():
     assert_close_to_scale(got.train_loss, want["train_loss"], 1e-6)
     assert_close_to_scale(got.test_loss, want["test_loss"], 1e-6)
     assert_close_to_scale(got.grad_norm_sq, want["grad_norm_sq"], 1e-5)
+
+
+@pytest.mark.parametrize("model", ["logreg", "linreg"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_loss_alone_is_the_same_bits_as_with_its_gradient(monkeypatch, model, dtype):
+    """eval.grad_norm=false: summed_loss is loss_and_grad's loss, so train_loss (and all else) keeps its bits."""
+    monkeypatch.setattr(data, "CLOSED_FORM_CHUNK", 64)
+    problem = _problem(model, 0.01, dtype, with_test=True)
+    w = _weights(problem)
+    x, y = problem.x[:64], problem.y[:64]
+    assert torch.equal(problem.objective.summed_loss(w, x, y), problem.objective.loss_and_grad(w, x, y)[0])
+    full, alone = problem.evaluate(w), problem.evaluate(w, grad_norm=False)
+    assert alone.grad_norm_sq is None and (full.grad_norm_sq > 0).all()
+    for name in ("train_loss", "test_loss", "test_acc"):
+        np.testing.assert_array_equal(getattr(alone, name), getattr(full, name))
+
+
+@pytest.mark.parametrize("model", ["logreg", "linreg"])
+def test_the_reused_logits_buffer_changes_no_value(monkeypatch, model):
+    """One model evaluates 3 replicas, then 1 (a smaller view of its buffer), then in float64 (a new buffer),
+    then 3 again: each time the values of a model that never evaluated before."""
+    monkeypatch.setattr(data, "CLOSED_FORM_CHUNK", 64)
+    problem = _problem(model, 0.01, torch.float32, with_test=True)
+    w = _weights(problem)
+    for p, ws in ((problem, w), (problem, w[1:2]), (problem.with_dtype(torch.float64), w.double()), (problem, w)):
+        fresh = _problem(model, 0.01, p.dtype, with_test=True)
+        got, want = p.evaluate(ws), fresh.evaluate(ws)
+        for name in ("train_loss", "grad_norm_sq", "test_loss", "test_acc"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+    assert problem.with_dtype(torch.float64).objective is problem.objective  # the buffer above was shared

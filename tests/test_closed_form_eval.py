@@ -114,16 +114,3 @@ def test_the_loss_alone_is_the_same_bits_as_with_its_gradient(monkeypatch, model
     assert alone.grad_norm_sq is None and (full.grad_norm_sq > 0).all()
     for name in ("train_loss", "test_loss", "test_acc"):
         np.testing.assert_array_equal(getattr(alone, name), getattr(full, name))
-
-
-@pytest.mark.parametrize("model", ["logreg", "linreg"])
-def test_the_reused_logits_buffer_changes_no_value(monkeypatch, model):
-    """One model evaluates 3 replicas, then 1 (a smaller view of its buffer), then in float64 (a new buffer),
-    then 3 again: each time the values of a model that never evaluated before."""
-    problem, w = _chunked(monkeypatch, model, torch.float32)
-    for p, ws in ((problem, w), (problem, w[1:2]), (problem.with_dtype(torch.float64), w.double()), (problem, w)):
-        fresh = _problem(model, 0.01, p.dtype, with_test=True)
-        got, want = p.evaluate(ws), fresh.evaluate(ws)
-        for name in ("train_loss", "grad_norm_sq", "test_loss", "test_acc"):
-            np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
-    assert problem.with_dtype(torch.float64).objective is problem.objective  # the buffer above was shared

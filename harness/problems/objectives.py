@@ -46,7 +46,6 @@ class SoftmaxRegression(Model):
         self.l2 = l2
         self.dim = self.d * num_classes
         self._minus_ones: dict[tuple, torch.Tensor] = {}
-        self._logits_buffer: torch.Tensor | None = None  # the closed-form evaluation's [R, C, n] logits (_logits_by_class)
 
     def prepare(self, x: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         flat = torch.as_tensor(x.reshape(len(x), -1), dtype=dtype)
@@ -115,18 +114,8 @@ class SoftmaxRegression(Model):
     def _logits_by_class(self, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """[R, C, n]: each replica's own product W_r X^T (bmm over replicas, never one GEMM over all of them, so
         a replica's numbers do not depend on the replicas beside it); reductions over classes then run over
-        dim 1, along contiguous rows of samples, the fastest layout for the loss and its gradient.
-
-        Written into one buffer the model keeps (w carries no graph here), reused from chunk to chunk and from
-        evaluation to evaluation: a chunk's logits are megabytes at 64 replicas, and allocating them anew makes
-        the allocator fault their pages in again, which cost as much as the product (the same kernel either way,
-        so the same bits). It is the size of the largest chunk evaluated, which eval_chunk's memory cap bounds."""
-        shape = (w.shape[0], self.num_classes, len(x))
-        size = math.prod(shape)
-        buffer = self._logits_buffer
-        if buffer is None or len(buffer) < size or buffer.dtype != w.dtype or buffer.device != w.device:
-            buffer = self._logits_buffer = torch.empty(size, dtype=w.dtype, device=w.device)
-        return torch.bmm(self._matrix(w), x.t().expand(w.shape[0], -1, -1), out=buffer[:size].view(shape))
+        dim 1, along contiguous rows of samples, the fastest layout for the loss and its gradient."""
+        return torch.bmm(self._matrix(w), x.t().expand(w.shape[0], -1, -1))
 
     @staticmethod
     def _exp_shifted(logits: torch.Tensor, top: torch.Tensor, labels: torch.Tensor,

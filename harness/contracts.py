@@ -48,7 +48,7 @@ class Evaluation:
     """Per-replica metrics of the global model; None where a metric does not apply."""
 
     train_loss: np.ndarray
-    grad_norm_sq: np.ndarray
+    grad_norm_sq: np.ndarray | None  # None: not computed (eval.grad_norm=false)
     test_loss: np.ndarray | None = None
     test_acc: np.ndarray | None = None
     extra: dict[str, np.ndarray] = field(default_factory=dict)
@@ -283,8 +283,9 @@ class Problem(Protocol):
     def entry_bytes(self, steps: int) -> int:
         """Bytes one client copy of a batched local step needs besides its parameter vectors."""
 
-    def evaluate(self, w: torch.Tensor) -> Evaluation:
-        """Metrics of each replica's global model w [R, dim]."""
+    def evaluate(self, w: torch.Tensor, grad_norm: bool = True) -> Evaluation:
+        """Metrics of each replica's global model w [R, dim]. grad_norm=False (eval.grad_norm): grad_norm_sq is None
+        and the full gradient is not computed; every other value is the same as with it."""
 
     def objective_value(self, w: torch.Tensor) -> torch.Tensor:
         """F(w) per replica, float64."""
@@ -312,6 +313,9 @@ class ClosedFormTerms(Protocol):
 
     def loss_and_grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed data loss [R] (float64) over samples x [n, ...], y [n] and its gradient [R, dim] (w's dtype)."""
+
+    def summed_loss(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """loss_and_grad's summed data loss [R] (float64), the same bits, without the gradient."""
 
     def loss_and_correct(self, w: torch.Tensor, x: torch.Tensor,
                          y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -138,7 +138,8 @@ class DPSettings:
 
 @dataclass(frozen=True, slots=True)
 class EvalSettings:
-    """Per-client evaluation (docs/results.md, Per-client evaluation): each client on its own held-out data."""
+    """What each evaluation computes: per-client evaluation (docs/results.md, Per-client evaluation), each client
+    on its own held-out data; the full gradient's norm (grad_norm)."""
 
     per_client: bool = key(boolean("evaluate every client (or `clients` of them) on its own held-out data: "
                                    "rounds/ gains client_acc_* and client_loss_* (mean, se, p10, p50, p90)"))
@@ -146,6 +147,9 @@ class EvalSettings:
                                       "seed), the mean's standard error in client_*_se", lo=2, null="every client"))
     clients_table: bool = key(boolean("also write clients/: one row per (replica, round, client) with n, loss, "
                                       "acc"))
+    grad_norm: bool = key(boolean("compute grad_norm_sq, ||grad F||^2 over all training data, at each evaluation; "
+                                  "false: that column is null and evaluation computes the training loss alone "
+                                  "(tuning trials default to false: docs/tuning.md)"))
 
 
 # --- a group's option -------------------------------------------------------------------------------------

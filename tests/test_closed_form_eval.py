@@ -73,12 +73,18 @@ def test_closed_form_evaluation_equals_autograd(monkeypatch, model, l2, with_tes
     assert_close_to_scale(g, want_g.to(w.dtype), rtol)
 
 
+def _chunked(monkeypatch, model: str, dtype: torch.dtype) -> tuple[DataProblem, torch.Tensor]:
+    """A problem with a test set whose 300 training samples are evaluated in 5 chunks (the last one short), and
+    _weights' three replicas."""
+    monkeypatch.setattr(data, "CLOSED_FORM_CHUNK", 64)
+    problem = _problem(model, 0.01, dtype, with_test=True)
+    return problem, _weights(problem)
+
+
 @pytest.mark.parametrize("model", ["logreg", "linreg"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_a_replicas_numbers_do_not_depend_on_the_replicas_beside_it(monkeypatch, model, dtype):
-    monkeypatch.setattr(data, "CLOSED_FORM_CHUNK", 64)
-    problem = _problem(model, 0.01, dtype, with_test=True)
-    w = _weights(problem)
+    problem, w = _chunked(monkeypatch, model, dtype)
     together = problem.evaluate(w)
     for r in range(len(w)):
         alone = problem.evaluate(w[r:r + 1])
@@ -95,3 +101,16 @@ def test_a_large_logit_stays_finite_in_float32():
     assert_close_to_scale(got.train_loss, want["train_loss"], 1e-6)
     assert_close_to_scale(got.test_loss, want["test_loss"], 1e-6)
     assert_close_to_scale(got.grad_norm_sq, want["grad_norm_sq"], 1e-5)
+
+
+@pytest.mark.parametrize("model", ["logreg", "linreg"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_loss_alone_is_the_same_bits_as_with_its_gradient(monkeypatch, model, dtype):
+    """eval.grad_norm=false: summed_loss is loss_and_grad's loss, so train_loss (and all else) keeps its bits."""
+    problem, w = _chunked(monkeypatch, model, dtype)
+    x, y = problem.x[:64], problem.y[:64]
+    assert torch.equal(problem.objective.summed_loss(w, x, y), problem.objective.loss_and_grad(w, x, y)[0])
+    full, alone = problem.evaluate(w), problem.evaluate(w, grad_norm=False)
+    assert alone.grad_norm_sq is None and (full.grad_norm_sq > 0).all()
+    for name in ("train_loss", "test_loss", "test_acc"):
+        np.testing.assert_array_equal(getattr(alone, name), getattr(full, name))

@@ -99,7 +99,7 @@ class Engine:
                  hooks: Sequence[Callback] = (), **options):
         """A solo run: one slot with `algorithm`'s own parts, its replica `layout` (Richardson-Romberg couples
         replicas) and `series` (extra recorded iterates: Polyak averages, RR extrapolation). `options`:
-        reference, network, metrics, end_status, privacy, client_eval, adversary."""
+        reference, network, metrics, end_status, privacy, client_eval, adversary, grad_norm."""
         layout = layout or ReplicaLayout.seeds(replicas)
         slots = SlotSet.solo(algorithm, seed, len(layout), rounds, eval_every)
         self._start(problem, slots, algorithm, executor, layout, series or [], [list(hooks)], **options)
@@ -108,9 +108,11 @@ class Engine:
                series: list[SeriesHook], hooks: list[list[Callback]], *, trainer: LocalSolver | None = None,
                reference=None, network: NetworkModel | None = None, metrics: Sequence[Metric] = (),
                end_status: Callable[[BaseException], str] = _failed, privacy: Privacy | None = None,
-               client_eval: np.ndarray | None = None, adversary: Adversary | None = None) -> None:
+               client_eval: np.ndarray | None = None, adversary: Adversary | None = None,
+               grad_norm: bool = True) -> None:
         """`client_eval` (eval.per_client): the clients each evaluation scores on their own held-out data (the
-        problem is a contracts.ClientEvaluation); None: none. `adversary` (attack=NAME): the Byzantine clients."""
+        problem is a contracts.ClientEvaluation); None: none. `adversary` (attack=NAME): the Byzantine clients.
+        `grad_norm` (eval.grad_norm): whether evaluations compute grad_norm_sq (else null)."""
         self.problem, self.alg, self.executor, self.reference = problem, algorithm, executor, reference
         # an UpdateAggregator is a runtime Protocol: isinstance reads its members, too slow to ask every round
         self.send_updates = isinstance(algorithm.aggregator, UpdateAggregator)
@@ -129,6 +131,7 @@ class Engine:
         self.rows: dict[int, list[dict]] = {i: [] for i in slots.ids}  # each slot's evaluated rows
         self.outcomes: dict[int, RunOutcome] = {}
         self.client_eval = client_eval
+        self.grad_norm = grad_norm
         self._scores: tuple[np.ndarray, ClientScores] | None = None  # the last evaluation's, with its replica ids
         self.rounds_done = 0  # the last completed round, also when an exception ends the run
 
@@ -222,7 +225,7 @@ class Engine:
         return scores
 
     def _evaluate_series(self, state: RunState, x: torch.Tensor, series: str, replica_ids: np.ndarray) -> list[dict]:
-        ev = self.problem.evaluate(x)
+        ev = self.problem.evaluate(x, grad_norm=self.grad_norm)
         ev.extra.update({m.name: m.values(self.problem, x) for m in self.metrics})
         scores = None
         if series == "iterate" and self.client_eval is not None:
@@ -236,7 +239,8 @@ class Engine:
         for i, r in enumerate(replica_ids):
             src = min(int(r), len(self.layout) - 1)
             row = {"replica": int(r), "series": series, "round": state.round, "wall_s": state.wall_s,
-                   "train_loss": ev.train_loss[i], "grad_norm_sq": ev.grad_norm_sq[i],
+                   "train_loss": ev.train_loss[i],
+                   "grad_norm_sq": None if ev.grad_norm_sq is None else ev.grad_norm_sq[i],
                    "server_lr": self.alg.server.server_lr,
                    "lr": None if np.isnan(self._last_lr[src]) else self._last_lr[src],
                    "epsilon": None if self.privacy is None else self.privacy.epsilon(state.round)}

@@ -207,37 +207,48 @@ class DataProblem(Problem, ExactSolve):
     def _closed_form_chunk(self, replicas: int) -> int:
         return min(CLOSED_FORM_CHUNK, self.eval_chunk(replicas))
 
-    def _data_sums(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The summed training loss [R] and its gradient [R, dim], both accumulated in float64, one chunk of samples
-        at a time: in closed form where the model has one (no graph, no argmax), else by autograd, each chunk's
-        graph freed before the next."""
+    def _data_sums(self, w: torch.Tensor, grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The summed training loss [R] and, if `grad`, its gradient [R, dim] (else None), both accumulated in
+        float64, one chunk of samples at a time: in closed form where the model has one (no graph, no argmax),
+        else by autograd, each chunk's graph freed before the next. Without `grad`, the loss is the same bits:
+        the closed form's summed_loss, or the same forward pass with a graph, never differentiated (a forward
+        pass without one may take other kernels: a recurrent layer's)."""
         value = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device)
-        grad = torch.zeros(w.shape, dtype=torch.float64, device=w.device)
-        if isinstance(self.objective, ClosedFormTerms):
-            chunk = self._closed_form_chunk(w.shape[0])
-            for start in range(0, len(self.y), chunk):
-                loss, g = self.objective.loss_and_grad(w, self._model_input(self.x[start:start + chunk]),
-                                                       self.y[start:start + chunk])
-                value, grad = value.add_(loss), grad.add_(g)
-            return value, grad
-        chunk = self.eval_chunk(w.shape[0])
+        total = torch.zeros(w.shape, dtype=torch.float64, device=w.device) if grad else None
+        closed_form = isinstance(self.objective, ClosedFormTerms)
+        chunk = self._closed_form_chunk(w.shape[0]) if closed_form else self.eval_chunk(w.shape[0])
         for start in range(0, len(self.y), chunk):
-            wg = w.clone().requires_grad_(True)
-            loss, _ = self.objective.loss_terms(wg, self._model_input(self.x[start:start + chunk]),
-                                                self.y[start:start + chunk])
-            (g,) = torch.autograd.grad(loss.sum(), wg)
-            value, grad = value + loss.detach().double(), grad + g.double()
-        return value, grad
+            x, y = self._model_input(self.x[start:start + chunk]), self.y[start:start + chunk]
+            if closed_form and total is None:
+                value.add_(self.objective.summed_loss(w, x, y))
+            elif closed_form:
+                loss, g = self.objective.loss_and_grad(w, x, y)
+                value, total = value.add_(loss), total.add_(g)
+            else:
+                wg = w.clone().requires_grad_(True)
+                loss, _ = self.objective.loss_terms(wg, x, y)
+                value = value + loss.detach().double()
+                if total is not None:
+                    (g,) = torch.autograd.grad(loss.sum(), wg)
+                    total = total + g.double()
+        return value, total
 
-    def objective_and_grad(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """F and its gradient; the data terms' sums accumulate in float64 (_data_sums)."""
+    def _objective(self, w: torch.Tensor, grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """F [R] (float64) and, if `grad`, its gradient [R, dim] in w's dtype (else None); the data terms' sums
+        accumulate in float64 (_data_sums)."""
         w = w.detach()
-        value, grad = self._data_sums(w)
+        value, data_grad = self._data_sums(w, grad)
         n = len(self.y)
+        if data_grad is None:
+            return value / n + self.objective.regularizer(w).double(), None
         wg = w.clone().requires_grad_(True)
         reg = self.objective.regularizer(wg)
         (g,) = torch.autograd.grad(reg.sum(), wg)
-        return value / n + reg.detach().double(), (grad / n + g.double()).to(w.dtype)
+        return value / n + reg.detach().double(), (data_grad / n + g.double()).to(w.dtype)
+
+    def objective_and_grad(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """F and its gradient; the data terms' sums accumulate in float64 (_data_sums)."""
+        return self._objective(w, grad=True)
 
     def _test_metrics(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean test loss and accuracy per replica, without a graph (in closed form where the model has one)."""
@@ -252,10 +263,10 @@ class DataProblem(Problem, ExactSolve):
             return self._model_input(self.x), self.y
         return None if self.x_test is None else (self._model_input(self.x_test), self.y_test)
 
-    def evaluate(self, w: torch.Tensor) -> Evaluation:
-        train_loss, g = self.objective_and_grad(w)
+    def evaluate(self, w: torch.Tensor, grad_norm: bool = True) -> Evaluation:
+        train_loss, g = self._objective(w, grad=grad_norm)
         out = Evaluation(train_loss=train_loss.cpu().numpy(),
-                         grad_norm_sq=(g.double() ** 2).sum(-1).cpu().numpy())
+                         grad_norm_sq=None if g is None else (g.double() ** 2).sum(-1).cpu().numpy())
         if self.x_test is not None:
             loss, acc = self._test_metrics(w.detach())
             out.test_loss, out.test_acc = loss.cpu().numpy(), acc.cpu().numpy()

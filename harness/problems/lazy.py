@@ -160,10 +160,10 @@ class LazySyntheticProblem(Problem):
     def objective_value(self, w: torch.Tensor) -> torch.Tensor:
         return self.eval_problem().objective_value(w)
 
-    def evaluate(self, w: torch.Tensor) -> Evaluation:
+    def evaluate(self, w: torch.Tensor, grad_norm: bool = True) -> Evaluation:
         """Exact metrics while N <= eval_clients; above, train_loss estimated from the sample, with its standard
         error (the other metrics: the sampled clients' data pooled)."""
-        ev = self.eval_problem().evaluate(w)
+        ev = self.eval_problem().evaluate(w, grad_norm)
         if len(self.eval_draws) < self.num_clients:
             ev.train_loss, ev.train_loss_se = weighted_sum_estimate(
                 self.weights[self.eval_draws], self.client_train_losses(w)[:, self.eval_inverse], self.num_clients)

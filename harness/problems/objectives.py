@@ -128,11 +128,21 @@ class SoftmaxRegression(Model):
         total = exps.sum(dim, keepdim=True)
         return exps, total, (total.log() - picked).sum((1, 2), dtype=torch.float64)
 
-    def loss_and_grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed cross-entropy [R] (float64) and its gradient sum_i (softmax_i - onehot(y_i)) x_i^T [R, dim]."""
+    def _class_terms(self, w: torch.Tensor, x: torch.Tensor,
+                     y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The labels [R, 1, n] and _exp_shifted's exps [R, C, n], their sums over classes and the summed
+        cross-entropy [R] (float64), by class."""
         labels = y.view(1, 1, -1).expand(w.shape[0], 1, -1)
         logits = self._logits_by_class(w, x)
-        exps, total, loss = self._exp_shifted(logits, logits.amax(1, keepdim=True), labels, 1)
+        return labels, *self._exp_shifted(logits, logits.amax(1, keepdim=True), labels, 1)
+
+    def summed_loss(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """loss_and_grad's summed cross-entropy [R] (float64), the same bits: one product per chunk, not two."""
+        return self._class_terms(w, x, y)[3]
+
+    def loss_and_grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed cross-entropy [R] (float64) and its gradient sum_i (softmax_i - onehot(y_i)) x_i^T [R, dim]."""
+        labels, exps, total, loss = self._class_terms(w, x, y)
         resid = _minus_onehot(exps.div_(total), labels, 1)
         return loss, _data_gradient(resid, x)
 
@@ -181,9 +191,17 @@ class LinearRegression(SoftmaxRegression):
         target = torch.nn.functional.one_hot(y, self.num_classes).to(pred.dtype)
         return 0.5 * ((pred - target) ** 2).sum(-1), pred.argmax(-1) == y
 
+    def _residual(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """W x_i - onehot(y_i) by class, [R, C, n]."""
+        return _minus_onehot(self._logits_by_class(w, x), y.view(1, 1, -1).expand(w.shape[0], 1, -1), 1)
+
+    def summed_loss(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """loss_and_grad's summed squared error [R] (float64), the same bits; the residual squared in place."""
+        return 0.5 * self._residual(w, x, y).square_().sum((1, 2), dtype=torch.float64)
+
     def loss_and_grad(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Summed squared error [R] (float64) and its gradient sum_i (W x_i - onehot(y_i)) x_i^T [R, dim]."""
-        resid = _minus_onehot(self._logits_by_class(w, x), y.view(1, 1, -1).expand(w.shape[0], 1, -1), 1)
+        resid = self._residual(w, x, y)
         return 0.5 * resid.square().sum((1, 2), dtype=torch.float64), _data_gradient(resid, x)
 
     def loss_and_correct(self, w: torch.Tensor, x: torch.Tensor,

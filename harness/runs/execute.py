@@ -126,7 +126,8 @@ def build_engine(run: Prepared, executor, hooks: Sequence[Sequence[Callback]] = 
     options = dict(reference=run.reference, network=NetworkModel.of(run.settings.network),
                    metrics=[METRICS[name] for name in run.settings.metrics], end_status=end_status,
                    privacy=privacy_for(run.settings, run.problem),
-                   client_eval=clients_to_evaluate(run.settings, run.problem), adversary=run.adversary)
+                   client_eval=clients_to_evaluate(run.settings, run.problem), adversary=run.adversary,
+                   grad_norm=run.settings.eval.grad_norm)
     if slots is not None:
         return BatchedEngine(run.problem, slots, run.algorithm.solver, executor, hooks=hooks, **options)
     s = run.settings

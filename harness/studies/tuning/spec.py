@@ -299,6 +299,10 @@ def trial_config(spec: TuneSpec, values: dict[str, Any]) -> tuple[dict, list[str
     trial_values = [p.override(values[p.name]) for p in spec.params]
     overrides = [*spec.run_overrides, *trial_values]
     cfg = load_config(list(spec.run_overrides), values=trial_values)  # the study's base composed once
+    if spec.objective.metric != "grad_norm_sq" and all(override_key(ov) != "eval.grad_norm" for ov in overrides):
+        # nothing reads it: evaluations compute the loss alone. Not in `overrides`: no other value changes, and a
+        # re-run of them (best.overrides, --compare) records grad_norm_sq too
+        cfg["eval"]["grad_norm"] = False
     wanted = [m for m in spec.objective.run_metrics if m not in cfg["metrics"]]
     if wanted:  # the objective is a user metric: the trial's run computes it
         cfg["metrics"] = [*cfg["metrics"], *wanted]

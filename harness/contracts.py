@@ -285,7 +285,8 @@ class Problem(Protocol):
 
     def evaluate(self, w: torch.Tensor, grad_norm: bool = True) -> Evaluation:
         """Metrics of each replica's global model w [R, dim]. grad_norm=False (eval.grad_norm): grad_norm_sq is None
-        and the full gradient is not computed; every other value is the same as with it."""
+        and the full gradient is not computed; every other value is the same as with it. A Problem whose evaluate takes
+        no grad_norm is called with w alone (harness/runs/execute.py skips_grad_norm)."""
 
     def objective_value(self, w: torch.Tensor) -> torch.Tensor:
         """F(w) per replica, float64."""

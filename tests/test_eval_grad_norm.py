@@ -92,3 +92,37 @@ def test_a_bad_value_is_one_line_naming_the_key_and_nothing_is_written(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'eval.grad_norm': 'maybe'" in err[0] and "true or false" in err[0], err
     assert not results.exists()
+
+
+class _OldStyleProblem:
+    """A user's own Problem written before eval.grad_norm: its evaluate takes the models only."""
+
+    def __init__(self, problem):
+        self._problem = problem
+
+    def __getattr__(self, name):
+        return getattr(self._problem, name)
+
+    def evaluate(self, w):
+        return self._problem.evaluate(w)
+
+
+def test_a_users_problem_whose_evaluate_takes_no_grad_norm_still_runs_with_it_off():
+    """eval.grad_norm=false (a tuning trial's default) must not break a Problem without the argument: its
+    evaluations compute grad_norm_sq as before; a built-in problem skips it."""
+    from dataclasses import replace
+
+    from fedharness.config.load import load_settings
+    from fedharness.core.executors import InlineExecutor
+    from fedharness.runs.execute import build_engine, prepare_run
+
+    settings = load_settings(["rounds=2", "dataset.num_clients=10", "eval.grad_norm=false", "progress=false"])
+    run = prepare_run(settings)
+    builtin = build_engine(run, InlineExecutor(run.problem, run.algorithm.solver))
+    old = replace(run, problem=_OldStyleProblem(run.problem))
+    engine = build_engine(old, InlineExecutor(old.problem, old.algorithm.solver))
+    state = engine.initial_state()
+    (row,) = engine.evaluate(state)
+    (skipped,) = builtin.evaluate(builtin.initial_state())
+    assert row["grad_norm_sq"] > 0 and skipped["grad_norm_sq"] is None
+    assert row["train_loss"] == skipped["train_loss"]

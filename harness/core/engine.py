@@ -225,7 +225,7 @@ class Engine:
         return scores
 
     def _evaluate_series(self, state: RunState, x: torch.Tensor, series: str, replica_ids: np.ndarray) -> list[dict]:
-        ev = self.problem.evaluate(x, grad_norm=self.grad_norm)
+        ev = self.problem.evaluate(x) if self.grad_norm else self.problem.evaluate(x, grad_norm=False)
         ev.extra.update({m.name: m.values(self.problem, x) for m in self.metrics})
         scores = None
         if series == "iterate" and self.client_eval is not None:

@@ -5,6 +5,7 @@ a sweep point, a tuning trial (`execute_runs`); each run recorded through its Ru
 from __future__ import annotations
 
 import datetime as _dt
+import inspect
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -119,6 +120,12 @@ def threads_for(settings: RunSettings, problem) -> int:
     return auto_threads(step_work(problem.dim, clients, settings.algorithm.batch_size, settings.replicas))
 
 
+def skips_grad_norm(problem) -> bool:
+    """Whether the problem's evaluate takes grad_norm (every built-in's does): a user's own Problem written before
+    eval.grad_norm existed keeps working, with grad_norm_sq computed as it always was."""
+    return "grad_norm" in inspect.signature(problem.evaluate).parameters
+
+
 def build_engine(run: Prepared, executor, hooks: Sequence[Sequence[Callback]] = ((),),
                  slots: SlotSet | None = None) -> Engine:
     """The engine of a prepared run: alone (its own parts, replica layout and series), or the batch `slots` (several
@@ -127,7 +134,7 @@ def build_engine(run: Prepared, executor, hooks: Sequence[Sequence[Callback]] = 
                    metrics=[METRICS[name] for name in run.settings.metrics], end_status=end_status,
                    privacy=privacy_for(run.settings, run.problem),
                    client_eval=clients_to_evaluate(run.settings, run.problem), adversary=run.adversary,
-                   grad_norm=run.settings.eval.grad_norm)
+                   grad_norm=run.settings.eval.grad_norm or not skips_grad_norm(run.problem))
     if slots is not None:
         return BatchedEngine(run.problem, slots, run.algorithm.solver, executor, hooks=hooks, **options)
     s = run.settings

@@ -28,9 +28,11 @@ class Lease:
         self._thread.start()
         return self
 
-    def add(self, trial) -> None:
-        """Beat for one more trial from now on (a batch's trials join as they are asked for)."""
-        trial.set_user_attr("heartbeat_at", time.time())
+    def add(self, trial, beaten: bool = False) -> None:
+        """Beat for one more trial from now on (a batch's trials join as they are asked for); `beaten`: its first
+        heartbeat is in the storage already (written with the trial: batch_writes.create_trials)."""
+        if not beaten:
+            trial.set_user_attr("heartbeat_at", time.time())
         self.trials.append(trial)
 
     def _beat(self) -> None:

@@ -85,12 +85,19 @@ def ask_trial(spec: TuneSpec, study, worker: int, queued: bool):
     reads every unfinished trial of the study (params, attrs, reports) from the storage: a batch of B trials asked
     one after another paid B such reads of up to B running trials. The rest is what ask() does (optuna 4 and 5):
     the sampler's cached view of the trials is dropped, so that it sees the trials asked for before this one."""
-    import optuna
-
     study._thread_local.cached_all_trials = None
     trial_id = study._pop_waiting_trial_id() if queued else None
     if trial_id is None:
         trial_id = study._storage.create_new_trial(study._study_id)
+    return start_trial(spec, study, worker, trial_id)
+
+
+def start_trial(spec: TuneSpec, study, worker: int, trial_id: int):
+    """The Trial of a created (RUNNING) trial `trial_id`, as ask_trial makes it: its sampler seeded by its number;
+    for a batch's trials created together (batch_writes.create_trials), each started just before it is sampled."""
+    import optuna
+
+    study._thread_local.cached_all_trials = None
     trial = optuna.Trial(study, trial_id)  # reads the trial, its number with it (a running trial is not cached)
     study.sampler = make_sampler(spec, worker, trial.number)
     # Trial() told the previous sampler before_trial (Optuna's samplers: nothing to do); tell the trial's own

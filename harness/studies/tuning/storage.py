@@ -53,7 +53,9 @@ def open_storage(spec: TuneSpec, attempts: int = 5):
         return JournalStorage(JournalFileBackend(spec.storage[len("journal:"):]))
     for attempt in range(attempts):
         try:
-            store = optuna.storages.RDBStorage(spec.storage, engine_kwargs=_engine_kwargs(spec.storage))
+            store = optuna.storages.RDBStorage(spec.storage, engine_kwargs=_engine_kwargs(spec.storage),
+                                               skip_compatibility_check=True)
+            _check_schema(store)
             if spec.storage.startswith("sqlite"):
                 _write_ahead(store.engine)
             return store
@@ -63,6 +65,25 @@ def open_storage(spec: TuneSpec, attempts: int = 5):
             if attempt == attempts - 1:
                 raise
             time.sleep(0.5 * (attempt + 1))
+
+
+def _check_schema(store) -> None:
+    """Optuna's schema check, with the schema's head revision read once per process: RDBStorage's own check loads
+    alembic's script folder (every migration file) on each open, ~30 ms, to learn a revision that cannot change while
+    the process runs. The stored revision is read each time; a mismatch gets Optuna's own check and its message. Through
+    the storage's _version_manager (Optuna 4 and 5), the object RDBStorage checks with."""
+    manager = store._version_manager
+    if manager.get_current_version() != _head_revision(manager):
+        manager.check_table_schema_compatibility()
+
+
+_HEAD_REVISION: dict[str, str] = {}  # "head": the installed optuna's schema revision, read at the first open
+
+
+def _head_revision(manager) -> str:
+    if "head" not in _HEAD_REVISION:
+        _HEAD_REVISION["head"] = manager.get_head_version()
+    return _HEAD_REVISION["head"]
 
 
 def _write_ahead(engine) -> None:
@@ -91,18 +112,21 @@ def write_trial(trial, attrs: dict[str, Any], reports: dict[int, float] | None =
     reports inserted as rows, after one check that the trial is running (their (trial, step) is unique in the
     schema: a step stored before fails the transaction, it is never overwritten). Another storage (a journal)
     gets each call."""
-    backend = _database(trial)
+    backend = database_of(trial.storage)
     if backend is None:
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
         for step, value in (reports or {}).items():
             trial.report(value, step)
         return
+    from fedharness.studies.tuning.batch_writes import hold  # here: batch_writes builds on this module
     from optuna.storages._rdb.storage import _create_scoped_session
 
+    if not reports and hold(trial, attrs):  # inside batch_writes.held_writes: written with the batch's
+        return
     with _create_scoped_session(backend.scoped_session) as session:  # an IntegrityError is raised, all rolled back
         _write_without_commit(session, backend, trial, attrs, reports or {})
-    _cache(trial, attrs, reports or {})
+    cache_written(trial, attrs, reports or {})
 
 
 def tell_complete(trial, value: float, attrs: dict[str, Any], reports: dict[int, float] | None = None) -> None:
@@ -119,7 +143,7 @@ def tell_complete(trial, value: float, attrs: dict[str, Any], reports: dict[int,
     import optuna
     from optuna.trial import TrialState
 
-    backend = _database(trial)
+    backend = database_of(trial.storage)
     if backend is None or math.isnan(value):
         write_trial(trial, attrs, reports)
         trial.study.tell(trial, value)
@@ -139,14 +163,13 @@ def tell_complete(trial, value: float, attrs: dict[str, Any], reports: dict[int,
             backend._set_trial_value_without_commit(session, model, 0, values[0])
             model.state = TrialState.COMPLETE
             model.datetime_complete = datetime.now()
-    _cache(trial, attrs, reports or {})
+    cache_written(trial, attrs, reports or {})
 
 
-def _database(trial):
-    """The trial's RDB storage (under Optuna's cache), or None for another storage (a journal)."""
+def database_of(storage):
+    """The RDB storage behind `storage` (Optuna's cache of it), or None for another storage (a journal)."""
     import optuna
 
-    storage = trial.storage
     backend = storage._backend if isinstance(storage, optuna.storages._CachedStorage) else storage
     return backend if isinstance(backend, optuna.storages.RDBStorage) else None
 
@@ -159,13 +182,21 @@ def _write_without_commit(session, backend, trial, attrs: dict[str, Any], report
     if reports:
         backend.check_trial_is_updatable(trial._trial_id,
                                          models.TrialModel.find_or_raise_by_id(trial._trial_id, session).state)
-        rows = models.TrialIntermediateValueModel
-        stored = {step: rows.intermediate_value_to_stored_repr(value) for step, value in reports.items()}
-        session.add_all([rows(trial_id=trial._trial_id, step=step, intermediate_value=value,
-                              intermediate_value_type=kind) for step, (value, kind) in stored.items()])
+        write_reports(session, trial, reports)
 
 
-def _cache(trial, attrs: dict[str, Any], reports: dict[int, float]) -> None:
+def write_reports(session, trial, reports: dict[int, float]) -> None:
+    """Insert the running trial's new intermediate values as rows (their (trial, step) is unique in the schema: a
+    step stored before fails the transaction, it is never overwritten)."""
+    from optuna.storages._rdb import models
+
+    rows = models.TrialIntermediateValueModel
+    stored = {step: rows.intermediate_value_to_stored_repr(value) for step, value in reports.items()}
+    session.add_all([rows(trial_id=trial._trial_id, step=step, intermediate_value=value,
+                          intermediate_value_type=kind) for step, (value, kind) in stored.items()])
+
+
+def cache_written(trial, attrs: dict[str, Any], reports: dict[int, float]) -> None:
     """What trial.user_attrs and the pruner read back, as Optuna's setters keep it."""
     frozen = trial._cached_frozen_trial
     frozen.user_attrs.update(attrs)

@@ -1,0 +1,198 @@
+"""A batch of trials' storage writes (tune.batch), each in one transaction where the study is in a database:
+claiming the batch's trials with their heartbeats, their settings attrs, and their COMPLETE outcomes.
+
+Optuna's RDB storage opens a session, reads the trial and commits once per call (create_new_trial, set_user_attr,
+tell): about a millisecond of Python each, some 10 calls a trial. Here the rows are written as Optuna's own calls
+write them (the same tables and values, through its SQLAlchemy models: Optuna 4 and 5 share them), a batch's at a
+time. A journal storage keeps Optuna's own calls (the callers fall back to them where these return None).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Iterator
+
+from fedharness.studies.tuning.storage import cache_written, database_of, tell_complete, write_reports
+
+CREATE_ATTEMPTS = 5  # as Optuna's create_new_trial: numbering under the study's lock can deadlock on a server
+
+
+def create_trials(study, count: int, heartbeat_at: float) -> list[tuple[int, int]] | None:
+    """`count` new RUNNING trials of `study`, each with its user attr heartbeat_at, in one transaction (Optuna's
+    create_new_trial and set_user_attr: two commits a trial); their (trial id, number), in number order. As Optuna
+    numbers a trial, the study's row is locked while they are numbered: the numbers are consecutive, the trials
+    before them counted in the storage. The process's cache of the study reads them in (Optuna's cached storage
+    takes a trial's parameters only for a trial it holds). None where the study is not in a database."""
+    from optuna.exceptions import StorageInternalError
+    from optuna.storages._rdb import models
+    from optuna.storages._rdb.storage import _create_scoped_session
+    from optuna.trial import TrialState
+
+    backend = database_of(study._storage)
+    if backend is None:
+        return None
+    for attempt in range(CREATE_ATTEMPTS):
+        try:
+            with _create_scoped_session(backend.scoped_session) as session:
+                models.StudyModel.find_or_raise_by_id(study._study_id, session, for_update=True)
+                rows = [models.TrialModel(study_id=study._study_id, number=None, state=TrialState.RUNNING,
+                                          datetime_start=datetime.now()) for _ in range(count)]
+                session.add_all(rows)
+                session.flush()  # their ids
+                rows.sort(key=lambda row: row.trial_id)
+                first = rows[0].count_past_trials(session)
+                for i, row in enumerate(rows):
+                    row.number = first + i
+                session.add_all([models.TrialUserAttributeModel(trial_id=row.trial_id, key="heartbeat_at",
+                                                                value_json=json.dumps(heartbeat_at)) for row in rows])
+                claimed = [(row.trial_id, row.number) for row in rows]
+            break
+        except StorageInternalError:
+            if attempt == CREATE_ATTEMPTS - 1:
+                raise
+    study._storage.get_all_trials(study._study_id, deepcopy=False)
+    return claimed
+
+
+class _Held(threading.local):
+    writes: list | None = None  # (trial, attrs) held by write_trial inside held_writes; None: write at once
+
+
+_HELD = _Held()
+
+
+@contextmanager
+def held_writes() -> Iterator[None]:
+    """Inside the block, this thread's storage.write_trial calls without reports, for trials in a database, are
+    held (each trial's user_attrs updated at once, as the call does) and written when the block ends, also when
+    it raises, all in one transaction."""
+    _HELD.writes = []
+    try:
+        yield
+    finally:
+        writes, _HELD.writes = _HELD.writes, None
+        _write_all(writes)
+
+
+def hold(trial, attrs: dict[str, Any]) -> bool:
+    """True if `attrs` for `trial` (in a database) are held for held_writes' one transaction, its user_attrs
+    updated now (storage.write_trial asks)."""
+    if _HELD.writes is None:
+        return False
+    _HELD.writes.append((trial, attrs))
+    cache_written(trial, attrs, {})
+    return True
+
+
+def _write_all(writes: list[tuple[Any, dict[str, Any]]]) -> None:
+    """Each (trial, attrs) as write_trial(trial, attrs), in one transaction; nothing where a trial was finished
+    meanwhile (UpdateFinishedTrialError, as write_trial). The trials are in one database."""
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    if not writes:
+        return
+    backend = database_of(writes[0][0].storage)
+    with _create_scoped_session(backend.scoped_session) as session:
+        _check_running(session, backend, [trial for trial, _ in writes])
+        _put_attrs(session, writes)
+
+
+class Completions:
+    """Trials told COMPLETE together: `add` is study.tell(trial, value) with the outcome's user attrs and pending
+    reports (storage.tell_complete) but for the write, which `commit` makes for every added trial at once.
+
+    The sampler's after_trial is called in `add`, in the order trials are told, as study.tell calls it; a NaN
+    value (Optuna tells it FAIL) and a journal storage are told at once, through tell_complete. A trial declared
+    lost while it ran (its worker's heartbeats missed: another worker runs it again) is not written; `commit`
+    returns the numbers of such trials, as tell_complete raises UpdateFinishedTrialError for one."""
+
+    def __init__(self, study):
+        self.study = study
+        self.held: list[tuple[Any, float, dict[str, Any], dict[int, float]]] = []
+        self.lost: set[int] = set()
+
+    def add(self, trial, value: float, attrs: dict[str, Any], reports: dict[int, float] | None) -> None:
+        import optuna
+        from optuna.trial import TrialState
+
+        if database_of(trial.storage) is None or math.isnan(value):
+            try:
+                tell_complete(trial, value, attrs, reports)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                self.lost.add(trial.number)
+            return
+        study, frozen = self.study, trial._cached_frozen_trial
+        study._thread_local.cached_all_trials = None  # as study.tell: the sampler's view of the trials is stale
+        study.sampler.after_trial(optuna.pruners._filter_study(study, frozen), frozen, TrialState.COMPLETE,
+                                  [float(value)])
+        self.held.append((trial, float(value), attrs, reports or {}))
+
+    def commit(self) -> set[int]:
+        """Write every held trial's attrs, reports, value and state COMPLETE in one transaction, as Optuna's
+        set_trial_state_values sets the last two; the numbers of the trials declared lost (not written)."""
+        from optuna.storages._rdb import models
+        from optuna.storages._rdb.storage import _create_scoped_session
+        from optuna.trial import TrialState
+        from sqlalchemy import insert, update
+
+        if not self.held:
+            return self.lost
+        backend = database_of(self.study._storage)
+        with _create_scoped_session(backend.scoped_session) as session:
+            states = _states(session, [trial for trial, *_ in self.held], lock=True)
+            live = [h for h in self.held if not states[h[0]._trial_id].is_finished()]
+            self.lost |= {trial.number for trial, *_ in self.held if states[trial._trial_id].is_finished()}
+            if live:
+                _put_attrs(session, [(trial, attrs) for trial, _, attrs, _ in live])
+                for trial, _, _, reports in live:
+                    write_reports(session, trial, reports)
+                session.execute(insert(models.TrialValueModel), [
+                    dict(zip(("value", "value_type"), models.TrialValueModel.value_to_stored_repr(value)),
+                         trial_id=trial._trial_id, objective=0) for trial, value, _, _ in live])
+                session.execute(update(models.TrialModel)
+                                .where(models.TrialModel.trial_id.in_([t._trial_id for t, *_ in live]))
+                                .values(state=TrialState.COMPLETE, datetime_complete=datetime.now())
+                                .execution_options(synchronize_session=False))
+        for trial, _, attrs, reports in live:
+            cache_written(trial, attrs, reports)
+        self.held = []
+        return self.lost
+
+
+def _states(session, trials: list, lock: bool = False) -> dict:
+    """trial id -> its state in the storage (row-locked until the transaction ends if `lock`)."""
+    from optuna.storages._rdb import models
+
+    query = session.query(models.TrialModel.trial_id, models.TrialModel.state).filter(
+        models.TrialModel.trial_id.in_([trial._trial_id for trial in trials]))
+    return dict(query.with_for_update().all() if lock else query.all())
+
+
+def _check_running(session, backend, trials: list) -> None:
+    """Optuna's check for each trial: UpdateFinishedTrialError for the first one finished."""
+    states = _states(session, trials)
+    for trial in trials:
+        backend.check_trial_is_updatable(trial._trial_id, states[trial._trial_id])
+
+
+def _put_attrs(session, writes: list[tuple[Any, dict[str, Any]]]) -> None:
+    """Set user attrs: each trial's stored attrs of those keys deleted, then all inserted, two statements for the
+    batch (Optuna's set_trial_user_attr: a read of the trial and an upsert per attr); value_json as Optuna's."""
+    from optuna.storages._rdb import models
+    from sqlalchemy import and_, delete, insert, or_
+
+    rows = models.TrialUserAttributeModel
+    by_keys: dict[tuple[str, ...], list[int]] = {}
+    for trial, attrs in writes:
+        by_keys.setdefault(tuple(sorted(attrs)), []).append(trial._trial_id)
+    session.execute(delete(rows).where(or_(*[and_(rows.trial_id.in_(ids), rows.key.in_(keys))
+                                             for keys, ids in by_keys.items()]))
+                    .execution_options(synchronize_session=False))
+    values = [{"trial_id": trial._trial_id, "key": key, "value_json": json.dumps(value)}
+              for trial, attrs in writes for key, value in attrs.items()]
+    if values:
+        session.execute(insert(rows), values)

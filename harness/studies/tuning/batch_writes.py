@@ -9,6 +9,7 @@ time. A journal storage keeps Optuna's own calls (the callers fall back to them 
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import threading
@@ -21,16 +22,13 @@ from fedharness.studies.tuning.storage import cache_written, database_of, tell_c
 CREATE_ATTEMPTS = 5  # as Optuna's create_new_trial: numbering under the study's lock can deadlock on a server
 
 
-def create_trials(study, count: int, heartbeat_at: float) -> list[tuple[int, int]] | None:
+def create_trials(study, count: int, heartbeat_at: float) -> list | None:
     """`count` new RUNNING trials of `study`, each with its user attr heartbeat_at, in one transaction (Optuna's
-    create_new_trial and set_user_attr: two commits a trial); their (trial id, number), in number order. As Optuna
+    create_new_trial and set_user_attr: two commits a trial); their FrozenTrials, in number order. As Optuna
     numbers a trial, the study's row is locked while they are numbered: the numbers are consecutive, the trials
-    before them counted in the storage. The process's cache of the study reads them in (Optuna's cached storage
-    takes a trial's parameters only for a trial it holds). None where the study is not in a database."""
+    before them counted in the storage. None where the study is not in a database."""
     from optuna.exceptions import StorageInternalError
-    from optuna.storages._rdb import models
     from optuna.storages._rdb.storage import _create_scoped_session
-    from optuna.trial import TrialState
 
     backend = database_of(study._storage)
     if backend is None:
@@ -38,24 +36,47 @@ def create_trials(study, count: int, heartbeat_at: float) -> list[tuple[int, int
     for attempt in range(CREATE_ATTEMPTS):
         try:
             with _create_scoped_session(backend.scoped_session) as session:
-                models.StudyModel.find_or_raise_by_id(study._study_id, session, for_update=True)
-                rows = [models.TrialModel(study_id=study._study_id, number=None, state=TrialState.RUNNING,
-                                          datetime_start=datetime.now()) for _ in range(count)]
-                session.add_all(rows)
-                session.flush()  # their ids
-                rows.sort(key=lambda row: row.trial_id)
-                first = rows[0].count_past_trials(session)
-                for i, row in enumerate(rows):
-                    row.number = first + i
-                session.add_all([models.TrialUserAttributeModel(trial_id=row.trial_id, key="heartbeat_at",
-                                                                value_json=json.dumps(heartbeat_at)) for row in rows])
-                claimed = [(row.trial_id, row.number) for row in rows]
+                created = _insert_trials(session, study._study_id, count, heartbeat_at)
             break
         except StorageInternalError:
             if attempt == CREATE_ATTEMPTS - 1:
                 raise
-    study._storage.get_all_trials(study._study_id, deepcopy=False)
-    return claimed
+    _cache_created(study, created)
+    return created
+
+
+def _insert_trials(session, study_id: int, count: int, heartbeat_at: float) -> list:
+    from optuna.storages._rdb import models
+    from optuna.trial import FrozenTrial, TrialState
+
+    models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+    rows = [models.TrialModel(study_id=study_id, number=None, state=TrialState.RUNNING,
+                              datetime_start=datetime.now()) for _ in range(count)]
+    session.add_all(rows)
+    session.flush()  # their ids
+    rows.sort(key=lambda row: row.trial_id)
+    first = rows[0].count_past_trials(session)
+    for i, row in enumerate(rows):
+        row.number = first + i
+    session.add_all([models.TrialUserAttributeModel(trial_id=row.trial_id, key="heartbeat_at",
+                                                    value_json=json.dumps(heartbeat_at)) for row in rows])
+    return [FrozenTrial(number=row.number, state=TrialState.RUNNING, value=None, values=None,
+                        datetime_start=row.datetime_start, datetime_complete=None, params={}, distributions={},
+                        user_attrs={"heartbeat_at": heartbeat_at}, system_attrs={}, intermediate_values={},
+                        trial_id=row.trial_id) for row in rows]
+
+
+def _cache_created(study, created: list) -> None:
+    """Into the process's cache of the study, as Optuna's cached storage enters a trial it created (it takes a
+    trial's parameters only for a trial it holds; Optuna 4 and 5): copies, as its later reads of the storage
+    replace them, while each Trial keeps its own."""
+    from optuna.storages._cached_storage import _StudyInfo
+
+    cache = study._storage
+    with cache._lock:
+        if study._study_id not in cache._studies:
+            cache._studies[study._study_id] = _StudyInfo()
+        cache._add_trials_to_cache(study._study_id, copy.deepcopy(created))
 
 
 class _Held(threading.local):

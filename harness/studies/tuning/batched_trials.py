@@ -83,7 +83,7 @@ def run_batch(spec: TuneSpec, study, worker: int, echo: Callable[[str], None] = 
             with held_writes():  # the trials' settings attrs, written together once all are sampled
                 for i in range(size):
                     known = (len(trials) + i, live + len(claimed))  # (its number, non-failed before it) if alone
-                    new = None if created is None else created[i][0]
+                    new = None if created is None else created[i]
                     trial = _claim(spec, study, worker, lease, known, queued, new)
                     if trial is not None:
                         claimed.append(trial)
@@ -92,7 +92,7 @@ def run_batch(spec: TuneSpec, study, worker: int, echo: Callable[[str], None] = 
             open_bracket(study, claimed)  # tune.pruner.name=hyperband ranks these trials together
             results = _train(asked, store)
         except BaseException as err:  # an interrupt (or a bug) before every slot had its result: all are FAIL
-            _fail(study, claimed, err, [number for _, number in created or []])
+            _fail(study, claimed, err, [frozen.number for frozen in created or []])
             raise
     counted = _tell_all(spec, study, asked, results, echo)
     failed = [a.trial for a, result in zip(asked, results) if _failed(a, result)]
@@ -103,18 +103,18 @@ def run_batch(spec: TuneSpec, study, worker: int, echo: Callable[[str], None] = 
 
 
 def _claim(spec: TuneSpec, study, worker: int, lease: Lease, known: tuple[int, int], queued: bool,
-           created: int | None):
+           created=None):
     """A new trial with its heartbeat on; None if n_trials non-failed trials precede it (FAIL, status surplus).
     `known`: the number the trial gets and the non-failed trials before it when no other worker asked for a trial
     since the batch read the study; the study is read again only when one did (a read per trial costs O(batch^2)).
     `queued`: the study held WAITING trials when the batch read it (study.ask takes those first). `created`: the
-    trial's id, created with its heartbeat (batch_writes.create_trials); None: asked for here."""
+    trial's FrozenTrial, created with its heartbeat (batch_writes.create_trials); None: asked for here."""
     from optuna.trial import TrialState
 
     if created is None:
         trial = ask_trial(spec, study, worker, queued)
     else:
-        trial = start_trial(spec, study, worker, created)
+        trial = start_trial(spec, study, worker, created._trial_id, created)
     lease.add(trial, beaten=created is not None)
     expected, earlier = known  # trials can only turn FAIL meanwhile: `earlier` is exact or too many (safe)
     if trial.number != expected:

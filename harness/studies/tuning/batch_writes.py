@@ -1,5 +1,6 @@
 """A batch of trials' storage writes (tune.batch), each in one transaction where the study is in a database:
-claiming the batch's trials with their heartbeats, their settings attrs, and their COMPLETE outcomes.
+claiming the batch's trials with their heartbeats, and their COMPLETE outcomes (their settings attrs:
+storage.held_writes).
 
 Optuna's RDB storage opens a session, reads the trial and commits once per call (create_new_trial, set_user_attr,
 tell): about a millisecond of Python each, some 10 calls a trial. Here the rows are written as Optuna's own calls
@@ -12,12 +13,11 @@ from __future__ import annotations
 import copy
 import json
 import math
-import threading
-from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Iterator
+from typing import Any
 
-from fedharness.studies.tuning.storage import cache_written, database_of, tell_complete, write_reports
+from fedharness.studies.tuning.storage import (cache_written, database_of, put_attrs, tell_complete,
+                                               trial_states, write_reports)
 
 CREATE_ATTEMPTS = 5  # as Optuna's create_new_trial: numbering under the study's lock can deadlock on a server
 
@@ -79,49 +79,6 @@ def _cache_created(study, created: list) -> None:
         cache._add_trials_to_cache(study._study_id, copy.deepcopy(created))
 
 
-class _Held(threading.local):
-    writes: list | None = None  # (trial, attrs) held by write_trial inside held_writes; None: write at once
-
-
-_HELD = _Held()
-
-
-@contextmanager
-def held_writes() -> Iterator[None]:
-    """Inside the block, this thread's storage.write_trial calls without reports, for trials in a database, are
-    held (each trial's user_attrs updated at once, as the call does) and written when the block ends, also when
-    it raises, all in one transaction."""
-    _HELD.writes = []
-    try:
-        yield
-    finally:
-        writes, _HELD.writes = _HELD.writes, None
-        _write_all(writes)
-
-
-def hold(trial, attrs: dict[str, Any]) -> bool:
-    """True if `attrs` for `trial` (in a database) are held for held_writes' one transaction, its user_attrs
-    updated now (storage.write_trial asks)."""
-    if _HELD.writes is None:
-        return False
-    _HELD.writes.append((trial, attrs))
-    cache_written(trial, attrs, {})
-    return True
-
-
-def _write_all(writes: list[tuple[Any, dict[str, Any]]]) -> None:
-    """Each (trial, attrs) as write_trial(trial, attrs), in one transaction; nothing where a trial was finished
-    meanwhile (UpdateFinishedTrialError, as write_trial). The trials are in one database."""
-    from optuna.storages._rdb.storage import _create_scoped_session
-
-    if not writes:
-        return
-    backend = database_of(writes[0][0].storage)
-    with _create_scoped_session(backend.scoped_session) as session:
-        _check_running(session, backend, [trial for trial, _ in writes])
-        _put_attrs(session, writes)
-
-
 class Completions:
     """Trials told COMPLETE together: `add` is study.tell(trial, value) with the outcome's user attrs and pending
     reports (storage.tell_complete) but for the write, which `commit` makes for every added trial at once.
@@ -164,11 +121,11 @@ class Completions:
             return self.lost
         backend = database_of(self.study._storage)
         with _create_scoped_session(backend.scoped_session) as session:
-            states = _states(session, [trial for trial, *_ in self.held], lock=True)
+            states = trial_states(session, [trial for trial, *_ in self.held], lock=True)
             live = [h for h in self.held if not states[h[0]._trial_id].is_finished()]
             self.lost |= {trial.number for trial, *_ in self.held if states[trial._trial_id].is_finished()}
             if live:
-                _put_attrs(session, [(trial, attrs) for trial, _, attrs, _ in live])
+                put_attrs(session, [(trial, attrs) for trial, _, attrs, _ in live])
                 for trial, _, _, reports in live:
                     write_reports(session, trial, reports)
                 session.execute(insert(models.TrialValueModel), [
@@ -182,38 +139,3 @@ class Completions:
             cache_written(trial, attrs, reports)
         self.held = []
         return self.lost
-
-
-def _states(session, trials: list, lock: bool = False) -> dict:
-    """trial id -> its state in the storage (row-locked until the transaction ends if `lock`)."""
-    from optuna.storages._rdb import models
-
-    query = session.query(models.TrialModel.trial_id, models.TrialModel.state).filter(
-        models.TrialModel.trial_id.in_([trial._trial_id for trial in trials]))
-    return dict(query.with_for_update().all() if lock else query.all())
-
-
-def _check_running(session, backend, trials: list) -> None:
-    """Optuna's check for each trial: UpdateFinishedTrialError for the first one finished."""
-    states = _states(session, trials)
-    for trial in trials:
-        backend.check_trial_is_updatable(trial._trial_id, states[trial._trial_id])
-
-
-def _put_attrs(session, writes: list[tuple[Any, dict[str, Any]]]) -> None:
-    """Set user attrs: each trial's stored attrs of those keys deleted, then all inserted, two statements for the
-    batch (Optuna's set_trial_user_attr: a read of the trial and an upsert per attr); value_json as Optuna's."""
-    from optuna.storages._rdb import models
-    from sqlalchemy import and_, delete, insert, or_
-
-    rows = models.TrialUserAttributeModel
-    by_keys: dict[tuple[str, ...], list[int]] = {}
-    for trial, attrs in writes:
-        by_keys.setdefault(tuple(sorted(attrs)), []).append(trial._trial_id)
-    session.execute(delete(rows).where(or_(*[and_(rows.trial_id.in_(ids), rows.key.in_(keys))
-                                             for keys, ids in by_keys.items()]))
-                    .execution_options(synchronize_session=False))
-    values = [{"trial_id": trial._trial_id, "key": key, "value_json": json.dumps(value)}
-              for trial, attrs in writes for key, value in attrs.items()]
-    if values:
-        session.execute(insert(rows), values)

@@ -21,10 +21,11 @@ from fedharness.runs.execute import RunResult, execute_runs, new_run_id
 from fedharness.settings import RunSettings
 from fedharness.results.store import ResultsStore
 from fedharness.studies.grouping import group_batches
-from fedharness.studies.tuning.batch_writes import Completions, create_trials, held_writes
+from fedharness.studies.tuning.batch_writes import Completions, create_trials
 from fedharness.studies.tuning.lease import Lease, trial_counts
 from fedharness.studies.tuning.optuna_parts import ask_trial, next_batch_size, open_bracket, start_trial
 from fedharness.studies.tuning.spec import TuneSpec
+from fedharness.studies.tuning.storage import held_writes
 from fedharness.studies.tuning.trial import Reporter, trial_line, trial_settings, warn_lost
 
 logger = logging.getLogger(__name__)
@@ -64,12 +65,13 @@ class BatchTrial:
 
 
 def run_batch(spec: TuneSpec, study, worker: int, echo: Callable[[str], None] = logger.info,
-              store: ResultsStore | None = None) -> int:
+              store: ResultsStore | None = None, trials: list | None = None) -> int:
     """Ask for up to spec.batch trials (no more than the study still lacks), train them (recording into `store`,
-    default: the results_dir's), tell each; returns how many finished (complete or pruned)."""
+    default: the results_dir's), tell each; returns how many finished (complete or pruned). `trials`: the study's
+    trials as the caller has just read them (default: read here)."""
     from optuna.trial import TrialState
 
-    trials = study.get_trials(deepcopy=False)
+    trials = study.get_trials(deepcopy=False) if trials is None else trials
     finished, live = trial_counts(trials)
     size = next_batch_size(spec, finished, live)
     if size == 0:  # start-up trials still run elsewhere: the next batch's proposals wait for their values

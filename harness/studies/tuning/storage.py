@@ -1,12 +1,16 @@
 """Where a study lives: connect to its storage (SQLite, an Optuna journal file, or an SQLAlchemy URL) once
-before anything is created, and open it for the study's workers."""
+before anything is created, and open it for the study's workers; write a trial's rows in one transaction where
+Optuna's calls take one each (write_trial, tell_complete; a batch's settings: held_writes)."""
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from fedharness.errors import ConfigError, require
 from fedharness.results import layout
@@ -119,10 +123,9 @@ def write_trial(trial, attrs: dict[str, Any], reports: dict[int, float] | None =
         for step, value in (reports or {}).items():
             trial.report(value, step)
         return
-    from fedharness.studies.tuning.batch_writes import hold  # here: batch_writes builds on this module
     from optuna.storages._rdb.storage import _create_scoped_session
 
-    if not reports and hold(trial, attrs):  # inside batch_writes.held_writes: written with the batch's
+    if not reports and _hold(trial, attrs):  # inside held_writes: written with the batch's
         return
     with _create_scoped_session(backend.scoped_session) as session:  # an IntegrityError is raised, all rolled back
         _write_without_commit(session, backend, trial, attrs, reports or {})
@@ -201,3 +204,81 @@ def cache_written(trial, attrs: dict[str, Any], reports: dict[int, float]) -> No
     frozen = trial._cached_frozen_trial
     frozen.user_attrs.update(attrs)
     frozen.intermediate_values.update(reports)
+
+
+class _Held(threading.local):
+    writes: list | None = None  # (trial, attrs) held by write_trial inside held_writes; None: write at once
+
+
+_HELD = _Held()
+
+
+@contextmanager
+def held_writes() -> Iterator[None]:
+    """Inside the block, this thread's storage.write_trial calls without reports, for trials in a database, are
+    held (each trial's user_attrs updated at once, as the call does) and written when the block ends, also when
+    it raises, all in one transaction."""
+    _HELD.writes = []
+    try:
+        yield
+    finally:
+        writes, _HELD.writes = _HELD.writes, None
+        _write_all(writes)
+
+
+def _hold(trial, attrs: dict[str, Any]) -> bool:
+    """True if `attrs` for `trial` (in a database) are held for held_writes' one transaction, its user_attrs
+    updated now (write_trial asks)."""
+    if _HELD.writes is None:
+        return False
+    _HELD.writes.append((trial, attrs))
+    cache_written(trial, attrs, {})
+    return True
+
+
+def _write_all(writes: list[tuple[Any, dict[str, Any]]]) -> None:
+    """Each (trial, attrs) as write_trial(trial, attrs), in one transaction; nothing where a trial was finished
+    meanwhile (UpdateFinishedTrialError, as write_trial). The trials are in one database."""
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    if not writes:
+        return
+    backend = database_of(writes[0][0].storage)
+    with _create_scoped_session(backend.scoped_session) as session:
+        _check_running(session, backend, [trial for trial, _ in writes])
+        put_attrs(session, writes)
+
+
+def trial_states(session, trials: list, lock: bool = False) -> dict:
+    """trial id -> its state in the storage (row-locked until the transaction ends if `lock`)."""
+    from optuna.storages._rdb import models
+
+    query = session.query(models.TrialModel.trial_id, models.TrialModel.state).filter(
+        models.TrialModel.trial_id.in_([trial._trial_id for trial in trials]))
+    return dict(query.with_for_update().all() if lock else query.all())
+
+
+def _check_running(session, backend, trials: list) -> None:
+    """Optuna's check for each trial: UpdateFinishedTrialError for the first one finished."""
+    states = trial_states(session, trials)
+    for trial in trials:
+        backend.check_trial_is_updatable(trial._trial_id, states[trial._trial_id])
+
+
+def put_attrs(session, writes: list[tuple[Any, dict[str, Any]]]) -> None:
+    """Set user attrs: each trial's stored attrs of those keys deleted, then all inserted, two statements for the
+    batch (Optuna's set_trial_user_attr: a read of the trial and an upsert per attr); value_json as Optuna's."""
+    from optuna.storages._rdb import models
+    from sqlalchemy import and_, delete, insert, or_
+
+    rows = models.TrialUserAttributeModel
+    by_keys: dict[tuple[str, ...], list[int]] = {}
+    for trial, attrs in writes:
+        by_keys.setdefault(tuple(sorted(attrs)), []).append(trial._trial_id)
+    session.execute(delete(rows).where(or_(*[and_(rows.trial_id.in_(ids), rows.key.in_(keys))
+                                             for keys, ids in by_keys.items()]))
+                    .execution_options(synchronize_session=False))
+    values = [{"trial_id": trial._trial_id, "key": key, "value_json": json.dumps(value)}
+              for trial, attrs in writes for key, value in attrs.items()]
+    if values:
+        session.execute(insert(rows), values)

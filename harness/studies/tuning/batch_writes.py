@@ -13,6 +13,8 @@ from __future__ import annotations
 import copy
 import json
 import math
+import random
+import time
 from datetime import datetime
 from typing import Any
 
@@ -38,9 +40,10 @@ def create_trials(study, count: int, heartbeat_at: float) -> list | None:
             with _create_scoped_session(backend.scoped_session) as session:
                 created = _insert_trials(session, study._study_id, count, heartbeat_at)
             break
-        except StorageInternalError:
+        except StorageInternalError:  # as Optuna's: a deadlock among workers numbering trials, tried again
             if attempt == CREATE_ATTEMPTS - 1:
                 raise
+            time.sleep(random.random() * 2.0)
     _cache_created(study, created)
     return created
 

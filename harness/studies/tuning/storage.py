@@ -169,7 +169,7 @@ def tell_complete(trial, value: float, attrs: dict[str, Any], reports: dict[int,
     cache_written(trial, attrs, reports or {})
 
 
-def database_of(storage):
+def database_of(storage) -> "optuna.storages.RDBStorage | None":
     """The RDB storage behind `storage` (Optuna's cache of it), or None for another storage (a journal)."""
     import optuna
 

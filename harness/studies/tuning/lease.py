@@ -28,9 +28,11 @@ class Lease:
         self._thread.start()
         return self
 
-    def add(self, trial) -> None:
-        """Beat for one more trial from now on (a batch's trials join as they are asked for)."""
-        trial.set_user_attr("heartbeat_at", time.time())
+    def add(self, trial, beaten: bool = False) -> None:
+        """Beat for one more trial from now on (a batch's trials join as they are asked for); `beaten`: its first
+        heartbeat is in the storage already (written with the trial: batch_writes.create_trials)."""
+        if not beaten:
+            trial.set_user_attr("heartbeat_at", time.time())
         self.trials.append(trial)
 
     def _beat(self) -> None:
@@ -50,17 +52,19 @@ def _last_beat(t) -> float:
     return float(t.user_attrs.get("heartbeat_at", t.datetime_start.timestamp() if t.datetime_start else 0.0))
 
 
-def reap_lost(study, trials, spec: TuneSpec) -> None:
-    """Mark FAIL every running trial whose heartbeat is older than three beats: its worker is gone."""
+def reap_lost(study, trials, spec: TuneSpec) -> bool:
+    """Mark FAIL every running trial whose heartbeat is older than three beats: its worker is gone. True if it
+    marked any (`trials` is then out of date)."""
     from optuna.trial import TrialState
 
     grace = 3 * spec.heartbeat_s
     now = time.time()
-    for t in trials:
-        if t.state == TrialState.RUNNING and now - _last_beat(t) > grace:
-            study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
-            logger.warning(f"[{spec.study}] trial {t.number}: lost (no heartbeat for {now - _last_beat(t):.0f} s); "
-                           "its slot is run again")
+    lost = [t for t in trials if t.state == TrialState.RUNNING and now - _last_beat(t) > grace]
+    for t in lost:
+        study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
+        logger.warning(f"[{spec.study}] trial {t.number}: lost (no heartbeat for {now - _last_beat(t):.0f} s); "
+                       "its slot is run again")
+    return bool(lost)
 
 
 def trial_counts(trials) -> tuple[int, int]:

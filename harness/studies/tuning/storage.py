@@ -1,12 +1,16 @@
 """Where a study lives: connect to its storage (SQLite, an Optuna journal file, or an SQLAlchemy URL) once
-before anything is created, and open it for the study's workers."""
+before anything is created, and open it for the study's workers; write a trial's rows in one transaction where
+Optuna's calls take one each (write_trial, tell_complete; a batch's settings: held_writes)."""
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from fedharness.errors import ConfigError, require
 from fedharness.results import layout
@@ -53,7 +57,9 @@ def open_storage(spec: TuneSpec, attempts: int = 5):
         return JournalStorage(JournalFileBackend(spec.storage[len("journal:"):]))
     for attempt in range(attempts):
         try:
-            store = optuna.storages.RDBStorage(spec.storage, engine_kwargs=_engine_kwargs(spec.storage))
+            store = optuna.storages.RDBStorage(spec.storage, engine_kwargs=_engine_kwargs(spec.storage),
+                                               skip_compatibility_check=True)
+            _check_schema(store)
             if spec.storage.startswith("sqlite"):
                 _write_ahead(store.engine)
             return store
@@ -63,6 +69,25 @@ def open_storage(spec: TuneSpec, attempts: int = 5):
             if attempt == attempts - 1:
                 raise
             time.sleep(0.5 * (attempt + 1))
+
+
+def _check_schema(store) -> None:
+    """Optuna's schema check, with the schema's head revision read once per process: RDBStorage's own check loads
+    alembic's script folder (every migration file) on each open, ~30 ms, to learn a revision that cannot change while
+    the process runs. The stored revision is read each time; a mismatch gets Optuna's own check and its message. Through
+    the storage's _version_manager (Optuna 4 and 5), the object RDBStorage checks with."""
+    manager = store._version_manager
+    if manager.get_current_version() != _head_revision(manager):
+        manager.check_table_schema_compatibility()
+
+
+_HEAD_REVISION: dict[str, str] = {}  # "head": the installed optuna's schema revision, read at the first open
+
+
+def _head_revision(manager) -> str:
+    if "head" not in _HEAD_REVISION:
+        _HEAD_REVISION["head"] = manager.get_head_version()
+    return _HEAD_REVISION["head"]
 
 
 def _write_ahead(engine) -> None:
@@ -91,7 +116,7 @@ def write_trial(trial, attrs: dict[str, Any], reports: dict[int, float] | None =
     reports inserted as rows, after one check that the trial is running (their (trial, step) is unique in the
     schema: a step stored before fails the transaction, it is never overwritten). Another storage (a journal)
     gets each call."""
-    backend = _database(trial)
+    backend = database_of(trial.storage)
     if backend is None:
         for key, value in attrs.items():
             trial.set_user_attr(key, value)
@@ -100,9 +125,11 @@ def write_trial(trial, attrs: dict[str, Any], reports: dict[int, float] | None =
         return
     from optuna.storages._rdb.storage import _create_scoped_session
 
+    if not reports and _hold(trial, attrs):  # inside held_writes: written with the batch's
+        return
     with _create_scoped_session(backend.scoped_session) as session:  # an IntegrityError is raised, all rolled back
         _write_without_commit(session, backend, trial, attrs, reports or {})
-    _cache(trial, attrs, reports or {})
+    cache_written(trial, attrs, reports or {})
 
 
 def tell_complete(trial, value: float, attrs: dict[str, Any], reports: dict[int, float] | None = None) -> None:
@@ -119,7 +146,7 @@ def tell_complete(trial, value: float, attrs: dict[str, Any], reports: dict[int,
     import optuna
     from optuna.trial import TrialState
 
-    backend = _database(trial)
+    backend = database_of(trial.storage)
     if backend is None or math.isnan(value):
         write_trial(trial, attrs, reports)
         trial.study.tell(trial, value)
@@ -139,14 +166,13 @@ def tell_complete(trial, value: float, attrs: dict[str, Any], reports: dict[int,
             backend._set_trial_value_without_commit(session, model, 0, values[0])
             model.state = TrialState.COMPLETE
             model.datetime_complete = datetime.now()
-    _cache(trial, attrs, reports or {})
+    cache_written(trial, attrs, reports or {})
 
 
-def _database(trial):
-    """The trial's RDB storage (under Optuna's cache), or None for another storage (a journal)."""
+def database_of(storage) -> "optuna.storages.RDBStorage | None":
+    """The RDB storage behind `storage` (Optuna's cache of it), or None for another storage (a journal)."""
     import optuna
 
-    storage = trial.storage
     backend = storage._backend if isinstance(storage, optuna.storages._CachedStorage) else storage
     return backend if isinstance(backend, optuna.storages.RDBStorage) else None
 
@@ -159,14 +185,100 @@ def _write_without_commit(session, backend, trial, attrs: dict[str, Any], report
     if reports:
         backend.check_trial_is_updatable(trial._trial_id,
                                          models.TrialModel.find_or_raise_by_id(trial._trial_id, session).state)
-        rows = models.TrialIntermediateValueModel
-        stored = {step: rows.intermediate_value_to_stored_repr(value) for step, value in reports.items()}
-        session.add_all([rows(trial_id=trial._trial_id, step=step, intermediate_value=value,
-                              intermediate_value_type=kind) for step, (value, kind) in stored.items()])
+        write_reports(session, trial, reports)
 
 
-def _cache(trial, attrs: dict[str, Any], reports: dict[int, float]) -> None:
+def write_reports(session, trial, reports: dict[int, float]) -> None:
+    """Insert the running trial's new intermediate values as rows (their (trial, step) is unique in the schema: a
+    step stored before fails the transaction, it is never overwritten)."""
+    from optuna.storages._rdb import models
+
+    rows = models.TrialIntermediateValueModel
+    stored = {step: rows.intermediate_value_to_stored_repr(value) for step, value in reports.items()}
+    session.add_all([rows(trial_id=trial._trial_id, step=step, intermediate_value=value,
+                          intermediate_value_type=kind) for step, (value, kind) in stored.items()])
+
+
+def cache_written(trial, attrs: dict[str, Any], reports: dict[int, float]) -> None:
     """What trial.user_attrs and the pruner read back, as Optuna's setters keep it."""
     frozen = trial._cached_frozen_trial
     frozen.user_attrs.update(attrs)
     frozen.intermediate_values.update(reports)
+
+
+class _Held(threading.local):
+    writes: list | None = None  # (trial, attrs) held by write_trial inside held_writes; None: write at once
+
+
+_HELD = _Held()
+
+
+@contextmanager
+def held_writes() -> Iterator[None]:
+    """Inside the block, this thread's storage.write_trial calls without reports, for trials in a database, are
+    held (each trial's user_attrs updated at once, as the call does) and written when the block ends, also when
+    it raises, all in one transaction."""
+    _HELD.writes = []
+    try:
+        yield
+    finally:
+        writes, _HELD.writes = _HELD.writes, None
+        _write_all(writes)
+
+
+def _hold(trial, attrs: dict[str, Any]) -> bool:
+    """True if `attrs` for `trial` (in a database) are held for held_writes' one transaction, its user_attrs
+    updated now (write_trial asks)."""
+    if _HELD.writes is None:
+        return False
+    _HELD.writes.append((trial, attrs))
+    cache_written(trial, attrs, {})
+    return True
+
+
+def _write_all(writes: list[tuple[Any, dict[str, Any]]]) -> None:
+    """Each (trial, attrs) as write_trial(trial, attrs), in one transaction; nothing where a trial was finished
+    meanwhile (UpdateFinishedTrialError, as write_trial). The trials are in one database."""
+    from optuna.storages._rdb.storage import _create_scoped_session
+
+    if not writes:
+        return
+    backend = database_of(writes[0][0].storage)
+    with _create_scoped_session(backend.scoped_session) as session:
+        _check_running(session, backend, [trial for trial, _ in writes])
+        put_attrs(session, writes)
+
+
+def trial_states(session, trials: list, lock: bool = False) -> dict:
+    """trial id -> its state in the storage (row-locked until the transaction ends if `lock`)."""
+    from optuna.storages._rdb import models
+
+    query = session.query(models.TrialModel.trial_id, models.TrialModel.state).filter(
+        models.TrialModel.trial_id.in_([trial._trial_id for trial in trials]))
+    return dict(query.with_for_update().all() if lock else query.all())
+
+
+def _check_running(session, backend, trials: list) -> None:
+    """Optuna's check for each trial: UpdateFinishedTrialError for the first one finished."""
+    states = trial_states(session, trials)
+    for trial in trials:
+        backend.check_trial_is_updatable(trial._trial_id, states[trial._trial_id])
+
+
+def put_attrs(session, writes: list[tuple[Any, dict[str, Any]]]) -> None:
+    """Set user attrs: each trial's stored attrs of those keys deleted, then all inserted, two statements for the
+    batch (Optuna's set_trial_user_attr: a read of the trial and an upsert per attr); value_json as Optuna's."""
+    from optuna.storages._rdb import models
+    from sqlalchemy import and_, delete, insert, or_
+
+    rows = models.TrialUserAttributeModel
+    by_keys: dict[tuple[str, ...], list[int]] = {}
+    for trial, attrs in writes:
+        by_keys.setdefault(tuple(sorted(attrs)), []).append(trial._trial_id)
+    session.execute(delete(rows).where(or_(*[and_(rows.trial_id.in_(ids), rows.key.in_(keys))
+                                             for keys, ids in by_keys.items()]))
+                    .execution_options(synchronize_session=False))
+    values = [{"trial_id": trial._trial_id, "key": key, "value_json": json.dumps(value)}
+              for trial, attrs in writes for key, value in attrs.items()]
+    if values:
+        session.execute(insert(rows), values)

@@ -11,8 +11,9 @@ worker died is found by its missed heartbeats and its slot run again (lease.py).
 count, so a resumed study re-runs them and keeps every finished trial.
 
 The jobs have a module each: spec.py (compose and validate), storage.py (connect), optuna_parts.py (sampler,
-pruner, the study), lease.py (heartbeats, lost trials), workers.py (claim and run trials; Ray tasks), export.py
-(trials/, best overrides, plots); this module runs a study from its start to its export.
+pruner, the study), lease.py (heartbeats, lost trials), workers.py (claim and run trials; Ray tasks),
+batch_writes.py (a tune.batch batch's storage writes, a transaction each), export.py (trials/, best overrides,
+plots); this module runs a study from its start to its export.
 """
 
 from __future__ import annotations

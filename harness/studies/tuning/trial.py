@@ -106,7 +106,12 @@ def tell_value(spec: TuneSpec, reporter: Reporter, attrs: dict, value: float, ec
     try:
         reporter.complete(attrs, value)
     except optuna.exceptions.UpdateFinishedTrialError:
-        logger.warning(f"[{spec.study}] trial {trial.number}: finished after it was declared lost; not counted")
+        warn_lost(spec, trial)
         return 0
     echo(trial_line(spec, trial, value))
     return 1
+
+
+def warn_lost(spec: TuneSpec, trial) -> None:
+    """The line for a trial that finished after it was declared lost (missed heartbeats): it is not counted."""
+    logger.warning(f"[{spec.study}] trial {trial.number}: finished after it was declared lost; not counted")

@@ -43,15 +43,16 @@ def work(spec: TuneSpec, worker: int = 0, echo: Callable[[str], None] = logger.i
     ran, poll = 0, min(1.0, spec.heartbeat_s)
     while True:
         trials = study.get_trials(deepcopy=False)
-        reap_lost(study, trials, spec)
-        finished, live = trial_counts(study.get_trials(deepcopy=False))
+        if reap_lost(study, trials, spec):
+            trials = study.get_trials(deepcopy=False)
+        finished, live = trial_counts(trials)
         if finished >= spec.n_trials:
             return ran
         if live >= spec.n_trials:  # the remaining slots are running elsewhere: wait for them (or their loss)
             time.sleep(poll)
             continue
         if spec.batch > 1:  # tune.batch trials at once as one batched run
-            ran += run_batch(spec, study, worker, echo, store)
+            ran += run_batch(spec, study, worker, echo, store, trials)
         else:
             ran += _run_one(spec, study, worker, len(trials), echo, store)
 

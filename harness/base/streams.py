@@ -39,6 +39,19 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def _mix_in_place(z: np.ndarray) -> np.ndarray:
+    """_mix computed in z itself (at least one dimension: in-place ufuncs on a 0-d array return scalars), with one
+    temporary: the same bits, without the five fresh arrays _mix makes (minibatch draws are most of a round's
+    hashing)."""
+    t = np.empty_like(z)
+    for shift, mult in ((30, _C1), (27, _C2), (31, None)):
+        np.right_shift(z, np.uint64(shift), out=t)
+        z ^= t
+        if mult is not None:
+            z *= mult
+    return z
+
+
 def stream_key(seed: int, tag: int, replica, rnd, client) -> np.ndarray:
     """Key of the stream for each (replica, round, client), broadcast together."""
     with np.errstate(over="ignore"):
@@ -52,23 +65,28 @@ def uniform(key: np.ndarray, count: int) -> np.ndarray:
     """`count` uniforms in [0, 1) per key: shape key.shape + (count,), float64."""
     with np.errstate(over="ignore"):
         ctr = (np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN)
-        bits = _mix(key[..., None] ^ ctr)
-    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+        bits = _mix_in_place(key[..., None] ^ ctr)
+    bits >>= np.uint64(11)
+    out = bits.astype(np.float64)
+    out *= 1.0 / (1 << 53)
+    return out
 
 
 def seeds(key: np.ndarray, count: int) -> np.ndarray:
     """`count` int64 seeds in [0, 2^63) per key (for a torch generator): shape key.shape + (count,)."""
     with np.errstate(over="ignore"):
         ctr = (np.arange(1, count + 1, dtype=np.uint64) * _GOLDEN)
-        bits = _mix(key[..., None] ^ ctr)
-    return (bits >> np.uint64(1)).astype(np.int64)
+        bits = _mix_in_place(key[..., None] ^ ctr)
+    bits >>= np.uint64(1)
+    return bits.astype(np.int64)
 
 
 def integers(key: np.ndarray, count: int, high) -> np.ndarray:
     """`count` integers in [0, high) per key; `high` broadcasts against key."""
     u = uniform(key, count)
-    out = np.floor(u * np.asarray(high, dtype=np.float64)[..., None]).astype(np.int64)
-    return np.minimum(out, np.asarray(high, dtype=np.int64)[..., None] - 1)
+    u *= np.asarray(high, dtype=np.float64)[..., None]
+    out = np.floor(u, out=u).astype(np.int64)
+    return np.minimum(out, np.asarray(high, dtype=np.int64)[..., None] - 1, out=out)
 
 
 def normal(key: np.ndarray, count: int) -> np.ndarray:
@@ -98,16 +116,12 @@ def uniform_pair(seed: int, tag: int, index: np.ndarray) -> tuple[np.ndarray, np
     base = stream_key(seed, tag, 0, 0, 0)
     shape = np.shape(index)
     z = _u64(index).reshape(-1)  # 1-d: in-place ufuncs on a 0-d array would return scalars
-    t = np.empty_like(z)
     with np.errstate(over="ignore"):
         z += np.uint64(1)
         z *= _GOLDEN
         z ^= base
-        for shift, mult in ((30, _C1), (27, _C2), (31, None)):  # _mix, without temporaries
-            np.right_shift(z, np.uint64(shift), out=t)
-            z ^= t
-            if mult is not None:
-                z *= mult
+        _mix_in_place(z)
+    t = np.empty_like(z)
     first = (z >> np.uint64(32)).view(np.int64).astype(np.float64)
     first += 0.5
     first *= 2.0 ** -32

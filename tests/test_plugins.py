@@ -180,6 +180,7 @@ def test_python_registrations_run_in_sweep_tasks_as_inline(user_parts, tmp_path)
 def test_python_registrations_run_in_parallel_tuning_workers_as_inline(user_parts, tmp_path):
     journal = tmp_path / "study.log"
     fedharness.tune(["tune=default", *[o for o in RUN if o.split("=")[0] not in ("rounds", "eval_every")],
+                     "eval.grad_norm=true",  # trials skip grad_norm_sq by default; compared with the inline run's
                      "tune.space.local_steps=null", "tune.space.client_lr.low=0.4", "tune.space.client_lr.high=0.8",
                      "tune.sampler.name=random", "tune.n_trials=2", "tune.parallel=2", "tune.budget.kind=rounds",
                      "tune.budget.total=4", "tune.reports=2", "tune.plots=false", f"tune.storage=journal:{journal}",

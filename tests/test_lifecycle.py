@@ -164,6 +164,7 @@ def test_sigterm_ends_a_local_sweep_with_one_line_and_its_run_interrupted(tmp_pa
     assert len(list((results / "sweeps").glob("s-*.json"))) == 1
 
 
+@pytest.mark.slow  # 24 s (two 10,000-round trials, twice); the run's and the sweep's signal tests stay in the default run
 def test_sigterm_ends_a_study_with_one_line_and_the_same_command_continues_it(tmp_path):
     """The trial that was cut short is FAIL (status interrupted), so it does not count and its slot runs again."""
     import optuna

@@ -129,6 +129,7 @@ def test_li_toy_constant_step_stalls_in_proportion_to_E_minus_1_and_decay_conver
     assert (tmp_path / "li_toy.png").exists()
 
 
+@pytest.mark.slow  # 11 s; test_wang_quadratic_and_synthetic_full holds the claim over the draws (CI)
 def test_wang_quadratic_fednova_ends_10x_closer_than_fedavg_with_heterogeneous_tau():
     g = R.run_grid("repro_wang_quadratic", reference=True, log=_quiet,
                    only={"algorithm": ["fedavg", "fednova"], "algorithm.mu": [0.0]})
@@ -150,6 +151,7 @@ def _mangold_mse(g, data: str, alg: str, series: str) -> float:
     return float(R._mse_curve(g.select(experiment=data, algorithm=alg), series, g.configs[i]["replicas"]).iloc[-1])
 
 
+@pytest.mark.slow  # 9 s; test_mangold_full holds the claim over the draws (CI)
 def test_mangold_rr_average_beats_fedavg_average_on_both_datasets():
     g = R.run_grid("repro_mangold", reference=True, log=_quiet,
                    only={"algorithm": ["fedavg", "fedavg_rr"], "algorithm.local_steps": [100]})

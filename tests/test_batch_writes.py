@@ -6,8 +6,6 @@ written; a NaN told FAIL as study.tell tells it; an interrupted batch leaves non
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 import uuid
 
@@ -20,6 +18,7 @@ from optuna.trial import TrialState
 from fedharness import cli
 from fedharness.studies.tuning import batched_trials, storage
 from fedharness.studies.tuning.batch_writes import Completions, create_trials
+from tuner_support import paced_tuners
 
 QUAD = ["tune=default", "dataset=quadratic", "algorithm.clients_per_round=4", "dtype=float32",
         "tune.sampler.name=random", "tune.budget.total=20", "tune.space.local_steps.high=4", "tune.plots=false"]
@@ -185,37 +184,15 @@ def test_a_database_whose_schema_is_not_optunas_head_is_refused(tmp_path):
         storage.open_storage(spec)
 
 
-# Two batched tuners that start together (a barrier after their imports) and whose batches train long enough to
-# overlap (each sleeps first), so that their batches' trials are created side by side.
-_PACED_BATCHES = """
-import pathlib, sys, time
-from fedharness import cli
-from fedharness.studies.tuning import batched_trials
-barrier, me, n = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-(barrier / me).touch()
-while len(list(barrier.iterdir())) < n:
-    time.sleep(0.05)
-execute_runs = batched_trials.execute_runs
-def paced(*args, **kw):
-    time.sleep(0.5)
-    return execute_runs(*args, **kw)
-batched_trials.execute_runs = paced
-sys.exit(cli.main(["tune", *sys.argv[4:]]))
-"""
-
-
 @pytest.mark.skipif(not PG_URL, reason="needs a PostgreSQL server: FEDHARNESS_TEST_PG_URL (.ci/postgres.sh)")
 def test_two_batched_tuners_on_one_postgresql_study(tmp_path):
     """Exactly n_trials COMPLETE, each trained once; the trials past n_trials are surplus and never ran."""
     study, n = f"pgb-{uuid.uuid4().hex[:8]}", 10
     args = [*QUAD, f"results_dir={tmp_path}", f"tune.study={study}", f"tune.n_trials={n}", "tune.batch=3",
             f"tune.storage={PG_URL}"]
-    barrier = tmp_path / "barrier"
-    barrier.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", _PACED_BATCHES, str(barrier), str(w), "2", *args,
-                               f"tune.worker_id={w}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for w in (0, 1)]
+    # their batches train long enough to overlap, so that their trials are created side by side
+    procs = paced_tuners([[*args, f"tune.worker_id={w}"] for w in (0, 1)], tmp_path / "barrier",
+                         "fedharness.studies.tuning.batched_trials:execute_runs")
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert all(o.count(f"[{study}] trial ") >= 1 for o in outs), outs  # both processes told trials

@@ -20,6 +20,7 @@ from fedharness.studies.tuning.optuna_parts import open_study
 from fedharness.studies.tuning.spec import build_spec
 from fedharness.studies.tuning.storage import check_reachable
 from fedharness.studies.tuning.workers import _run_one, work
+from tuner_support import paced_tuners
 
 PG_URL = os.environ.get("FEDHARNESS_TEST_PG_URL")
 # a small space below 2 / lambda_max, so every trial converges and has a finite value
@@ -47,34 +48,6 @@ def _tuner(args: list[str], **kw) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-m", "fedharness.cli", "tune", *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
-
-
-# Two tuners that start together and whose trials last long enough to overlap: under a loaded machine one
-# process can import torch seconds after the other and find the (fast) study already full. Each waits at a
-# barrier after its imports, and each trial sleeps first, so the two claim trials side by side.
-_PACED = """
-import pathlib, sys, time
-from fedharness import cli
-from fedharness.studies.tuning import workers
-barrier, me, n = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-(barrier / me).touch()
-while len(list(barrier.iterdir())) < n:
-    time.sleep(0.05)
-run_trial = workers.run_trial
-def paced(*args, **kw):
-    time.sleep(0.5)
-    return run_trial(*args, **kw)
-workers.run_trial = paced
-sys.exit(cli.main(["tune", *sys.argv[4:]]))
-"""
-
-
-def _paced_tuners(argsets: list[list[str]], barrier) -> list[subprocess.Popen]:
-    barrier.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return [subprocess.Popen([sys.executable, "-c", _PACED, str(barrier), str(i), str(len(argsets)), *args],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for i, args in enumerate(argsets)]
 
 
 def test_sqlite_one_process_runs_exactly_n_trials_and_a_rerun_continues(tmp_path):
@@ -144,7 +117,8 @@ def test_a_trial_whose_worker_stopped_beating_is_failed_and_run_again(tmp_path):
 def test_two_concurrent_tuners_on_one_postgresql_study(tmp_path):
     study, n = f"pg-{uuid.uuid4().hex[:8]}", 8
     args = [*QUICK, f"results_dir={tmp_path}", f"tune.study={study}", f"tune.n_trials={n}", f"tune.storage={PG_URL}"]
-    procs = _paced_tuners([[*args, f"tune.worker_id={w}"] for w in (0, 1)], tmp_path / "barrier")
+    procs = paced_tuners([[*args, f"tune.worker_id={w}"] for w in (0, 1)], tmp_path / "barrier",
+                         "fedharness.studies.tuning.workers:run_trial")
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     ran = [o.count(f"[{study}] trial ") for o in outs]

@@ -202,3 +202,17 @@ def test_two_batched_tuners_on_one_postgresql_study(tmp_path):
     assert all(t.user_attrs.get("status") == "surplus" for t in trials if t.state != TrialState.COMPLETE)
     runs = pd.read_parquet(tmp_path / "runs")
     assert sorted(runs.trial) == sorted(t.number for t in complete) and runs.status.eq("ok").all()
+
+
+@pytest.mark.parametrize("reports", [None, {1: 0.5}])
+def test_writing_a_trial_declared_lost_raises_and_writes_nothing(tmp_path, reports):
+    """write_trial (one trial's attrs, and its reports) on a trial another worker has finished: Optuna's
+    UpdateFinishedTrialError, as trial.set_user_attr gives, and none of its rows written."""
+    url = f"sqlite:///{tmp_path}/lost.db"
+    study = optuna.create_study(study_name="lost", storage=url)
+    trial = study.ask()
+    optuna.load_study(study_name="lost", storage=url).tell(trial.number, state=TrialState.FAIL)  # reaped elsewhere
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        storage.write_trial(trial, {"status": "ok"}, reports)
+    [stored] = optuna.load_study(study_name="lost", storage=url).get_trials()
+    assert "status" not in stored.user_attrs and stored.intermediate_values == {}

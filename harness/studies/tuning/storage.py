@@ -112,10 +112,8 @@ def write_trial(trial, attrs: dict[str, Any], reports: dict[int, float] | None =
     reported yet), as trial.set_user_attr and trial.report would, in one transaction where the study is in a
     database. Optuna's RDB storage opens a session, reads the trial (and a report's step) and commits once per
     call, about a millisecond of Python each; a trial wrote some 20 of them, so a batch of 64 spent more on them
-    than on its training. Here: the storage's own attribute writes without their commit (Optuna 4 and 5), and the
-    reports inserted as rows, after one check that the trial is running (their (trial, step) is unique in the
-    schema: a step stored before fails the transaction, it is never overwritten). Another storage (a journal)
-    gets each call."""
+    than on its training. Here: one check that the trial is running, then its attrs and reports as rows
+    (put_attrs, write_reports: as a batch's are written). Another storage (a journal) gets each call."""
     backend = database_of(trial.storage)
     if backend is None:
         for key, value in attrs.items():
@@ -128,7 +126,8 @@ def write_trial(trial, attrs: dict[str, Any], reports: dict[int, float] | None =
     if not reports and _hold(trial, attrs):  # inside held_writes: written with the batch's
         return
     with _create_scoped_session(backend.scoped_session) as session:  # an IntegrityError is raised, all rolled back
-        _write_without_commit(session, backend, trial, attrs, reports or {})
+        _check_running(session, backend, [trial])
+        _write_without_commit(session, trial, attrs, reports or {})
     cache_written(trial, attrs, reports or {})
 
 
@@ -162,7 +161,7 @@ def tell_complete(trial, value: float, attrs: dict[str, Any], reports: dict[int,
         with _create_scoped_session(backend.scoped_session) as session:
             model = models.TrialModel.find_or_raise_by_id(trial._trial_id, session, for_update=True)
             backend.check_trial_is_updatable(trial._trial_id, model.state)
-            _write_without_commit(session, backend, trial, attrs, reports or {})
+            _write_without_commit(session, trial, attrs, reports or {})
             backend._set_trial_value_without_commit(session, model, 0, values[0])
             model.state = TrialState.COMPLETE
             model.datetime_complete = datetime.now()
@@ -177,15 +176,11 @@ def database_of(storage) -> "optuna.storages.RDBStorage | None":
     return backend if isinstance(backend, optuna.storages.RDBStorage) else None
 
 
-def _write_without_commit(session, backend, trial, attrs: dict[str, Any], reports: dict[int, float]) -> None:
-    from optuna.storages._rdb import models
-
-    for key, value in attrs.items():
-        backend._set_trial_attr_without_commit(session, models.TrialUserAttributeModel, trial._trial_id, key, value)
-    if reports:
-        backend.check_trial_is_updatable(trial._trial_id,
-                                         models.TrialModel.find_or_raise_by_id(trial._trial_id, session).state)
-        write_reports(session, trial, reports)
+def _write_without_commit(session, trial, attrs: dict[str, Any], reports: dict[int, float]) -> None:
+    """The running trial's attrs and reports into the session (the caller checked that it is running)."""
+    if attrs:
+        put_attrs(session, [(trial, attrs)])
+    write_reports(session, trial, reports)
 
 
 def write_reports(session, trial, reports: dict[int, float]) -> None:

@@ -15,11 +15,14 @@ $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions
 run: $(STAMP)  ## the default benchmark: FedAvg on Synthetic(1,1), N=100, K=10, E=20, b=24
 	$(BIN)/fedharness run $(ARGS)
 
-test: $(STAMP)  ## fast test suite (slow tests too when FEDHARNESS_SLOW=1)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
+# pytest-xdist workers for `make test` (auto: one per core); TEST_JOBS=0 runs the tests in one process
+TEST_JOBS ?= auto
+
+test: $(STAMP)  ## fast test suite on every core (slow tests too when FEDHARNESS_SLOW=1)
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then echo "no tests collected"; exit 0; fi; exit $$rc
 
 test-all: $(STAMP)
-	FEDHARNESS_SLOW=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	FEDHARNESS_SLOW=1 $(MAKE) test
 
 bench: $(STAMP)  ## performance workloads (about 13 minutes); figures go to docs/performance.md
 	$(BIN)/python benchmarks/run.py $(ARGS)

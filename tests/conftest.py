@@ -13,8 +13,14 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session", autouse=True)
 def _reference_cache(tmp_path_factory):
-    """Tests share one exact-reference cache of their own, never the user's."""
-    os.environ["FEDHARNESS_CACHE"] = str(tmp_path_factory.mktemp("fedharness-cache"))
+    """Tests share one exact-reference cache of their own, never the user's: one per test run, so that pytest-xdist's
+    workers solve each reference once between them (the cache's entries are written atomically)."""
+    run_root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each xdist worker has its own basetemp under the run's
+        run_root = run_root.parent
+    cache = run_root / "fedharness-cache"
+    cache.mkdir(exist_ok=True)
+    os.environ["FEDHARNESS_CACHE"] = str(cache)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -40,10 +40,12 @@ def privacy_line(result) -> str | None:
     import json
     import math
 
-    row = result.runs.iloc[0]
-    dp = json.loads(row.config_json)["dp"]
-    if dp["noise_multiplier"] is None:
+    from fedharness.algorithms.privacy import CLIP_COUNTER
+
+    if not any(CLIP_COUNTER in r for r in result.rows):  # a DP run's rows carry its clip norm
         return None
+    row = result.runs.iloc[0]
+    dp = json.loads(row.config_json)["dp"]  # z as the run used it: given, or calibrated before it started
     eps = row.epsilon if row.epsilon is not None and math.isfinite(row.epsilon) else math.inf  # null: no noise
     source = "dp.noise_multiplier" if dp["target_epsilon"] is None else \
         f"calibrated to dp.target_epsilon = {dp['target_epsilon']:g}"

@@ -15,8 +15,8 @@ z_update = (z^-2 - (2 sigma_b)^-2)^-1/2, and the two releases together are one G
 (Andrew et al., Theorem 1); that needs sigma_b > z/2. The default sigma_b is max(K/20, z): Andrew et al.'s K/20
 (the share b then has noise std 0.05) where that is at least z, else z, so that any z runs. The update's noise is
 then raised by the factor (1 - (z / 2 sigma_b)^2)^-1/2 <= 2/sqrt(3) = 1.155; a sigma_b nearer z/2 would raise it
-without bound, a larger one would make the clip norm's steps noisier. The clip norm is per replica state in the run's counters (so it is checkpointed, and
-recorded as the rounds/ column dp_clip_norm).
+without bound, a larger one would make the clip norm's steps noisier. The clip norm is per replica state in the
+run's counters (so it is checkpointed, and recorded as the rounds/ column dp_clip_norm).
 """
 
 from __future__ import annotations

@@ -45,14 +45,22 @@ def new_accountant(kind: str):
 @contextmanager
 def _quiet_orders() -> Iterator[None]:
     """The RDP accountant logs (absl, WARNING) each fractional order whose series does not converge at large q and
-    leaves it out of the minimum over orders; that is its documented behaviour, not news for the run's output."""
-    log = logging.getLogger("absl")
-    level = log.level
+    leaves it out of the minimum over orders; that is its documented behaviour, not news for the run's output.
+    absl's log() also calls logging.basicConfig() when the root logger has no handler, whatever the level: that
+    handler would stay and print every later log line of the process a second time (the CLI's own handler prints
+    it once). So while the accountant runs, a root logger without handlers holds a NullHandler; a program's own
+    root handlers are left as they are."""
+    log, root = logging.getLogger("absl"), logging.getLogger()
+    level, placeholder = log.level, None if root.handlers else logging.NullHandler()
     log.setLevel(logging.ERROR)
+    if placeholder is not None:
+        root.addHandler(placeholder)
     try:
         yield
     finally:
         log.setLevel(level)
+        if placeholder is not None:
+            root.removeHandler(placeholder)
 
 
 @lru_cache(maxsize=4096)

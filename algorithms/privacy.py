@@ -12,8 +12,11 @@ Adaptive clipping: the shards also count the clients whose update was within C; 
 sigma_b to that count, divides by K, and moves C geometrically towards the target quantile:
 C <- C exp(-clip_lr (b - target_quantile)). The count is released too, so the update's noise is raised to
 z_update = (z^-2 - (2 sigma_b)^-2)^-1/2, and the two releases together are one Gaussian mechanism of multiplier z
-(Andrew et al., Theorem 1). The clip norm is per replica state in the run's counters (so it is checkpointed, and
-recorded as the rounds/ column dp_clip_norm).
+(Andrew et al., Theorem 1); that needs sigma_b > z/2. The default sigma_b is max(K/20, z): Andrew et al.'s K/20
+(the share b then has noise std 0.05) where that is at least z, else z, so that any z runs. The update's noise is
+then raised by the factor (1 - (z / 2 sigma_b)^2)^-1/2 <= 2/sqrt(3) = 1.155; a sigma_b nearer z/2 would raise it
+without bound, a larger one would make the clip norm's steps noisier. The clip norm is per replica state in the
+run's counters (so it is checkpointed, and recorded as the rounds/ column dp_clip_norm).
 """
 
 from __future__ import annotations
@@ -43,14 +46,16 @@ class DPFedAvg:
     adaptive: bool = False
     target_quantile: float = 0.5
     clip_lr: float = 0.2
-    count_noise_multiplier: float | None = None  # sigma_b; None: K / 20
+    count_noise_multiplier: float | None = None  # sigma_b; None: max(K / 20, z), always above z / 2
 
     @property
     def count_noise(self) -> float:
         """sigma_b, the std of the noise on the unclipped count (adaptive clipping only)."""
         if not self.adaptive:
             return 0.0
-        return self.expected_clients / 20 if self.count_noise_multiplier is None else self.count_noise_multiplier
+        if self.count_noise_multiplier is not None:
+            return self.count_noise_multiplier
+        return max(self.expected_clients / 20, self.noise_multiplier)  # above z / 2 for any z > 0 (module doc)
 
     @property
     def update_noise(self) -> float:

@@ -27,9 +27,30 @@ def cmd_run(overrides: list[str]) -> int:
         print("fedharness: interrupted before the run started; nothing recorded", file=sys.stderr)
         return 130
     print(summary_table(result.rows))
+    if (privacy := privacy_line(result)) is not None:
+        print(privacy)
     print(f"run {result.run_id}: status={result.status}; results in {shown(result.results_dir)}/ "
           f"(runs/, rounds/ as Parquet)")
     return 0 if result.status == "ok" else 3
+
+
+def privacy_line(result) -> str | None:
+    """A DP run's guarantee and the noise multiplier z it used (given, or calibrated to dp.target_epsilon), from
+    its runs/ row; None without DP."""
+    import json
+    import math
+
+    from fedharness.algorithms.privacy import CLIP_COUNTER
+
+    if not any(CLIP_COUNTER in r for r in result.rows):  # a DP run's rows carry its clip norm
+        return None
+    row = result.runs.iloc[0]
+    dp = json.loads(row.config_json)["dp"]  # z as the run used it: given, or calibrated before it started
+    eps = row.epsilon if row.epsilon is not None and math.isfinite(row.epsilon) else math.inf  # null: no noise
+    source = "dp.noise_multiplier" if dp["target_epsilon"] is None else \
+        f"calibrated to dp.target_epsilon = {dp['target_epsilon']:g}"
+    return (f"privacy: epsilon = {eps:.4g} at delta = {dp['delta']:g} after {row.rounds_done} rounds "
+            f"({dp['accountant']}); noise multiplier z = {dp['noise_multiplier']:.4g} ({source})")
 
 
 def interrupted_line(err, overrides: list[str]) -> str:

@@ -129,7 +129,8 @@ class DPSettings:
                                 lo_open=True))
     count_noise_multiplier: float | None = key(number("adaptive: std of the noise on the unclipped count; must "
                                                       "exceed z / 2", lo=0, lo_open=True,
-                                                      null="clients_per_round / 20, as Andrew et al."))
+                                                      null="max(clients_per_round / 20, z): Andrew et al.'s K/20, "
+                                                      "raised to z where z >= K/10 (docs/privacy.md)"))
 
     @property
     def enabled(self) -> bool:

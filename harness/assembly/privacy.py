@@ -39,5 +39,5 @@ def privacy_for(settings: RunSettings, problem) -> DPFedAvg | None:
     sigma_b = mechanism.count_noise
     require(not dp.adaptive or 2 * sigma_b > dp.noise_multiplier, "dp.count_noise_multiplier",
             dp.count_noise_multiplier, f"> half the noise multiplier ({dp.noise_multiplier:g} / 2) with adaptive "
-            f"clipping (null gives clients_per_round / 20 = {sigma_b:g})")
+            f"clipping, or null: max(clients_per_round / 20, z)")
     return mechanism

@@ -10,17 +10,23 @@
                        threads and copies per step: timed once (a few gradients each) and remembered in
                        $FEDHARNESS_CACHE/kernels.json, so later runs make the same choice and repeat bit for bit
                        (the formulations agree only up to rounding). Delete the entry to time it again.
+                       Processes that miss the cache together measure one at a time (a lock beside the cache):
+                       the first measures and writes, the others then read its choice, so runs started
+                       together choose alike.
 Linear models have one formulation (their closed-form gradient) and ignore the key.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import platform
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -102,12 +108,16 @@ def _auto(settings: RunSettings, problem) -> str:
     key = json.dumps([CACHE_FORMAT, objective.name, objective.in_shape, objective.dim, copies, problem.batch_size,
                       _device_name(device), str(problem.dtype), settings.precision,
                       torch.get_num_threads(), torch.__version__])
-    known = _read_cache()
-    if known.get(key, {}).get("kernel") in candidates(objective):
-        return known[key]["kernel"]
-    timings = measure(objective, copies, problem.batch_size, device, problem.dtype)
-    chosen = min(timings, key=timings.get)
-    _remember(key, {"kernel": chosen, "ms": {k: 1e3 * v for k, v in timings.items()}})
+    remembered = _remembered(key, objective)
+    if remembered is not None:
+        return remembered
+    with _measuring():
+        remembered = _remembered(key, objective)  # a process that held the lock before us may have measured it
+        if remembered is not None:
+            return remembered
+        timings = measure(objective, copies, problem.batch_size, device, problem.dtype)
+        chosen = min(timings, key=timings.get)
+        _remember(key, {"kernel": chosen, "ms": {k: 1e3 * v for k, v in timings.items()}})
     if settings.progress:
         log.info(f"kernel=auto chose {describe(chosen, timings, copies)}; remembered in {cache_path()}")
     return chosen
@@ -121,6 +131,28 @@ def _device_name(device: torch.device) -> str:
 
 def cache_path() -> Path:
     return cache_dir() / "kernels.json"
+
+
+def _remembered(key: str, objective) -> str | None:
+    found = _read_cache().get(key, {}).get("kernel")
+    return found if found in candidates(objective) else None
+
+
+@contextmanager
+def _measuring() -> Iterator[None]:
+    """Held while a process measures and writes a choice: an exclusive flock on kernels.json.lock, so processes that
+    missed the cache together measure one after another and the later ones find the first one's choice. A cache
+    folder that cannot be written holds no lock (each process measures, as its choice cannot be kept anyway)."""
+    path = cache_path().with_name("kernels.json.lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes, or when the process dies
+        yield
 
 
 def _read_cache() -> dict:

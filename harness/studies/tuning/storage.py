@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,8 +27,15 @@ def _engine_kwargs(url: str) -> dict:
     return {"pool_pre_ping": True}
 
 
+# The alembic revision of Optuna's tables that this package writes itself (batch_writes, put_attrs, tell_complete:
+# rows through Optuna's SQLAlchemy models, not its API). Optuna 3.2 to 5.0 share it; pyproject allows optuna 4 and
+# 5. A storage or an installed Optuna of another schema is refused before anything is written.
+OPTUNA_SCHEMA = "v3.2.0.a"
+
+
 def check_reachable(spec: TuneSpec) -> None:
-    """Connect once before anything is created: an unreachable storage is a ConfigError, not a traceback."""
+    """Connect once before anything is created: an unreachable storage is a ConfigError, not a traceback; so is a
+    database of another Optuna table schema than the one written here (check_schema)."""
     if spec.storage.startswith("journal:"):
         parent = Path(spec.storage[len("journal:"):]).parent
         require(parent.is_dir() and os.access(parent, os.W_OK), "tune.storage", spec.storage,
@@ -37,14 +45,34 @@ def check_reachable(spec: TuneSpec) -> None:
 
     if spec.storage == "sqlite:///" + str(Path(spec.results_dir) / layout.OPTUNA_DB):
         Path(spec.results_dir).mkdir(parents=True, exist_ok=True)
+    from alembic.migration import MigrationContext
+
     try:
         engine = sqlalchemy.create_engine(spec.storage, **_engine_kwargs(spec.storage))
-        with engine.connect():
-            pass
+        with engine.connect() as connection:
+            stored = MigrationContext.configure(connection).get_current_revision()  # None: no Optuna tables yet
         engine.dispose()
     except Exception as err:  # driver missing, host down, bad credentials, unwritable file ...
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ConfigError("tune.storage", mask_secrets(spec.storage), f"cannot connect: {mask_secrets(first)}") from None
+    check_schema(spec.storage, stored)
+
+
+def check_schema(storage: str, stored: str | None) -> None:
+    """The installed Optuna's table schema and the storage's (`stored`, None for a database without Optuna's
+    tables: they will be created at the installed schema) must be OPTUNA_SCHEMA; else one line naming both."""
+    import optuna
+
+    installed = installed_schema()
+    require(installed == OPTUNA_SCHEMA, "tune.storage", mask_secrets(storage),
+            f"an Optuna of table schema {OPTUNA_SCHEMA} (optuna>=4.0,<6), the tables fedharness writes itself; the "
+            f"installed optuna {optuna.__version__} has schema {installed}")
+    if stored in (None, OPTUNA_SCHEMA):
+        return
+    remedy = "an older Optuna's: upgrade it with `optuna storage upgrade --storage <URL>`" \
+        if stored in _installed_revisions() else f"one optuna {optuna.__version__} does not know"
+    raise ConfigError("tune.storage", mask_secrets(storage), f"a database of Optuna table schema {OPTUNA_SCHEMA} "
+                      f"(optuna 4 and 5), the tables fedharness writes itself; this one has schema {stored}, {remedy}")
 
 
 def open_storage(spec: TuneSpec, attempts: int = 5):
@@ -77,17 +105,23 @@ def _check_schema(store) -> None:
     the process runs. The stored revision is read each time; a mismatch gets Optuna's own check and its message. Through
     the storage's _version_manager (Optuna 4 and 5), the object RDBStorage checks with."""
     manager = store._version_manager
-    if manager.get_current_version() != _head_revision(manager):
+    if manager.get_current_version() != installed_schema():
         manager.check_table_schema_compatibility()
 
 
-_HEAD_REVISION: dict[str, str] = {}  # "head": the installed optuna's schema revision, read at the first open
+@cache
+def _installed_revisions() -> tuple[str, ...]:
+    """The installed Optuna's schema revisions, newest first (its alembic scripts, read once per process)."""
+    from alembic.script import ScriptDirectory
+    from optuna.storages import _rdb
+
+    scripts = ScriptDirectory(str(Path(_rdb.__file__).parent / "alembic"))
+    return tuple(revision.revision for revision in scripts.walk_revisions())
 
 
-def _head_revision(manager) -> str:
-    if "head" not in _HEAD_REVISION:
-        _HEAD_REVISION["head"] = manager.get_head_version()
-    return _HEAD_REVISION["head"]
+def installed_schema() -> str:
+    """The installed Optuna's head schema revision: what it creates and expects."""
+    return _installed_revisions()[0]
 
 
 def _write_ahead(engine) -> None:

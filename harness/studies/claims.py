@@ -2,9 +2,11 @@
 docs/reproductions.md quotes for it.
 
 A criterion maps one draw's results (what a claim function of studies/reproduce.py returns) to named parts, each
-True or False; the claim holds in a draw when every part holds. Where the paper gives no number, the threshold
-is our reading of its words, stated beside it, never a value taken from a run. `make reproduce` evaluates the
-criteria over several data draws (holds in k of n) and tests/test_reproductions.py asserts them.
+True or False; the claim holds in a draw when every part holds. Every threshold is a Boundary: what the paper's
+claim predicts for the number compared, the alternative the criterion rules out and what that predicts, with the
+threshold strictly between (at the midpoint where both are on one scale), never a value taken from a run.
+`make reproduce` evaluates the criteria over several data draws (holds in k of n); tests/test_reproductions.py
+asserts them on the product's numbers and tests/test_threshold_audit.py that each threshold separates.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+
 
 @dataclass(frozen=True)
 class Boundary:
@@ -30,8 +33,8 @@ class Boundary:
 
 
 def midpoint(claim: float, alternative: float) -> float:
-    """The threshold halfway between two predictions: arithmetic for slopes and for shares of an error that run
-    from 0 to 1, as the audit's rows say."""
+    """The threshold halfway between two predictions on a linear scale: log-log slopes, shares of an error from 0
+    to 1 (a ratio of ratios takes the geometric midpoint instead, FLOOR_PROPORTIONAL)."""
     return (claim + alternative) / 2
 
 

@@ -242,7 +242,9 @@ def test_yang_theory_step_sizes_judged_by_linear_speedup(tmp_path):
 # The slow tests below that read one claim's draw 0 (the parametrized test over the draws reads every claim's).
 DRAW_ZERO_OF = {"test_yang_noniid_degree_and_participation": ["yang_noniid"],
                 "test_yang_table2_scaffold_costs_twice_the_bytes_per_round": ["yang_table2"],
-                "test_mangold_bias_is_the_closed_form_stationary_mean": ["mangold_bias"]}
+                "test_mangold_full": ["mangold"],
+                "test_mangold_bias_is_the_closed_form_stationary_mean": ["mangold_bias"],
+                "test_wang_quadratic_and_synthetic_full": ["wang_quadratic", "wang_synthetic"]}
 
 
 @pytest.fixture(scope="module")
@@ -297,6 +299,18 @@ def test_yang_table2_scaffold_costs_twice_the_bytes_per_round(claim_draws):
 
 @pytest.mark.slow
 @CLAIM_DRAWS_TIMEOUT
+def test_mangold_full(claim_draws):
+    # the four cells' ratios claims.mangold judges, as recorded; RR's gamma chain is FedAvg's own run (same seeds)
+    res, recorded = draw_zero(claim_draws, "mangold"), committed("mangold")
+    for data in ("mangold_noisy", "mangold_heterogeneous"):
+        for H in ("H=10", "H=100"):
+            for key in ("rr_over_fedavg_average", "scaffold_over_fedavg_average"):
+                assert res[data][H][key] == pytest.approx(recorded[data][H][key], rel=SAME), (data, H, key)
+    assert claims.mangold(res) == claims.mangold(recorded)
+
+
+@pytest.mark.slow
+@CLAIM_DRAWS_TIMEOUT
 def test_mangold_bias_is_the_closed_form_stationary_mean(claim_draws):
     res = draw_zero(claim_draws, "mangold_bias")
     # the orders (claims.mangold_bias) are the over-draws test's; the stationary mean is Mangold et al.'s closed form
@@ -304,6 +318,22 @@ def test_mangold_bias_is_the_closed_form_stationary_mean(claim_draws):
     for cell in res["gamma"].values():
         assert cell["fedavg"]["bias"] == pytest.approx(cell["fedavg"]["closed_form"], rel=1e-6)
     assert res["gamma"]["0.005"]["fedavg"]["rel_err_vs_first_order"] < 0.02
+
+
+@pytest.mark.slow
+@CLAIM_DRAWS_TIMEOUT
+def test_wang_quadratic_and_synthetic_full(claim_draws):
+    quad, syn = draw_zero(claim_draws, "wang_quadratic"), draw_zero(claim_draws, "wang_synthetic")
+    was_quad, was_syn = committed("wang_quadratic"), committed("wang_synthetic")
+    for work in ("per_client", "gaussian_steps"):  # FedNova ~20x and ~6x closer; FedProx stalls where FedAvg does
+        for alg in ("fedavg", "fedprox", "fednova"):
+            assert quad[work][alg] == pytest.approx(was_quad[work][alg], rel=SAME), (work, alg)
+    for setting, cell in syn.items():
+        if isinstance(cell, dict):
+            for alg in ("fedavg", "fedprox", "fednova"):
+                assert cell[alg]["final_loss"] == pytest.approx(was_syn[setting][alg]["final_loss"], rel=SAME)
+    assert claims.wang_quadratic(quad) == claims.wang_quadratic(was_quad)
+    assert claims.wang_synthetic(syn) == claims.wang_synthetic(was_syn)
 
 
 # ---------------------------------------------------------------- every claim over several data draws

@@ -32,15 +32,48 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="module")
-def local_ray(request):
-    """One embedded Ray on 127.0.0.1 for a module's tests, with the module's RAY_CPUS (default 4: three shards of
-    1 CPU fit on this 2-core machine's instance); stopped after the module."""
-    from fedharness.core import ray_cluster
+class _SharedRay:
+    """This test process's one embedded Ray on 127.0.0.1 (4 CPUs: three shards of 1 CPU fit on this 2-core machine's
+    instance, and a 3-CPU hog leaves less than two): started by the first module that asks for `local_ray` and kept
+    for the next ones, since a start costs seconds; modules that set OWN_RAY = True (their own clusters, or checks
+    that no Ray is running) get it stopped first. Restarted if a test shut it down."""
 
-    conn = ray_cluster.start_local(num_cpus=getattr(request.module, "RAY_CPUS", 4))
-    yield conn
-    conn.close()
+    conn = None
+
+    @classmethod
+    def get(cls):
+        import ray
+
+        from fedharness.core import ray_cluster
+
+        if cls.conn is None or not ray.is_initialized():
+            cls.conn = ray_cluster.start_local(num_cpus=4)
+        return cls.conn
+
+    @classmethod
+    def stop(cls) -> None:
+        if cls.conn is not None:
+            cls.conn.close()
+            cls.conn = None
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """The test process's embedded Ray on 127.0.0.1 (see _SharedRay)."""
+    return _SharedRay.get()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _own_ray(request):
+    """A module with OWN_RAY = True starts without the shared Ray (its tests start, join or rule out their own)."""
+    if getattr(request.module, "OWN_RAY", False):
+        _SharedRay.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_shared_ray():
+    yield
+    _SharedRay.stop()
 
 
 @pytest.fixture(scope="session")

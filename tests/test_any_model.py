@@ -74,7 +74,6 @@ def bn_net():
         del repo["model"][name]
 
 
-RAY_CPUS = 2  # the conftest's local_ray: CPUs of this module's embedded Ray
 
 
 # --- the plain torch loop --------------------------------------------------------------------------------------

@@ -215,7 +215,6 @@ def test_a_users_attack_runs_and_is_listed(registered_zero, tmp_path, capsys):
 
 # --- inline against Ray: the runs, identical rows -------------------------------------------------
 
-RAY_CPUS = 3
 COMPARED = ["round", "replica", "train_loss", "test_loss", "test_acc", "grad_norm_sq", "local_steps", "bytes_up"]
 
 

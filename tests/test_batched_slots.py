@@ -17,7 +17,6 @@ from fedharness.config.load import load_settings
 from fedharness.errors import ConfigError
 from fedharness.runs.execute import execute
 
-RAY_CPUS = 3
 SMALL = ["dataset.num_clients=12", "dataset.samples_per_client=40", "dataset.data_seed=0",
          "algorithm.clients_per_round=4", "algorithm.local_steps=3", "algorithm.batch_size=8", "rounds=12",
          "eval_every=4", "reference=off", "heterogeneity=false", "threads=1", "progress=false"]

@@ -249,7 +249,6 @@ def test_resumed_run_writes_each_clients_row_once_and_the_same(run_config, bn_ml
     assert np.array_equal(got.loss.to_numpy(), want.loss.to_numpy())  # own buffers restored: the same bits
 
 
-RAY_CPUS = 2  # the conftest's local_ray: CPUs of this module's embedded Ray
 
 
 @pytest.mark.slow

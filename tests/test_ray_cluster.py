@@ -19,6 +19,7 @@ from ray_support import (QUADRATIC, assert_rows_match, descendants, eventually, 
                          read_rounds, trajectory)
 
 REPO = Path(__file__).resolve().parent.parent
+OWN_RAY = True  # its clusters are its own, and it checks that a failed connect leaves no Ray (conftest)
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 

@@ -125,7 +125,6 @@ def test_a_failed_run_is_recorded_and_the_others_go_on(tmp_path):
     assert manifest["grid_keys"] == ["partition.min_size"]
 
 
-RAY_CPUS = 2  # the conftest's local_ray: CPUs of this module's embedded Ray
 
 
 def test_jobs_run_as_ray_tasks_and_a_failure_does_not_stop_them(tmp_path, local_ray):

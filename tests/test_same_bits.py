@@ -45,17 +45,28 @@ def run(tmp_path, run_id: str, *overrides: str) -> list[tuple]:
     return rows(tmp_path, run_id)
 
 
-FAST = {("fedavg", "float32"), ("scaffold_scheme_ii", "float64")}  # the rest run in CI (FEDHARNESS_SLOW=1)
+FAST = {("fedavg", "float32"), ("scaffold_scheme_ii", "float64")}  # in the default run over 100 rounds
 
 
-@pytest.mark.parametrize("case,dtype", [pytest.param(c, d, marks=() if (c, d) in FAST else pytest.mark.slow)
-                                        for c in CASES for d in ("float32", "float64")])
-def test_one_and_three_inline_shards_give_identical_rows_over_1000_rounds(tmp_path, case, dtype):
-    one = run(tmp_path, "one", *CASES[case], f"dtype={dtype}", "num_shards=1")
-    three = run(tmp_path, "three", *CASES[case], f"dtype={dtype}", "num_shards=3")
-    assert len(one) == 5 and one[-1][2] == 1000 and np.isfinite(one[-1][7])
+def _one_and_three_shards(tmp_path, case: str, dtype: str, rounds: int) -> None:
+    every = rounds // 4
+    length = (f"rounds={rounds}", f"eval_every={every}")
+    one = run(tmp_path, "one", *CASES[case], f"dtype={dtype}", "num_shards=1", *length)
+    three = run(tmp_path, "three", *CASES[case], f"dtype={dtype}", "num_shards=3", *length)
+    assert len(one) == 5 and one[-1][2] == rounds and np.isfinite(one[-1][7])
     assert one == three
     assert pq.read_table(tmp_path / "runs").column("split_invariant").to_pylist() == [True, True]  # said so
+
+
+@pytest.mark.slow  # CI (FEDHARNESS_SLOW=1): 1,000 rounds, every case; the default run has FAST over 100 rounds
+@pytest.mark.parametrize("case,dtype", [(c, d) for c in CASES for d in ("float32", "float64")])
+def test_one_and_three_inline_shards_give_identical_rows_over_1000_rounds(tmp_path, case, dtype):
+    _one_and_three_shards(tmp_path, case, dtype, 1000)
+
+
+@pytest.mark.parametrize("case,dtype", sorted(FAST))
+def test_one_and_three_inline_shards_give_identical_rows_over_100_rounds(tmp_path, case, dtype):
+    _one_and_three_shards(tmp_path, case, dtype, 100)
 
 
 def on_grid(terms: torch.Tensor, grid: Grid) -> torch.Tensor:

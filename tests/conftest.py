@@ -35,8 +35,9 @@ def pytest_collection_modifyitems(config, items):
 class _SharedRay:
     """This test process's one embedded Ray on 127.0.0.1 (4 CPUs: three shards of 1 CPU fit on this 2-core machine's
     instance, and a 3-CPU hog leaves less than two): started by the first module that asks for `local_ray` and kept
-    for the next ones, since a start costs seconds; modules that set OWN_RAY = True (their own clusters, or checks
-    that no Ray is running) get it stopped first. Restarted if a test shut it down."""
+    for the next ones, since a start costs seconds. Each module gets it with every CPU free (else a fresh one, as
+    when a test shut it down); modules that set OWN_RAY = True (their own clusters, or checks that no Ray is
+    running) get it stopped first."""
 
     conn = None
 
@@ -46,9 +47,22 @@ class _SharedRay:
 
         from fedharness.core import ray_cluster
 
-        if cls.conn is None or not ray.is_initialized():
+        if cls.conn is not None and not (ray.is_initialized() and cls._all_free()):
+            cls.stop()  # shut down by a test, or something of the last module still holds resources: a fresh one
+        if cls.conn is None:
             cls.conn = ray_cluster.start_local(num_cpus=4)
         return cls.conn
+
+    @staticmethod
+    def _all_free(timeout_s: float = 20.0) -> bool:
+        """Whether every resource of the instance is free within `timeout_s` (actors and reservations of the last
+        module are released asynchronously)."""
+        import ray
+
+        from ray_support import eventually
+
+        return eventually(lambda: ray.available_resources().get("CPU") == ray.cluster_resources().get("CPU"),
+                          timeout_s, 0.25)
 
     @classmethod
     def stop(cls) -> None:

@@ -147,5 +147,5 @@ def test_a_bad_sample_size_is_one_line_and_nothing_is_written(tmp_path, capsys, 
     assert cli.main(["run", "dataset=digits", f"results_dir={results}", "progress=false",
                      f"eval.samples={value}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"'eval.samples': " in err[0] and expected in err[0], err
+    assert len(err) == 1 and "'eval.samples': " in err[0] and expected in err[0], err
     assert not results.exists()

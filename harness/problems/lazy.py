@@ -10,10 +10,10 @@ same seed the lazy problem trains on the same trajectory as `dataset=synthetic` 
 
 The global objective over all N clients is never materialised. While N <= eval.clients (null: 100) every
 metric is exact (over all N clients). Above, the metrics are measured on a fixed sample of eval.clients clients
-drawn uniformly with replacement, once, from the data seed (problems/estimate.py): train_loss is the unbiased estimate of F from
-the sample, with its standard error in train_loss_se; grad_norm_sq, test_loss and test_acc are those of the
-sampled clients' data pooled (weights n_k renormalised over the distinct sampled clients), and are named so in
-docs/results.md. There is no exact reference (subopt and dist_to_opt are null).
+drawn uniformly with replacement, once, from the data seed (problems/estimate.py): train_loss is the unbiased
+estimate of F from the sample, with its standard error in train_loss_se; grad_norm_sq, test_loss and test_acc
+are those of the sampled clients' data pooled (weights n_k renormalised over the distinct sampled clients), and
+are named so in docs/results.md. There is no exact reference (subopt and dist_to_opt are null).
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import numpy as np
 import torch
 
 from fedharness.contracts import ClientKeys, Evaluation, Model, Problem
-from fedharness.errors import require
-from fedharness.keys import Key, integer, number
+from fedharness.keys import Key, number
 from fedharness.problems import synthetic
 from fedharness.problems.client_eval import client_scores
 from fedharness.problems.estimate import sample_clients, weighted_sum_estimate

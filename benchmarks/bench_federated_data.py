@@ -12,10 +12,14 @@ Then loads each as a user would (`dataset=leaf dataset.path=DIR`, partition natu
 first load (parsing the JSON, writing the per-client cache) and a second one (memory-mapping the cache), each
 with its set-up seconds (the problem built) and peak resident memory; and ms/round (median) of FedAvg at K=10
 (scheme I), 1 local epoch-free step count of 10 steps of b=20, with model=logreg (the data path) and with the
-FEMNIST CNN / char LSTM where this checkout registers them (femnist_cnn, char_lstm). `--writers` and `--roles`
-scale the two data sets down for a short run. Prints a table and writes benchmarks/out/federated_data.json.
+FEMNIST CNN / char LSTM where this checkout registers them (femnist_cnn, char_lstm), and ms per evaluation: one
+evaluation of the run (engine.evaluate with the default eval.* keys) after those rounds, with its train_loss and
+train_loss_se. A load that runs past `--eval-timeout` is stopped and reported with its evaluation unfinished.
+`--writers` and `--roles` scale the two data sets down for a short run; `--only` and `--loads` pick one data set
+and some of the loads; `--dir` keeps the folders, and a later run reuses them. Prints a table and writes
+benchmarks/out/NAME.json (`--name`, default federated_data).
 
-    python benchmarks/bench_federated_data.py [--writers 3550] [--roles 1129] [--rounds 5] [--dir DIR]
+    python benchmarks/bench_federated_data.py [--writers 3550] [--roles 1129] [--rounds 5] [--evals 1] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -122,7 +126,7 @@ def write_shakespeare(folder: Path, roles: int, seed: int = 1) -> dict:
     return {"clients": roles, "samples": int(sizes.sum()), "json_bytes": total}
 
 
-def load_child(path: str, cache: str, model: str, rounds: int, evals: int) -> dict:
+def load_child(path: str, cache: str, model: str, rounds: int, evals: int, warmup: int = WARMUP) -> dict:
     """Load the folder as a user would and time the problem's set-up; then `rounds` rounds of FedAvg at K=10 and
     `evals` of the run's evaluations (engine.evaluate with the default eval.* keys, as eval_every triggers it).
     The rounds' figures are printed (a JSON line) before the evaluations start, so a parent that stops an
@@ -156,10 +160,10 @@ def load_child(path: str, cache: str, model: str, rounds: int, evals: int) -> di
         engine = build_engine(Prepared(settings, problem, algorithm, None, *build_series(1)),
                               InlineExecutor(problem, algorithm.solver, 1))
         state, times = engine.initial_state(), []
-        for r in range(WARMUP + rounds):
+        for r in range(warmup + rounds):
             t = time.perf_counter()
             state = engine.step(state)
-            if r >= WARMUP:  # each round's figures printed as they come (a parent that stops the child has them)
+            if r >= warmup:  # each round's figures printed as they come (a parent that stops the child has them)
                 times.append(time.perf_counter() - t)
                 out.update(ms_per_round=1000 * median(times), rounds_timed=len(times),
                            peak_after_rounds_mb=peak_rss_mb())
@@ -205,12 +209,14 @@ def run_load(payload: dict, timeout_s: float) -> dict:
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
         p = json.loads(sys.argv[3])
-        print(json.dumps(load_child(p["path"], p["cache"], p["model"], p["rounds"], p["evals"])))
+        print(json.dumps(load_child(p["path"], p["cache"], p["model"], p["rounds"], p["evals"],
+                                    p.get("warmup", WARMUP))))
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--writers", type=int, default=FEMNIST["clients"], help="FEMNIST-shaped writers")
     parser.add_argument("--roles", type=int, default=SHAKESPEARE["clients"], help="Shakespeare-shaped roles")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds a model (after one untimed)")
+    parser.add_argument("--warmup", type=int, default=WARMUP, help="untimed rounds before the timed ones")
     parser.add_argument("--loads", default="first,cached,logreg",
                         help="which loads: first (parse and cache), cached (the paper's model), logreg (cached)")
     parser.add_argument("--evals", type=int, default=1, help="timed evaluations of each model, after its rounds")
@@ -250,7 +256,8 @@ def main() -> None:
                 model = "logreg" if load == "logreg" else MODELS[name]
                 timed = load != "first"
                 m = run_load({"path": str(folder), "cache": str(cache), "model": model,
-                              "rounds": args.rounds if timed else 0, "evals": args.evals if timed else 0},
+                              "rounds": args.rounds if timed else 0, "evals": args.evals if timed else 0,
+                              "warmup": args.warmup},
                              args.eval_timeout)
                 m["loadavg_after"] = os.getloadavg()
                 record["loads"][f"{name}/{load}"] = m

@@ -168,7 +168,15 @@ def load_child(path: str, cache: str, model: str, rounds: int, evals: int, warmu
                 out.update(ms_per_round=1000 * median(times), rounds_timed=len(times),
                            peak_after_rounds_mb=peak_rss_mb())
                 print(json.dumps(out), flush=True)
-        eval_times = []
+        eval_times, read, inner = [], {"rows": 0, "start": time.perf_counter()}, problem._model_input
+
+        def counted(x):  # samples the evaluation has read so far: a stopped evaluation's progress
+            read["rows"] += len(x)
+            out.update(eval_rows_read=read["rows"], eval_s_so_far=time.perf_counter() - read["start"])
+            print(json.dumps(out), flush=True)
+            return inner(x)
+
+        problem._model_input = counted
         for _ in range(evals):
             t = time.perf_counter()
             row = engine.evaluate(state)[0]

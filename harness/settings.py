@@ -152,7 +152,7 @@ class EvalSettings:
         "most the training samples",
         "stored data: train_loss (with train_loss_se), grad_norm_sq (unbiased estimate) and test_loss/test_acc "
         "on a fixed uniform sample of this many training (and test) samples, drawn once from the data seed; "
-        "all: exact"))
+        "null: every sample up to 100,000 training samples, else 10,000; all: every sample (exact)"))
     per_client: bool = key(boolean("evaluate every client (or `clients` of them) on its own held-out data: "
                                    "rounds/ gains client_acc_* and client_loss_* (mean, se, p10, p50, p90)"))
     clients: int | None = key(integer("per-client evaluation: a fixed uniform sample of this many clients (drawn "

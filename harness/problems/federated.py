@@ -21,9 +21,10 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from fedharness.errors import ConfigError, require
-from fedharness.keys import Key, integer, text
+from fedharness.keys import Key, integer, number, text
 from fedharness.problems.pooled import PooledData
 
+HOLDOUT_TAG = 36  # the data seed's generator for the hold-out: np.random.default_rng([seed, HOLDOUT_TAG])
 CACHE_VERSION = 1  # bump when the cached layout changes: old folders are then never read
 PATH_KEY = "dataset.path"
 WRITE_ROWS = 65536  # rows copied into the cache at a time: bounds the temporaries of the reordering
@@ -41,6 +42,9 @@ def keys(what: str) -> dict[str, Key]:
         "path": text(what, null="required: where the data set is"),
         "cache_dir": text("where the per-client index (the compact arrays) is cached",
                           null="$XDG_CACHE_HOME/fedharness or ~/.cache/fedharness"),
+        "holdout": number("data without a test split: this fraction of each owner's training samples (round(f n_k), "
+                          "at most n_k - 1), drawn by the data seed, becomes that owner's test samples", lo=0, hi=1,
+                          lo_open=True, hi_open=True, null="no hold-out"),
     }
 
 
@@ -61,11 +65,31 @@ class FederatedData:
     folder: Path  # the cache folder read
     token_vocab: int | None = None  # token ids: how many ids the vocabulary has (PooledData.token_vocab)
 
-    def pooled(self) -> PooledData:
-        test = self.test
-        return PooledData(self.train.x, self.train.y, None if test is None else test.x,
-                          None if test is None else test.y, self.train.owner,
+    def pooled(self, holdout: float | None = None, seed: int = 0) -> PooledData:
+        """The samples as a partitioner takes them; `holdout` (dataset.holdout): a fraction of each owner's
+        training samples held out as its test samples (hold_out), for data without a test split."""
+        train, test = self.train, self.test
+        if holdout is not None:
+            require(test is None, "dataset.holdout", holdout, "null: this data set has its own test split")
+            train, test = hold_out(train, holdout, seed)
+        return PooledData(train.x, train.y, None if test is None else test.x,
+                          None if test is None else test.y, train.owner,
                           None if test is None else test.owner, self.num_classes, self.x_scale, self.token_vocab)
+
+
+def hold_out(split: Split, fraction: float, seed: int) -> tuple[Split, Split]:
+    """(training, test): each owner's round(fraction * n_k) samples (at most n_k - 1: every owner keeps one to
+    train on), drawn uniformly within the owner by `seed`, become its test samples; both keep the samples' order."""
+    owner = split.owner.astype(np.int64)
+    counts = np.bincount(owner)
+    held = np.minimum(np.floor(fraction * counts + 0.5), np.maximum(counts - 1, 0)).astype(np.int64)
+    order = np.lexsort((np.random.default_rng([seed, HOLDOUT_TAG]).random(len(owner)), owner))  # owner, shuffled
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.empty(len(owner), dtype=np.int64)
+    rank[order] = np.arange(len(owner)) - starts[owner[order]]  # each sample's place in its owner's shuffle
+    test = rank < held[owner]
+    part = lambda keep: Split(split.x[keep], split.y[keep], split.owner[keep])  # noqa: E731
+    return part(~test), part(test)
 
 
 def require_path(path: str | None, what: str) -> Path:

@@ -184,9 +184,10 @@ def load_hf(path: str | None, client_column: str | None, x_column: str | None = 
 
 
 def hf_dataset(path: str | None = None, client_column: str | None = None, x_column: str | None = None,
-               y_column: str | None = None, cache_dir: str | None = None):
+               y_column: str | None = None, cache_dir: str | None = None, holdout: float | None = None,
+               seed: int = 0):
     """dataset=hf: the pooled samples with each one's owner (the client column)."""
-    return load_hf(path, client_column, x_column, y_column, cache_dir).pooled()
+    return load_hf(path, client_column, x_column, y_column, cache_dir).pooled(holdout, seed)
 
 
 DATASETS.add("hf", hf_dataset, {

@@ -205,9 +205,10 @@ def load_leaf(path: str | None, cache_dir: str | None = None, vocab_size: int = 
     return federated.load_federated("leaf", train + test, {"vocab_size": vocab_size}, cache_dir, read)
 
 
-def leaf_dataset(path: str | None = None, cache_dir: str | None = None, vocab_size: int = 10_000):
+def leaf_dataset(path: str | None = None, cache_dir: str | None = None, vocab_size: int = 10_000,
+                 holdout: float | None = None, seed: int = 0):
     """dataset=leaf: the pooled samples with each one's owner (a writer, a speaking role, a Twitter user)."""
-    return load_leaf(path, cache_dir, vocab_size).pooled()
+    return load_leaf(path, cache_dir, vocab_size).pooled(holdout, seed)
 
 
 DATASETS.add("leaf", leaf_dataset, {

@@ -159,9 +159,9 @@ def load_tff(path: str | None, cache_dir: str | None = None, vocab_path: str | N
 
 
 def tff_dataset(path: str | None = None, cache_dir: str | None = None, vocab_path: str | None = None,
-                vocab_size: int = 10_000):
+                vocab_size: int = 10_000, holdout: float | None = None, seed: int = 0):
     """dataset=tff: the pooled samples with each one's owner (a writer, a speaking role, a StackOverflow user)."""
-    return load_tff(path, cache_dir, vocab_path, vocab_size).pooled()
+    return load_tff(path, cache_dir, vocab_path, vocab_size).pooled(holdout, seed)
 
 
 DATASETS.add("tff", tff_dataset, {

@@ -200,3 +200,78 @@ def test_letter_ids_of_any_code_point():
     assert ids.tolist() == [[letter("a"), UNKNOWN, UNKNOWN, UNKNOWN, letter("\n")],
                             [letter("Z"), letter("}"), UNKNOWN, UNKNOWN, UNKNOWN],
                             [UNKNOWN, UNKNOWN, letter(" "), letter("."), letter("?")]]
+
+
+def test_a_linear_model_on_token_ids_is_refused(tmp_path, capsys):
+    from fedharness.problems.leaf import load_leaf
+
+    write_leaf(tmp_path / "data", shakespeare(np.random.default_rng(4)))
+    load_leaf(str(tmp_path / "data"), str(tmp_path / "cache"))  # cached first: the refusal then writes nothing
+    for model in ("logreg", "linreg"):
+        assert_refused(tmp_path, capsys, ["dataset=leaf", f"dataset.path={tmp_path / 'data'}", f"model={model}"],
+                       "model", f"a model that reads int64 token ids (char_lstm, word_lstm, sent_lstm; model=auto "
+                       f"picks the data's own on dataset=leaf/tff/hf): {model} would read the data's token ids")
+
+
+def test_a_diverged_run_says_where_and_what_to_try(tmp_path, capsys):
+    code = main(["run", "dataset=synthetic", "dataset.num_clients=4", "rounds=3", "eval_every=1", "progress=false",
+                 "algorithm.clients_per_round=2", "algorithm.local_steps=2", "algorithm.client_lr=1e30",
+                 "reference=off", f"results_dir={tmp_path / 'res'}"])
+    captured = capsys.readouterr()
+    rounds_done = int(pd.read_parquet(tmp_path / "res" / "runs").loc[0, "rounds_done"])
+    assert code == 3 and "status=diverged" in captured.out
+    assert captured.err.strip().splitlines() == [
+        f"fedharness: run {captured.out.split('run ')[-1].split(':')[0]} diverged in round {rounds_done + 1} (the "
+        "model or its loss was not finite); try a smaller algorithm.client_lr (now 1e+30; e.g. 1e+29), or a model "
+        "that fits the data (model=auto picks the data's own)"]
+
+
+def test_out_of_vocabulary_ids_of_tff_and_sent140_counted(tmp_path, caplog):
+    from fedharness.problems.leaf import load_leaf
+    from fedharness.problems.tff import CHARS, OOV, load_tff
+    from federated_fakes import write_tff_shakespeare
+
+    lines = {"train": {"ROMEO": ["O Romeo~ Romeo", "wherefore art thou"], "JULIET": ["a rose <by> any name"]},
+             "test": {"ROMEO": ["that which we call"], "JULIET": ["would smell as sweet+"]}}
+    write_tff_shakespeare(tmp_path / "t", lines)
+    tweets = sent140(np.random.default_rng(5))
+    write_leaf(tmp_path / "s", tweets)
+    with caplog.at_level(logging.INFO, logger="fedharness"):
+        tff = load_tff(str(tmp_path / "t"), str(tmp_path / "c"))
+        leaf = load_leaf(str(tmp_path / "s"), str(tmp_path / "c"), vocab_size=5)  # 5 of the 8 words: some oov
+    # TFF: every window (the 80 tokens before a target) after an outside character holds oov; that target is oov
+    for split in ("train", "test"):
+        windows = targets = samples = 0
+        for line in (s for role in lines[split].values() for s in role):
+            places = [i + 1 for i, c in enumerate(line) if c not in CHARS]  # token positions after bos
+            samples += len(line) + 1  # each character and eos
+            windows += sum(any(0 < p < t for p in places) for t in range(1, len(line) + 2))
+            targets += len(places)
+        assert tff.unknown[split] == {"samples": samples, "windows": windows, "targets": targets}
+        assert int((np.asarray(tff.train.y if split == "train" else tff.test.y) == OOV).sum()) == targets
+    # Sent140: the tweets with a word outside the vocabulary (the training split's 5 most frequent words)
+    from collections import Counter
+
+    train_words = Counter(w for _, (xs, _) in tweets["train"].items() for x in xs for w in x[4].split())
+    vocab = {w for w, _ in train_words.most_common(5)}
+    for split in ("train", "test"):
+        texts = [x[4] for xs, _ in tweets[split].values() for x in xs]
+        expected = sum(any(w not in vocab for w in t.split()) for t in texts)
+        assert leaf.unknown[split] == {"samples": len(texts), "windows": expected, "targets": 0} and expected > 0
+    assert "dataset=tff: a character outside TFF's CHARS is read as id 87; train: " in caplog.text
+    assert "dataset=leaf: a word outside the vocabulary is read as id 1; train: " in caplog.text
+
+
+@pytest.mark.slow  # a char LSTM trained on CPU
+def test_hugging_face_text_with_unknown_characters_trains(tmp_path, capsys):
+    _write_hf_text(tmp_path / "h", shakespeare(np.random.default_rng(6)))
+    code = main(["run", "dataset=hf", f"dataset.path={tmp_path / 'h'}", "dataset.client_column=role",
+                 f"dataset.cache_dir={tmp_path / 'c'}", f"results_dir={tmp_path / 'res'}", "progress=false",
+                 "rounds=4", "eval_every=4", "algorithm.clients_per_round=3", "algorithm.local_steps=5",
+                 "algorithm.batch_size=5", "threads=1"])
+    captured = capsys.readouterr()
+    assert code == 0 and "status=ok" in captured.out, captured
+    assert "dataset=hf: a character outside LEAF's 80 letters is read as id 80; train: " in captured.err
+    rounds = pd.read_parquet(tmp_path / "res" / "rounds").sort_values("round")
+    first, last = rounds["test_loss"].iloc[0], rounds["test_loss"].iloc[-1]
+    assert last < first and last < math.log(len(LETTERS) + 1), (first, last)

@@ -90,8 +90,12 @@ def test_auto_is_the_datas_model_shown_by_cfg_job(tmp_path, capsys, shape):
     write_leaf(tmp_path / "d", write(np.random.default_rng(0)))
     assert main(["run", *_base(tmp_path), "--cfg", "job"]) == 0
     assert f"model:\n  name: {model}\n" in capsys.readouterr().out
-    # a model named is kept; the synthetic data keep logistic regression
-    assert load_config([*_base(tmp_path), "model=logreg"])["model"]["name"] == "logreg"
+
+
+def test_a_model_named_is_kept_and_other_data_keep_logistic_regression(tmp_path):
+    write_leaf(tmp_path / "d", femnist(np.random.default_rng(0)))
+    assert load_config([*_base(tmp_path), "model=logreg", "model.l2=0.01"])["model"] == {"name": "logreg", "l2": 0.01}
+    assert load_config([*_base(tmp_path), "model.l2=0.01"])["model"] == {"name": "femnist_cnn", "l2": 0.01}
     assert load_config(["dataset=synthetic"])["model"]["name"] == "auto"
 
 
@@ -260,6 +264,26 @@ def test_out_of_vocabulary_ids_of_tff_and_sent140_counted(tmp_path, caplog):
         assert leaf.unknown[split] == {"samples": len(texts), "windows": expected, "targets": 0} and expected > 0
     assert "dataset=tff: a character outside TFF's CHARS is read as id 87; train: " in caplog.text
     assert "dataset=leaf: a word outside the vocabulary is read as id 1; train: " in caplog.text
+
+
+def test_out_of_vocabulary_words_of_stackoverflow_counted(tmp_path):
+    from fedharness.problems.tff import load_tff
+    from federated_fakes import write_tff_stackoverflow
+
+    sentences = {"train": {"u1": ["how to sort a list", "sort numpy arrays fast"], "u2": ["a list of lists"]},
+                 "test": {"u1": ["how to print"], "u2": ["numpy sort"]}}
+    write_tff_stackoverflow(tmp_path / "s", sentences, [("a", 9), ("to", 8), ("list", 7), ("sort", 6), ("how", 5)])
+    data = load_tff(str(tmp_path / "s"), str(tmp_path / "c"), vocab_size=5)  # oov: 6
+    vocab = {"a", "to", "list", "sort", "how"}
+    for split, users in sentences.items():
+        windows = targets = samples = 0
+        for line in (s for lines in users.values() for s in lines):
+            outside = [w not in vocab for w in line.split(" ")] + [False]  # each word, then eos
+            samples += len(outside)
+            targets += sum(outside)
+            windows += sum(any(outside[:t]) for t in range(len(outside)))  # a window: the tokens before its target
+        assert data.unknown[split] == {"samples": samples, "windows": windows, "targets": targets}
+    assert data.unknown["id"] == 6 and data.unknown["what"] == "word outside the vocabulary"
 
 
 @pytest.mark.slow  # a char LSTM trained on CPU

@@ -21,6 +21,7 @@ from fedharness.contracts import Model
 from fedharness.errors import ConfigError, require
 from fedharness.keys import choice, number
 from fedharness.problems.module_state import ModuleLayout, draw_masks, dropout_sites, masked_dropout
+from fedharness.problems.pooled import PooledData
 from fedharness.registry.groups import DATASETS, MODELS
 
 L2 = number("l2 weight: + l2 ||w||^2", lo=0)  # `model.l2`, the key of every model but the quadratic's
@@ -233,8 +234,6 @@ def auto_model(cfg: dict) -> str | None:
     if (cfg.get("model") or {}).get("name") != "auto" or dataset.get("name") not in NATURAL_DATASETS \
             or dataset.get("path") in (None, ""):
         return None
-    from fedharness.problems.pooled import PooledData
-
     data_seed = dataset.get("data_seed")
     seed = cfg.get("seed", 0) if data_seed is None else data_seed
     params = {k: v for k, v in dataset.items() if k != "name"}

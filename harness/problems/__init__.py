@@ -28,7 +28,7 @@ from fedharness.problems.client_eval import client_test_index
 from fedharness.problems.data import DataProblem, eval_sample_size
 from fedharness.problems.federated import select_owners
 from fedharness.problems.nets import require_net
-from fedharness.problems.objectives import NetObjective
+from fedharness.problems.objectives import NetObjective, refuse_linear_on_tokens
 from fedharness.problems.pooled import PooledData
 from fedharness.problems.user import user_pooled
 from fedharness.base.runtime import autocast_dtype, memory_budget_bytes
@@ -49,6 +49,8 @@ def build_model(settings: RunSettings, in_shape: tuple[int, ...], num_classes: i
     made = MODELS.build(option.name, option.params,
                         {"in_shape": in_shape, "num_classes": num_classes, "token_vocab": token_vocab})
     if isinstance(made, Model):
+        if tokens:
+            refuse_linear_on_tokens(made, option.name)
         return made
     net = require_net(option.name, made)
     kernel = "vmap" if settings.kernel == "auto" else settings.kernel  # auto: core/kernels.py resolves it for the run
@@ -121,9 +123,19 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
     objective = build_model(settings, tuple(pooled.x.shape[1:]), num_classes, tokens, token_vocab)
     index = _partition(settings, pooled, num_clients, seed)
     samples = eval_sample_size(settings.eval.samples, sum(len(ix) for ix in index))
-    return DataProblem(objective, pooled.x, y, index, pooled.x_test, yt, batch_size, dtype, settings.device, budget,
-                       _held_out(settings, pooled, index, seed), x_scale=pooled.x_scale, eval_samples=samples,
-                       eval_seed=seed)
+    problem = DataProblem(objective, pooled.x, y, index, pooled.x_test, yt, batch_size, dtype, settings.device,
+                          budget, _held_out(settings, pooled, index, seed), x_scale=pooled.x_scale,
+                          eval_samples=samples, eval_seed=seed)
+    problem.client_names = _client_names(settings, pooled)
+    return problem
+
+
+def _client_names(settings: RunSettings, pooled: PooledData) -> list[str] | None:
+    """Each client's owner where clients are named owners (partition=natural: client i is the i-th owner in sorted
+    code order, partitions/core.py natural); None otherwise."""
+    if pooled.owner_names is None or _partition_name(settings, pooled) != "natural":
+        return None
+    return [str(pooled.owner_names[code]) for code in np.unique(pooled.owner)]
 
 
 def _held_out(settings: RunSettings, pooled: PooledData, index: list, seed: int) -> list | None:

@@ -257,6 +257,13 @@ class RunSettings:
     attack: PartSettings | None = field()  # attack=NAME (algorithms/attacks.py), an optional group; None: no attack
     config: dict[str, Any] = field(repr=False, compare=False)  # the plain validated config; read it, never change it
 
+    @property
+    def data_seed(self) -> int:
+        """The seed the data are drawn from: dataset.data_seed (a key of every data set, declared with the data
+        sets in registry/groups.py), else the run's seed."""
+        chosen = self.dataset.data_seed
+        return self.seed if chosen is None else chosen
+
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> RunSettings:
         """The settings of a validated config (harness/config/schema.py has checked every value; nothing is checked

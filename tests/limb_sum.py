@@ -1,7 +1,7 @@
 """The former exact sums (fedharness.core.exact_sum before the compact grid): the oracle of the tests.
 
-Exact 240-bit sums of float64 terms on the grid 2^-100, 56 bytes a parameter. Kept here only to check the
-compact sums against (tests/test_compact_sums.py) and for the unit tests of exactness (tests/test_same_bits.py).
+Exact 240-bit sums of float64 terms on the grid 2^-100, 56 bytes a parameter. Kept here only as the oracle of the
+unit tests of exactness (tests/test_same_bits.py), which run on the product's compact sums and compare them with it.
 
 Floating-point addition is not associative, so a sum over clients that shards compute in pieces, in
 whatever order their clients come, changes in its last bits with the number of shards; over thousands of

@@ -307,3 +307,54 @@ def test_the_engine_adds_exactly_the_mechanisms_noise_once_per_round():
     want = privacy.noise(7, np.arange(3), 0, np.ones(3), dim)
     np.testing.assert_allclose((noisy - clean).numpy(), want, rtol=1e-9, atol=1e-12)
     assert want.std() == pytest.approx(1.5 * 1.0 / 10, rel=0.05)  # 1950 draws: 5% is 3 standard errors
+
+
+# --- adaptive clipping's two releases, observed on what the product adds (issue 35) ------------------------
+
+def andrew_update_multiplier(z: float, sigma_b: float) -> float:
+    """Andrew et al. 2021, Theorem 1: with the unclipped count released at noise sigma_b, the update's multiplier
+    z_Delta = (z^-2 - (2 sigma_b)^-2)^(-1/2) makes both releases together one Gaussian mechanism of multiplier z."""
+    return (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
+
+
+def test_with_adaptive_clipping_the_engine_adds_the_raised_noise_of_the_closed_form():
+    """One round with z = 1.5, sigma_b = 1 against z = 0 (same clip norm, clipping and sample): the models differ
+    by the unit-multiplier draws for (seed, replica, round) times z_Delta C / K, z_Delta = 2.27 from the closed
+    form, not z = 1.5 (an under-noised release). The unit draws come from a mechanism without adaptive clipping."""
+    from fedharness.assembly.privacy import privacy_for
+    from fedharness.core.engine import Engine
+
+    def one_round(z: float):
+        settings = load_settings([*DIGITS, f"dp.noise_multiplier={z}", "dtype=float64", "replicas=3", "seed=7",
+                                  "dp.adaptive=true", "dp.count_noise_multiplier=1"])
+        problem, algorithm = build_parts(settings)
+        engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver, 2), rounds=1, seed=7,
+                        replicas=3, eval_every=1, privacy=privacy_for(settings, problem))
+        return engine.step(engine.initial_state()).x, problem.dim
+
+    noisy, dim = one_round(1.5)
+    clean, _ = one_round(0.0)
+    z_delta = andrew_update_multiplier(1.5, 1.0)
+    assert z_delta == pytest.approx(2.268, abs=1e-3)
+    unit = DPFedAvg(1.0, 1.0, 10, 0.5, 1e-5).noise(7, np.arange(3), 0, np.ones(3), dim)  # std 1 * C / K
+    added = (noisy - clean).numpy()
+    np.testing.assert_allclose(added, z_delta * unit, rtol=1e-9, atol=1e-12)
+    assert added.std() == pytest.approx(z_delta * 1.0 / 10, rel=0.05)  # 1950 draws: 5% is 3 standard errors
+
+
+def test_the_released_unclipped_count_has_noise_of_std_sigma_b_over_k():
+    """The clip norm's step reveals the released share b = (unclipped + N(0, sigma_b^2)) / K: C' = C exp(-lr (b -
+    target)). Over 4,000 replicas with the same true count, b's spread is sigma_b / K (here 0.15) and its mean the
+    true share; a count released without noise would not spread at all."""
+    K, sigma_b, lr, target, R = 20, 3.0, 0.2, 0.5, 4000
+    dp = DPFedAvg(1.0, 1.0, K, 0.1, 1e-5, adaptive=True, target_quantile=target, clip_lr=lr,
+                  count_noise_multiplier=sigma_b)
+    counters = dp.init_counters(R)
+    dp.release(torch.zeros(R, 1, dtype=torch.float64), 0, np.arange(R), 3, np.full(R, 12), counters)
+    share = target - np.log(counters["dp_clip_norm"] / 1.0) / lr
+    # 4,000 draws: the std's standard error is 1.1%, the mean's 0.0024
+    assert share.std() == pytest.approx(sigma_b / K, rel=0.05)
+    assert share.mean() == pytest.approx(12 / K, abs=0.01)
+    again = dp.init_counters(R)  # the same streams: the same released counts
+    dp.release(torch.zeros(R, 1, dtype=torch.float64), 0, np.arange(R), 3, np.full(R, 12), again)
+    np.testing.assert_array_equal(again["dp_clip_norm"], counters["dp_clip_norm"])

@@ -1,7 +1,8 @@
 """The same bits at any shard count: client contributions meet in exact sums (harness/core/exact_sum.py), so a
 run's rounds/ rows are identical, not merely close, with 1 or 3 inline shards, 2 or 3 Ray shards, resumed from a
 checkpoint, or with a shard killed, over 1,000 rounds (float rounding used to grow there: SCAFFOLD's control
-variates differed by 11% between 1 and 3 shards)."""
+variates differed by 11% between 1 and 3 shards); the unit tests of exactness run on the product's sums, beside
+the former 240-bit sums (tests/limb_sum.py) as their oracle."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import torch
 
 from fedharness.config.load import load_settings
 from fedharness.contracts import Callback
-from limb_sum import LimbSum
+from fedharness.core.exact_sum import ExactSum, Grid
 from fedharness.runs.execute import execute
+from limb_sum import LimbSum
 
 SMALL = ["dataset.num_clients=30", "algorithm.clients_per_round=10", "eval_every=250", "rounds=1000",
          "reference=off", "heterogeneity=false", "threads=1", "progress=false"]
@@ -56,46 +58,80 @@ def test_one_and_three_inline_shards_give_identical_rows_over_1000_rounds(tmp_pa
     assert pq.read_table(tmp_path / "runs").column("split_invariant").to_pylist() == [True, True]  # said so
 
 
+def on_grid(terms: torch.Tensor, grid: Grid) -> torch.Tensor:
+    """The terms rounded to a one-block grid's step (a power of two: exact), as the product rounds each term."""
+    return torch.round(terms * grid.scale) / grid.scale
+
+
+def split_sums(index: torch.Tensor, terms: torch.Tensor, grid: Grid, parts: list) -> torch.Tensor:
+    """The product's sum of the terms taken in `parts` (index lists), each part its own partial sum, merged in
+    the order given."""
+    sums = [ExactSum.zeros((1, terms.shape[1])).add_rows(index[p], terms[p], grid) for p in parts]
+    total = sums.pop()
+    for part in sums[::-1]:
+        total.add(part)
+    return total.value(grid)
+
+
 def test_exact_sums_do_not_depend_on_grouping_or_order():
-    """Terms spanning 80 orders of magnitude, with cancellation: any split into parts, added in any order, gives
-    the same bits, and the value is the correctly rounded exact sum (checked with Python's exact fsum)."""
+    """The product (harness/core/exact_sum.py) on terms spanning 30 orders of magnitude, with cancellation: any
+    split into parts, added in any order, gives the same bits, and the value is the correctly rounded sum of the
+    terms on its grid (Python's exact fsum), as the 240-bit oracle (tests/limb_sum.py) sums them."""
     rng = np.random.default_rng(0)
-    terms = torch.as_tensor(rng.normal(size=(60, 3)) * 10.0 ** rng.integers(-40, 40, size=(60, 3)))
+    terms = torch.as_tensor(rng.normal(size=(60, 3)) * 10.0 ** rng.integers(-16, 14, size=(60, 3)))
     terms[30:] = -terms[:30] * (1 + 1e-9)  # near-cancellation, as in SCAFFOLD's controls
     index = torch.zeros(60, dtype=torch.int64)
-    whole = LimbSum.zeros((1, 3)).add_rows(index, terms).value()
+    grid = Grid.of(torch.ones(1, 3, dtype=torch.float64), 60)  # step 2^-44, words to 2^50
+    whole = split_sums(index, terms, grid, [np.arange(60)])
     for trial in range(5):
-        perm = torch.as_tensor(rng.permutation(60))
+        perm = rng.permutation(60)
         cuts = sorted(rng.choice(np.arange(1, 60), size=trial + 1, replace=False))
-        parts = [LimbSum.zeros((1, 3)).add_rows(index[p], terms[p]) for p in np.split(perm.numpy(), cuts)]
-        total = parts.pop()
-        for part in parts[::-1]:
-            total.add(part)
-        assert torch.equal(total.value(), whole)
-    exact = [math.fsum(terms[:, j].tolist()) for j in range(3)]
-    np.testing.assert_allclose(whole[0].numpy(), exact, rtol=1e-15, atol=2.0 ** -100 * 60)
+        assert torch.equal(split_sums(index, terms, grid, np.split(perm, cuts)), whole)
+    rounded = on_grid(terms, grid)
+    assert whole[0].tolist() == [math.fsum(rounded[:, j].tolist()) for j in range(3)]
+    assert torch.equal(LimbSum.zeros((1, 3)).add_rows(index, rounded).value(), whole)
+    oracle = LimbSum.zeros((1, 3)).add_rows(index, terms).value()  # the oracle on the terms themselves: their sum
+    np.testing.assert_allclose(oracle[0].numpy(), [math.fsum(terms[:, j].tolist()) for j in range(3)], rtol=1e-15)
+    assert (terms.abs() >= 2.0 ** 47 * 2.0 ** -44).any()  # some terms used the second word
 
 
 def test_many_terms_in_one_row_stay_exact():
-    """More terms than one float64 limb sum holds exactly (carries are normalised on the way)."""
+    """12,000 terms in one element: the words stay below 2^53 (L = 39 bits at that count), high words included,
+    and the product equals the oracle's sum of the same grid-rounded terms."""
     rng = np.random.default_rng(1)
     terms = torch.as_tensor(rng.normal(size=(12000, 2)) * 1e30)
     index = torch.zeros(12000, dtype=torch.int64)
-    total = LimbSum.zeros((1, 2)).add_rows(index, terms).value()
-    halves = LimbSum.zeros((1, 2)).add_rows(index[7000:], terms[7000:])
-    assert torch.equal(LimbSum.zeros((1, 2)).add_rows(index[:7000], terms[:7000]).add(halves).value(), total)
-    np.testing.assert_allclose(total[0].numpy(), [math.fsum(terms[:, j].tolist()) for j in range(2)], rtol=1e-15)
+    grid = Grid.of(torch.full((1, 2), 3e29, dtype=torch.float64), 12000)  # step 2^62: terms above 3.4e30 go high
+    assert grid.low_bits == 39
+    assert ExactSum.zeros((1, 2)).add_rows(index, terms, grid).high is not None
+    total = split_sums(index, terms, grid, [np.arange(12000)])
+    assert torch.equal(split_sums(index, terms, grid, [np.arange(7000), np.arange(7000, 12000)]), total)
+    rounded = on_grid(terms, grid)
+    assert total[0].tolist() == [math.fsum(rounded[:, j].tolist()) for j in range(2)]
+    assert torch.equal(LimbSum.zeros((1, 2)).add_rows(index, rounded).value(), total)
+    oracle = LimbSum.zeros((1, 2)).add_rows(index, terms).value()  # carries normalised on the way: still exact
+    np.testing.assert_allclose(oracle[0].numpy(), [math.fsum(terms[:, j].tolist()) for j in range(2)], rtol=1e-15)
 
 
-def test_a_term_beyond_the_limbs_saturates_the_same_way_in_any_order():
-    """|x| >= 2^140 (a diverged run) counts as an infinity of its sign, so the sum is still order-independent."""
+def test_a_term_beyond_the_words_saturates_the_same_way_in_any_order():
+    """The product's overflow path: a term of |n| >= 2^(2L) steps (a diverged run) counts as an infinity of its
+    sign, so the sum is still order-independent; as the oracle does for terms beyond its limbs (2^140)."""
+    grid = Grid.of(torch.ones(1, 2, dtype=torch.float64), 3)  # L = 51, step 2^-48: saturation from 2^54
     terms = torch.tensor([[1e50, 1.0], [-3.0, 2.0 ** 141], [2.5, -1.0]], dtype=torch.float64)
     index = torch.zeros(3, dtype=torch.int64)
     for order in ([0, 1, 2], [2, 1, 0], [1, 0, 2]):
-        total = LimbSum.zeros((1, 2))
-        for i in order:
-            total.add(LimbSum.zeros((1, 2)).add_rows(index[[i]], terms[[i]]))
-        assert total.value().tolist() == [[math.inf, math.inf]]
+        assert split_sums(index, terms, grid, [[i] for i in order]).tolist() == [[math.inf, math.inf]]
+        assert split_sums(index, terms, grid, [order]).tolist() == [[math.inf, math.inf]]
+    assert LimbSum.zeros((1, 2)).add_rows(index, terms).value().tolist() == [[math.inf, math.inf]]
+    # at the edge: 2^54 - 8 (n = 2^102 - 2^51) is summed exactly, 2^54 (n = 2^102) saturates; -inf and +inf give
+    # NaN, a NaN term NaN, in any order
+    edge = torch.tensor([[2.0 ** 54 - 8, -(2.0 ** 54)], [2.0, 3.0]], dtype=torch.float64)
+    two = torch.zeros(2, dtype=torch.int64)
+    assert split_sums(two, edge, grid, [[0], [1]]).tolist() == [[2.0 ** 54 - 6, -math.inf]]
+    signs = torch.tensor([[math.inf, math.nan], [-1e60, 1.0]], dtype=torch.float64)
+    for order in ([[0], [1]], [[1], [0]], [[0, 1]]):
+        got = split_sums(two, signs, grid, order)[0]
+        assert math.isnan(got[0]) and math.isnan(got[1])
 
 
 # --- slow: Ray shards, resume, a killed shard, the 2NN and the CNN (CI runs them) ------------------------------

@@ -250,3 +250,26 @@ def test_without_replacement_needs_k_at_most_n(name, run_config):
         prepare(run_config("dataset=quadratic", "dataset.num_clients=4", f"algorithm.sampler={name}",
                            "algorithm.clients_per_round=5"))
     assert err.value.key == "algorithm.clients_per_round"
+
+
+# --- Poisson sampling (DP-FedAvg's): rate exactly K / N (issue 35) -------------------------------------------
+
+def test_poisson_sampling_with_k_equal_to_n_takes_every_client_every_round():
+    """q = K / N = 1: every client in every replica and round (the uniforms are below 1), each weighing 1 / K."""
+    sampler = samplers.PoissonSampling(20, 20)
+    for rnd in range(50):
+        sel = sampler.select(4, np.arange(8), rnd, np.full(20, 1 / 20))
+        np.testing.assert_array_equal(sel.clients, np.broadcast_to(np.arange(20), (8, 20)))
+        np.testing.assert_array_equal(sel.weights, 1 / 20)
+        assert sel.active.all()
+
+
+def test_poisson_sampling_is_unbiased_for_the_clients_plain_mean_at_rate_k_over_n(unbalanced):
+    """Each client taken with probability q = K / N and weighed 1 / K: E[sum w_k v_k] = mean_k v_k whatever p (the
+    fixed-denominator estimator). A rate of K / (N + 1) would miss it by 1 / 9 (here ~30 standard errors)."""
+    p, v = unbalanced
+    sel = samplers.PoissonSampling(N, K).select(0, np.arange(DRAWS), 5, p)
+    mean, se = _mean_and_se(_aggregate(sel, v))
+    assert np.all(np.abs(mean - v.mean(0)) < 4 * se), (mean, v.mean(0), se)
+    taken = (sel.weights > 0).sum(1)  # Binomial(N, q): 40,000 draws, the mean's standard error 0.007
+    assert taken.mean() == pytest.approx(K, abs=4 * np.sqrt(N * K / N * (1 - K / N) / DRAWS))

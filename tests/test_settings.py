@@ -21,29 +21,44 @@ from fedharness.settings import (NetworkSettings, PartSettings, RaySettings, Run
 ROOT = Path(__file__).resolve().parents[1]
 # A read of the config by a string key: cfg["rounds"], acfg.get("sampler"), dcfg[...], config[...], params[...]
 READ = re.compile(r"""\b\w*(?:cfg|config|params)\s*(?:\[\s*f?["']|\.get\(\s*f?["'])""")
-# Areas that read only typed fields (harness/runs/execute.py is `fedharness.runs.execute`)
+# Areas that read only typed fields: packages, and single modules by their path
 TYPED = ("harness/core", "harness/backends", "harness/sinks", "harness/runs/execute.py")
 
 
+def area_of(path: Path) -> str:
+    """A source file's area: a module of TYPED by its own path, else harness/<package>, harness/(top), algorithms,
+    partitions."""
+    parts = path.relative_to(ROOT).parts
+    if "/".join(parts) in TYPED:
+        return "/".join(parts)
+    if parts[0] != "harness":
+        return parts[0]
+    return "/".join(parts[:2]) if len(parts) > 2 else "harness/(top)"
+
+
+def sources() -> list[Path]:
+    return [path for top in ("harness", "algorithms", "partitions") for path in sorted((ROOT / top).rglob("*.py"))]
+
+
 def string_key_reads() -> Counter:
-    """String-key reads of the config per area: harness/<package>, harness/runs/execute.py, harness/(top), ..."""
+    """String-key reads of the config per area."""
     counts: Counter = Counter()
-    for top in ("harness", "algorithms", "partitions"):
-        for path in (ROOT / top).rglob("*.py"):
-            parts = path.relative_to(ROOT).parts
-            if parts[0] != "harness":
-                area = parts[0]
-            elif len(parts) > 2:
-                area = "/".join(parts[:2])
-            else:
-                area = "harness/runs/execute.py" if parts[1] == "runner.py" else "harness/(top)"
-            counts[area] += len(READ.findall(path.read_text()))
+    for path in sources():
+        counts[area_of(path)] += len(READ.findall(path.read_text()))
     return counts
 
 
 def test_the_core_backends_sinks_and_runner_read_no_string_key():
     counts = string_key_reads()
     assert {area: counts[area] for area in TYPED} == dict.fromkeys(TYPED, 0)
+
+
+def test_every_typed_area_holds_files_the_count_reads():
+    """A typed area that no file maps to (a moved module, a mistyped path) would pass the check above vacuously."""
+    files = Counter(area_of(path) for path in sources())
+    assert all(files[area] > 0 for area in TYPED), {area: files[area] for area in TYPED}
+    assert files["harness/runs/execute.py"] == 1 and files["harness/runs"] > 0
+    assert area_of(ROOT / "harness/runs/execute.py") == "harness/runs/execute.py"
 
 
 def test_the_count_sees_string_key_reads():
@@ -116,3 +131,10 @@ def test_a_bad_value_is_still_one_line_naming_key_value_and_allowed(tmp_path, mo
     with pytest.raises(ConfigError, match=r"^invalid value for 'eval_every': 0 \(an integer >= 1\)$"):
         load_settings(["results_dir=out", "eval_every=0"])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_data_seed_is_the_datasets_else_the_runs(settings, tmp_path):
+    assert settings.dataset.data_seed is None and settings.data_seed == settings.seed == 0
+    pinned = load_settings([f"results_dir={tmp_path}", "seed=3", "dataset.data_seed=5"])
+    assert (pinned.seed, pinned.data_seed) == (3, 5)
+    assert load_settings([f"results_dir={tmp_path}", "seed=3"]).data_seed == 3

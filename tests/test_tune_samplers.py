@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from fedharness import cli
-from fedharness.studies.tuning.optuna_parts import make_sampler, next_batch_size
+from fedharness.studies.tuning.optuna_parts import ask_trial, make_sampler, next_batch_size
 from fedharness.studies.tuning.spec import build_spec
 
 # client_lr x E on a noisy quadratic, a budget of 40 local steps: a 20-trial study takes seconds
@@ -112,3 +112,29 @@ def test_hyperband_without_a_batch_to_rank_is_refused_in_one_line(tmp_path, caps
     assert cli.main(["tune", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and key in err
+
+
+def test_tpe_treats_a_running_trial_as_a_constant_liar():
+    """Trial 11's proposal after 10 finished trials, with trial 10 still running against trial 10 failed (TPE
+    ignores a failed trial): the running trial, counted as the worst value seen, moves the proposal. Without the
+    constant liar both proposals would be the same (the same seed: trial 11's, the same finished trials)."""
+    spec = build_spec([*NOISY, "tune.n_trials=20"], probe=False)
+    assert spec.sampler == "tpe" and spec.startup_trials == 10 and spec.objective.direction == "minimize"
+
+    def next_proposal(trial_10: str) -> dict:
+        study = optuna.create_study(direction="minimize")
+        for k in range(10):  # finished: the value grows with the distance from client_lr = 0.1, local_steps = 2
+            study.enqueue_trial({"client_lr": 10.0 ** (-3 + k / 3), "local_steps": 1 + k % 4})
+            trial = study.ask()
+            params = {p.name: p.suggest(trial) for p in spec.params}
+            study.tell(trial, abs(k / 3 - 2) + abs(params["local_steps"] - 2))
+        running = ask_trial(spec, study, 0, queued=False)  # trial 10: a point of the region the model favours
+        assert running.number == 10
+        {p.name: p.suggest(running) for p in spec.params}
+        if trial_10 == "failed":
+            study.tell(running, state=optuna.trial.TrialState.FAIL)
+        trial = ask_trial(spec, study, 0, queued=False)
+        assert trial.number == 11
+        return {p.name: p.suggest(trial) for p in spec.params}
+
+    assert next_proposal("running") != next_proposal("failed")

@@ -91,8 +91,7 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
     and evaluation split their batches to fit it). The schema has checked every key and the rules between them
     (e.g. the analytic data sets are their own model)."""
     option = settings.dataset
-    data_seed = option.params.get("data_seed")
-    seed = settings.seed if data_seed is None else data_seed
+    seed = settings.data_seed
     dtype = DTYPES[settings.dtype]
     budget = memory_budget_bytes(settings.memory_budget_gb, torch.device(settings.device))
     context: dict[str, Any] = {

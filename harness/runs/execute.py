@@ -147,9 +147,7 @@ def clients_to_evaluate(settings: RunSettings, problem) -> np.ndarray | None:
     which share the data, scores the same ones); None when per-client evaluation is off."""
     if not settings.eval.per_client:
         return None
-    data_seed = settings.dataset.params.get("data_seed")
-    return evaluated_clients(settings.seed if data_seed is None else data_seed, problem.num_clients,
-                          settings.eval.clients)
+    return evaluated_clients(settings.data_seed, problem.num_clients, settings.eval.clients)
 
 
 def slot_set(run: Prepared, settings: Sequence[RunSettings]) -> SlotSet | None:

@@ -20,19 +20,24 @@ import socket
 import sys
 
 # Imported once by the server. fedharness is not: the child must read the mutated file.
-PRELOAD = ["numpy", "torch", "pytest", "pandas", "pyarrow", "omegaconf", "yaml", "optuna",
-           "dp_accounting", "sklearn"]
+PRELOAD = ["numpy", "torch", "pytest", "pytest_timeout", "pandas", "pyarrow", "omegaconf", "hydra", "yaml",
+           "optuna", "dp_accounting", "dp_accounting.rdp", "dp_accounting.pld", "sklearn"]
+_child = 0  # the pid of the child running now, 0 between runs
 
 
 def serve(path: str) -> None:
     # no .pyc of a mutant: two mutants of one size applied within a second would share its mtime stamp
     sys.dont_write_bytecode = True
+    # pytest's plugin autoload imported and assert-rewrote every installed plugin for each mutant: 10 of a
+    # trivial test's 18 s here; the tests need none but pytest-timeout (its ini key), which the client names
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     for name in PRELOAD:
         __import__(name)
     import pytest
     import torch
 
     torch.set_num_threads(1)
+    signal.signal(signal.SIGTERM, _stop)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(1)
@@ -40,7 +45,8 @@ def serve(path: str) -> None:
         conn, _ = server.accept()
         with conn:
             args = json.loads(conn.makefile().readline())
-            pid = os.fork()
+            global _child
+            pid = _child = os.fork()
             if pid == 0:  # the child: pytest's output goes to the client
                 server.close()
                 os.setpgrp()
@@ -48,6 +54,14 @@ def serve(path: str) -> None:
                 os.dup2(conn.fileno(), 2)
                 os._exit(int(pytest.main(args)))
             conn.sendall(f"\nexit {_wait(pid, conn)}\n".encode())
+            _child = 0
+
+
+def _stop(signum, frame) -> None:
+    """SIGTERM (the driver is done or interrupted): the running child's group goes too."""
+    if _child:
+        os.killpg(_child, signal.SIGKILL)
+    os._exit(0)
 
 
 def _wait(pid: int, conn: socket.socket) -> int:

@@ -53,8 +53,10 @@ def serve(path: str) -> None:
                 os.dup2(conn.fileno(), 1)
                 os.dup2(conn.fileno(), 2)
                 os._exit(int(pytest.main(args)))
-            conn.sendall(f"\nexit {_wait(pid, conn)}\n".encode())
+            status = _wait(pid, conn)
             _child = 0
+            if status != -1:  # -1: the client is gone, nobody to tell
+                conn.sendall(f"\nexit {status}\n".encode())
 
 
 def _stop(signum, frame) -> None:

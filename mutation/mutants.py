@@ -30,19 +30,23 @@ class Target:
 
 TARGETS: dict[str, Target] = {
     "privacy": Target(("algorithms/privacy.py",), (
-        "tests/test_privacy.py", "-k", "poisson_sampling_takes or noise_std or adaptive_clipping or engine_adds "
-        "or released_unclipped")),
+        "tests/test_privacy.py", "tests/test_mutation_kills.py", "-k", "poisson_sampling_takes or noise_std "
+        "or adaptive_clipping or engine_adds or released_unclipped or final_epsilon or cannot_change")),
     "accounting": Target(("algorithms/accounting.py",), (
         "tests/test_privacy.py", "tests/test_mutation_kills.py", "-k",
         "rdp_and_pld or target_epsilon_is_reached or studys_trials_compose or spends_nothing")),
     "samplers": Target(("algorithms/samplers.py",), (
-        "tests/test_samplers.py", "tests/test_privacy.py", "-k", "unbiased or original_scheme or scheme_ii_weights "
-        "or yang_strategies or depend_only or dropout_rescales or dropout_is_keyed or poisson")),
+        "tests/test_samplers.py", "tests/test_privacy.py", "tests/test_mutation_kills.py", "-k",
+        "unbiased or original_scheme or scheme_ii_weights or yang_strategies or depend_only or dropout_rescales "
+        "or dropout_is_keyed or poisson or bad_sampler or beyond_the_shuffle or wraps_the_sampler")),
     "attacks": Target(("algorithms/attacks.py", "harness/core/byzantine.py"), (
         "tests/test_attacks.py", "-k", "equals_numpy or gaussian_noise or read_what or byzantine_set "
         "or continued_from or label_flip")),
     "exact_sum": Target(("harness/core/exact_sum.py",), (
-        "tests/test_compact_sums.py", "tests/test_same_bits.py", "-k", "not cnn and not switch and not rows")),
+        "tests/test_compact_sums.py", "tests/test_same_bits.py",
+        "tests/test_mutation_kills.py::test_a_sum_converted_in_several_column_chunks_is_within_the_documented_precision",
+        "tests/test_mutation_kills.py::test_a_sum_pickled_as_ray_sends_it_arrives_whole",
+        "-k", "not cnn and not switch and not rows")),
     "robust": Target(("algorithms/robust.py",), (
         "tests/test_robust_aggregators.py", "tests/test_rfa_cclip.py", "-k", "known_updates or multi_krum "
         "or budgeted_chunks or geometric_median or centered_clip or bucketing")),

@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from fedharness.algorithms import accounting
+import dataclasses
+import math
+import pickle
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from fedharness.algorithms import accounting, privacy, samplers
+from fedharness.core import exact_sum
 
 
 def test_a_run_of_no_rounds_spends_nothing_in_a_composition_even_without_noise():
@@ -11,3 +21,80 @@ def test_a_run_of_no_rounds_spends_nothing_in_a_composition_even_without_noise()
     alone = accounting.epsilon("rdp", 0.1, 1.0, 10, 1e-5)
     assert accounting.composed_epsilon("rdp", [(0.1, 0.0, 0), (0.1, 1.0, 10)], 1e-5) == alone
     assert accounting.composed_epsilon("rdp", [(0.1, 0.0, 0)], 1e-5) == 0.0
+
+
+def test_final_epsilon_is_the_accountants_at_rate_k_over_n_and_none_without_dp_or_without_noise():
+    """What a run's record states as its epsilon (runs/lifecycle.py). Kills the mutants of privacy.final_epsilon:
+    K/N as K*N, the enabled check negated, the finiteness check negated."""
+    dp = SimpleNamespace(enabled=True, accountant="rdp", noise_multiplier=1.0, delta=1e-5)
+    spent = privacy.final_epsilon(dp, 100, 10, 20)
+    assert spent == accounting.epsilon("rdp", 0.1, 1.0, 20, 1e-5)
+    assert 0 < spent < math.inf
+    assert privacy.final_epsilon(SimpleNamespace(**{**vars(dp), "noise_multiplier": 0.0}), 100, 10, 20) is None
+    assert privacy.final_epsilon(SimpleNamespace(**{**vars(dp), "enabled": False}), 100, 10, 20) is None
+
+
+def test_the_mechanisms_parameters_cannot_change_after_it_is_built():
+    """The accountant charges the z the mechanism was built with: no code may lower it during a run. Kills
+    @dataclass(frozen=False) on DPFedAvg."""
+    mechanism = privacy.DPFedAvg(1.0, 1.0, 10, 0.1, 1e-5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        mechanism.noise_multiplier = 0.0
+
+
+def test_a_poisson_replica_that_draws_nobody_is_inactive_and_every_other_active():
+    """A replica with an empty Poisson sample moves nothing (Selection.active False), one with clients moves.
+    Kills `counts >= 0` for `counts > 0` in PoissonSampling.select."""
+    sel = samplers.PoissonSampling(1000, 1).select(0, np.arange(40), 0, np.full(1000, 1e-3))
+    drew = (sel.weights > 0).any(axis=1)
+    assert 0 < drew.sum() < 40  # both occur: a replica draws nobody with probability 0.999^1000 = 0.37
+    assert np.array_equal(sel.active, drew)
+
+
+def test_without_replacement_beyond_the_shuffle_size_draws_k_distinct_clients():
+    """Above SHUFFLE_MAX_CLIENTS the K clients are the first K distinct of a stream of uniform draws. Kills
+    `while False` in _distinct_uniform."""
+    N = 1 << 18
+    clients = samplers.YangStrategy2(N, 10).select(0, np.arange(3), 0, np.full(N, 1 / N)).clients
+    assert clients.shape == (3, 10)
+    assert all(len(set(row)) == 10 for row in clients.tolist())
+    assert clients.min() >= 0 and clients.max() < N
+
+
+def test_dropout_wraps_the_sampler_only_when_its_rate_is_positive():
+    """algorithm.dropout > 0 puts Dropout around the sampler; 0 leaves the sampler as it is. Kills the negated
+    test in with_dropout."""
+    inner = samplers.YangStrategy2(10, 5)
+    assert samplers.with_dropout(inner, 0.0) is inner
+    wrapped = samplers.with_dropout(inner, 0.5)
+    assert isinstance(wrapped, samplers.Dropout) and wrapped.rate == 0.5 and wrapped.sampler is inner
+
+
+def test_a_sum_converted_in_several_column_chunks_is_within_the_documented_precision():
+    """Terms of more than _CHUNK elements are converted a slice of columns at a time (the path a large model's
+    reply takes). Kills `/` for `//` in the chunk width and the negated `whole` in add_rows."""
+    gen = torch.Generator().manual_seed(0)
+    reference = torch.randn(2, 3 * exact_sum.BLOCK, dtype=torch.float64, generator=gen)
+    # within the block's largest reference value: every chunk takes the low word's path
+    terms = (2 * torch.rand(300, 3 * exact_sum.BLOCK, dtype=torch.float64, generator=gen) - 1) * reference.abs().amin()
+    index = torch.arange(300) % 2
+    assert terms.numel() > 3 * exact_sum._CHUNK  # several chunks
+    grid = exact_sum.Grid.of(reference, 150)
+    total = exact_sum.ExactSum.zeros(tuple(reference.shape)).add_rows(index, terms, grid).value(grid)
+    expected = torch.zeros_like(reference).index_add_(0, index, terms)
+    # each term moves by at most g / 2 (docs in exact_sum.py); 150 terms a row
+    assert bool(((total - expected).abs() <= 150 * 0.5 / grid.scale).all())
+    assert bool((total != 0).all())
+
+
+def test_a_sum_pickled_as_ray_sends_it_arrives_whole():
+    """A shard's reply crosses Ray pickled (NumpyWire): its words, high and overflow included, arrive equal. Kills
+    the negated `is None` in NumpyWire.__getstate__."""
+    reference = torch.ones(1, 4, dtype=torch.float64)
+    grid = exact_sum.Grid.of(reference, 2)
+    terms = torch.tensor([[1.5, -2.0, 2.0 ** 60, float("inf")], [0.25, 0.5, 1.0, 1.0]], dtype=torch.float64)
+    reply = exact_sum.ExactSum.zeros((1, 4)).add_rows(torch.zeros(2, dtype=torch.long), terms, grid)
+    assert reply.high is not None and reply.overflow is not None
+    arrived = pickle.loads(pickle.dumps(reply))
+    assert torch.equal(arrived.value(grid), reply.value(grid))
+    assert torch.equal(arrived.low, reply.low) and torch.equal(arrived.high, reply.high)

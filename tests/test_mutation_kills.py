@@ -87,9 +87,10 @@ def test_a_sum_converted_in_several_column_chunks_is_within_the_documented_preci
     assert bool((total != 0).all())
 
 
-def test_a_sum_pickled_as_ray_sends_it_arrives_whole():
-    """A shard's reply crosses Ray pickled (NumpyWire): its words, high and overflow included, arrive equal. Kills
-    the negated `is None` in NumpyWire.__getstate__."""
+def test_a_sum_pickled_as_ray_sends_it_or_moved_arrives_whole_and_counts_its_bytes():
+    """A shard's reply crosses Ray pickled (NumpyWire) and is moved between devices: its words, high and overflow
+    included, arrive equal; nbytes counts 8 bytes a word. Kills the negated `is None` in NumpyWire.__getstate__
+    and ExactSum.to, the emptied loop in __setstate__, `/` for `*` in nbytes."""
     reference = torch.ones(1, 4, dtype=torch.float64)
     grid = exact_sum.Grid.of(reference, 2)
     terms = torch.tensor([[1.5, -2.0, 2.0 ** 60, float("inf")], [0.25, 0.5, 1.0, 1.0]], dtype=torch.float64)
@@ -98,3 +99,18 @@ def test_a_sum_pickled_as_ray_sends_it_arrives_whole():
     arrived = pickle.loads(pickle.dumps(reply))
     assert torch.equal(arrived.value(grid), reply.value(grid))
     assert torch.equal(arrived.low, reply.low) and torch.equal(arrived.high, reply.high)
+    moved = reply.to("cpu")
+    assert torch.equal(moved.high, reply.high) and torch.equal(moved.overflow, reply.overflow)
+    assert reply.nbytes == 3 * 4 * 8  # low, high and overflow: 4 float64 words each
+
+
+def test_each_named_sum_gets_the_grid_of_what_it_updates():
+    """Grids: "delta" on the model x, a solver's sum on its server tensor, any other on zeros (the FLOOR_EXP
+    step). Kills `is not None` for `is None` and its negation in Grids.__getitem__."""
+    x = torch.full((2, 8), 3.0, dtype=torch.float64)
+    control = torch.full((2, 8), 1e3, dtype=torch.float64)
+    grids = exact_sum.Grids(x, {"control": control}, 10)
+    assert torch.equal(grids["delta"].scale, exact_sum.Grid.of(x, 10).scale)
+    assert torch.equal(grids["control"].scale, exact_sum.Grid.of(control, 10).scale)
+    assert torch.equal(grids["other"].scale, exact_sum.Grid.of(torch.zeros_like(x), 10).scale)
+    assert not torch.equal(grids["delta"].scale, grids["other"].scale)

@@ -47,6 +47,8 @@ TARGETS: dict[str, Target] = {
         "tests/test_mutation_kills.py::test_a_sum_converted_in_several_column_chunks_is_within_the_documented_precision",
         "tests/test_mutation_kills.py::test_a_sum_pickled_as_ray_sends_it_or_moved_arrives_whole_and_counts_its_bytes",
         "tests/test_mutation_kills.py::test_each_named_sum_gets_the_grid_of_what_it_updates",
+        "tests/test_mutation_kills.py::test_terms_within_the_margin_travel_in_the_low_word_alone_and_the_words_are"
+        "_the_documented_ones",
         "-k", "not cnn and not switch and not rows")),
     "robust": Target(("algorithms/robust.py",), (
         "tests/test_robust_aggregators.py", "tests/test_rfa_cclip.py", "-k", "known_updates or multi_krum "

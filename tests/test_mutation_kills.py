@@ -102,6 +102,22 @@ def test_a_sum_pickled_as_ray_sends_it_or_moved_arrives_whole_and_counts_its_byt
     moved = reply.to("cpu")
     assert torch.equal(moved.high, reply.high) and torch.equal(moved.overflow, reply.overflow)
     assert reply.nbytes == 3 * 4 * 8  # low, high and overflow: 4 float64 words each
+    assert exact_sum.FloatSum.zeros((2, 3)).nbytes == 2 * 3 * 8
+
+
+def test_terms_within_the_margin_travel_in_the_low_word_alone_and_the_words_are_the_documented_ones():
+    """A round whose terms stay within 2^MARGIN_BITS of the block's reference sends 8 bytes a parameter (no high
+    word), and L = 53 - bitlength(K) for both words. Kills the low word's bounds turned into 2 L or +2^L, and
+    WORD_BITS + head for the high word's bits."""
+    for width in (5, 2 * exact_sum.BLOCK):  # one block, several
+        for K in (1, 10, 1000):
+            grid = exact_sum.Grid.of(torch.ones(1, width, dtype=torch.float64), K)
+            assert grid.low_bits == grid.high_bits == 53 - K.bit_length()
+    reference = torch.ones(1, 5, dtype=torch.float64)
+    grid = exact_sum.Grid.of(reference, 10)
+    terms = torch.tensor([[3.9, -3.9, 0.0, 1e-9, -2.5]] * 10, dtype=torch.float64)
+    reply = exact_sum.ExactSum.zeros((1, 5)).add_rows(torch.zeros(10, dtype=torch.long), terms, grid)
+    assert reply.high is None and reply.overflow is None and reply.nbytes == 5 * 8
 
 
 def test_each_named_sum_gets_the_grid_of_what_it_updates():

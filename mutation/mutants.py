@@ -51,8 +51,9 @@ TARGETS: dict[str, Target] = {
         "_the_documented_ones",
         "-k", "not cnn and not switch and not rows")),
     "robust": Target(("algorithms/robust.py",), (
-        "tests/test_robust_aggregators.py", "tests/test_rfa_cclip.py", "-k", "known_updates or multi_krum "
-        "or budgeted_chunks or geometric_median or centered_clip or bucketing")),
+        "tests/test_robust_aggregators.py", "tests/test_rfa_cclip.py", "tests/test_mutation_kills.py", "-k",
+        "known_updates or multi_krum or budgeted_chunks or geometric_median or centered_clip or bucketing "
+        "or degenerate_settings or buckets_of_one")),
     "optuna_parts": Target(("harness/studies/tuning/optuna_parts.py",), (
         "tests/test_tune_samplers.py", "-k", "next_batch or constant_liar or batched_tpe or cmaes")),
 }

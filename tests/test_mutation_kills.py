@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedharness.algorithms import accounting, privacy, samplers
+from fedharness.algorithms import accounting, privacy, robust, samplers
+from fedharness.base import streams
 from fedharness.core import exact_sum
 
 
@@ -130,3 +131,21 @@ def test_each_named_sum_gets_the_grid_of_what_it_updates():
     assert torch.equal(grids["control"].scale, exact_sum.Grid.of(control, 10).scale)
     assert torch.equal(grids["other"].scale, exact_sum.Grid.of(torch.zeros_like(x), 10).scale)
     assert not torch.equal(grids["delta"].scale, grids["other"].scale)
+
+
+@pytest.mark.parametrize("key,refused,accepted", [("trim", 0.5, 0.49), ("clip_norm", 0.0, 1e-9),
+                                                  ("rfa_nu", 0.0, 1e-9), ("cc_tau", 0.0, 1e-9)])
+def test_the_robust_rules_refuse_their_degenerate_settings(key, refused, accepted):
+    """trim 0.5 drops every update, a zero clip norm or tau moves nothing, nu 0 divides by a zero distance: each
+    key's bound is open. Kills lo_open/hi_open=False in robust.KEYS."""
+    assert not robust.KEYS[key].check(refused)
+    assert robust.KEYS[key].check(accepted)
+
+
+def test_buckets_of_one_leave_the_updates_and_their_order_as_they_are():
+    """bucket_size 1 is no bucketing: the rule sees the updates themselves, in their order. Kills `size < 1` and
+    `and` for `or` in robust.bucket."""
+    updates = torch.arange(15, dtype=torch.float64).reshape(5, 3)
+    weights = torch.full((5,), 0.2, dtype=torch.float64)
+    rows, w = robust.bucket(updates, weights, 1, streams.stream_key(0, streams.BUCKETS, 0, 0, 0))
+    assert torch.equal(rows, updates) and torch.equal(w, weights)

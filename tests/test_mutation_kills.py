@@ -143,9 +143,13 @@ def test_the_robust_rules_refuse_their_degenerate_settings(key, refused, accepte
 
 
 def test_buckets_of_one_leave_the_updates_and_their_order_as_they_are():
-    """bucket_size 1 is no bucketing: the rule sees the updates themselves, in their order. Kills `size < 1` and
-    `and` for `or` in robust.bucket."""
-    updates = torch.arange(15, dtype=torch.float64).reshape(5, 3)
-    weights = torch.full((5,), 0.2, dtype=torch.float64)
-    rows, w = robust.bucket(updates, weights, 1, streams.stream_key(0, streams.BUCKETS, 0, 0, 0))
+    """bucket_size 1 is no bucketing: the rule sees the updates themselves, in their order; so does a single update
+    (not its weighted mean, 0.1 * 3 / 0.1 = 3.0000000000000004). Kills `size < 1`, `n < 1` and `and` for `or` in
+    robust.bucket."""
+    updates = torch.full((5, 3), 3.0, dtype=torch.float64) + torch.arange(5, dtype=torch.float64)[:, None]
+    weights = torch.full((5,), 0.1, dtype=torch.float64)
+    key = streams.stream_key(0, streams.BUCKETS, 0, 0, 0)
+    rows, w = robust.bucket(updates, weights, 1, key)
     assert torch.equal(rows, updates) and torch.equal(w, weights)
+    rows, w = robust.bucket(updates[:1], weights[:1], 2, key)
+    assert torch.equal(rows, updates[:1]) and torch.equal(w, weights[:1])

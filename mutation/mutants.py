@@ -53,7 +53,7 @@ TARGETS: dict[str, Target] = {
     "robust": Target(("algorithms/robust.py",), (
         "tests/test_robust_aggregators.py", "tests/test_rfa_cclip.py", "tests/test_mutation_kills.py", "-k",
         "known_updates or multi_krum or budgeted_chunks or geometric_median or centered_clip or bucketing "
-        "or degenerate_settings or buckets_of_one")),
+        "or degenerate_settings or buckets_of_one or krum_breaks_ties")),
     "optuna_parts": Target(("harness/studies/tuning/optuna_parts.py",), (
         "tests/test_tune_samplers.py", "-k", "next_batch or constant_liar or batched_tpe or cmaes")),
 }

@@ -153,3 +153,13 @@ def test_buckets_of_one_leave_the_updates_and_their_order_as_they_are():
     assert torch.equal(rows, updates) and torch.equal(w, weights)
     rows, w = robust.bucket(updates[:1], weights[:1], 2, key)
     assert torch.equal(rows, updates[:1]) and torch.equal(w, weights[:1])
+
+
+def test_krum_breaks_ties_towards_the_lower_row():
+    """Krum's documented tie rule (the lower row), on 20 updates +-e_i whose scores are all equal (integer
+    distances, so exactly): the first row wins. torch's unstable sort reorders ties from 17 elements on. Kills
+    argsort(stable=False)."""
+    eye = torch.eye(10, dtype=torch.float64)
+    updates = torch.cat([eye, -eye])
+    chosen = robust.Krum(byzantine=0, krum_select=1).aggregate(updates, torch.full((20,), 0.05, dtype=torch.float64))
+    assert torch.equal(chosen, updates[0])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedharness.algorithms import accounting, privacy, robust, samplers
+from fedharness.algorithms import accounting, attacks, privacy, robust, samplers
 from fedharness.base import streams
 from fedharness.core import exact_sum
 
@@ -163,3 +163,11 @@ def test_krum_breaks_ties_towards_the_lower_row():
     updates = torch.cat([eye, -eye])
     chosen = robust.Krum(byzantine=0, krum_select=1).aggregate(updates, torch.full((20,), 0.05, dtype=torch.float64))
     assert torch.equal(chosen, updates[0])
+
+
+@pytest.mark.parametrize("keys,key", [(attacks.GAUSSIAN_KEYS, "noise_std"), (attacks.IPM_KEYS, "epsilon")])
+def test_the_attacks_refuse_a_zero_strength(keys, key):
+    """A Gaussian attack of std 0 or an IPM attack of epsilon 0 sends nothing and is no attack: both bounds are
+    open. Kills lo_open=False in GAUSSIAN_KEYS and IPM_KEYS."""
+    assert not keys[key].check(0.0)
+    assert keys[key].check(1e-9)

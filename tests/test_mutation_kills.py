@@ -14,6 +14,7 @@ import torch
 from fedharness.algorithms import accounting, attacks, privacy, robust, samplers
 from fedharness.base import streams
 from fedharness.core import exact_sum
+from fedharness.core.byzantine import Adversary
 
 
 def test_a_run_of_no_rounds_spends_nothing_in_a_composition_even_without_noise():
@@ -171,3 +172,9 @@ def test_the_attacks_refuse_a_zero_strength(keys, key):
     open. Kills lo_open=False in GAUSSIAN_KEYS and IPM_KEYS."""
     assert not keys[key].check(0.0)
     assert keys[key].check(1e-9)
+
+
+def test_an_update_attacks_adversary_leaves_the_training_labels_alone():
+    """assembly/build.py builds an update attack's Adversary without flips_labels: its Byzantine clients train
+    honestly and only their updates are forged (label_flip alone poisons the training). Kills the default True."""
+    assert Adversary(attacks.InnerProductManipulation(), 0.2).flips_labels is False

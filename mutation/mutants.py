@@ -41,7 +41,7 @@ TARGETS: dict[str, Target] = {
         "or dropout_is_keyed or poisson or bad_sampler or beyond_the_shuffle or wraps_the_sampler")),
     "attacks": Target(("algorithms/attacks.py", "harness/core/byzantine.py"), (
         "tests/test_attacks.py", "tests/test_mutation_kills.py", "-k", "equals_numpy or gaussian_noise or read_what "
-        "or byzantine_set or continued_from or label_flip or zero_strength or labels_alone")),
+        "or byzantine_set or continued_from or label_flip or zero_strength or labels_alone or one_honest")),
     "exact_sum": Target(("harness/core/exact_sum.py",), (
         "tests/test_compact_sums.py", "tests/test_same_bits.py",
         "tests/test_mutation_kills.py::test_a_sum_converted_in_several_column_chunks_is_within_the_documented_precision",

@@ -177,4 +177,16 @@ def test_the_attacks_refuse_a_zero_strength(keys, key):
 def test_an_update_attacks_adversary_leaves_the_training_labels_alone():
     """assembly/build.py builds an update attack's Adversary without flips_labels: its Byzantine clients train
     honestly and only their updates are forged (label_flip alone poisons the training). Kills the default True."""
-    assert Adversary(attacks.InnerProductManipulation(), 0.2).flips_labels is False
+    adversary = Adversary(attacks.InnerProductManipulation(), 0.2)
+    assert adversary.flips_labels is False
+    with pytest.raises(dataclasses.FrozenInstanceError):  # and nothing changes it during the run
+        adversary.fraction = 0.0
+
+
+def test_alie_with_one_honest_update_sends_that_update():
+    """One honest update has no spread (std 0), so ALIE sends it, not torch.std's NaN of one row. Kills `>= 1` for
+    `> 1` in ALittleIsEnough.forge."""
+    honest = torch.tensor([[1.0, -2.0, 3.0]], dtype=torch.float64)
+    own = torch.zeros(2, 3, dtype=torch.float64)
+    forged = attacks.ALittleIsEnough(z=1.5).forge(own, honest, np.zeros(2, dtype=np.uint64))
+    assert torch.equal(forged, honest.expand(2, -1))

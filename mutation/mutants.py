@@ -38,7 +38,8 @@ TARGETS: dict[str, Target] = {
     "samplers": Target(("algorithms/samplers.py",), (
         "tests/test_samplers.py", "tests/test_privacy.py", "tests/test_mutation_kills.py", "-k",
         "unbiased or original_scheme or scheme_ii_weights or yang_strategies or depend_only or dropout_rescales "
-        "or dropout_is_keyed or poisson or bad_sampler or beyond_the_shuffle or wraps_the_sampler")),
+        "or dropout_is_keyed or poisson or bad_sampler or beyond_the_shuffle or wraps_the_sampler "
+        "or declares_with_replacement")),
     "attacks": Target(("algorithms/attacks.py", "harness/core/byzantine.py"), (
         "tests/test_attacks.py", "tests/test_mutation_kills.py", "-k", "equals_numpy or gaussian_noise or read_what "
         "or byzantine_set or continued_from or label_flip or zero_strength or labels_alone or one_honest")),

@@ -190,3 +190,15 @@ def test_alie_with_one_honest_update_sends_that_update():
     own = torch.zeros(2, 3, dtype=torch.float64)
     forged = attacks.ALittleIsEnough(z=1.5).forge(own, honest, np.zeros(2, dtype=np.uint64))
     assert torch.equal(forged, honest.expand(2, -1))
+
+
+@pytest.mark.parametrize("cls", [samplers.SchemeI, samplers.YangStrategy1, samplers.SchemeII, samplers.YangStrategy2])
+def test_each_sampler_declares_with_replacement_as_it_draws(cls):
+    """`with_replacement` (read by core/slots.py) says whether a round may draw a client twice: true exactly for
+    the samplers whose draws repeat. Kills with_replacement = False on YangStrategy1."""
+    N = 3
+    K = 12 if cls.with_replacement else N
+    clients = cls(N, K).select(0, np.arange(4), 0, np.full(N, 1 / N)).clients
+    repeats = any(len(set(row)) < len(row) for row in clients.tolist())
+    assert repeats == (cls in (samplers.SchemeI, samplers.YangStrategy1))
+    assert cls.with_replacement == repeats

@@ -4,12 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer reproduce robustness list clean
+.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer reproduce robustness mutants list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[all,test]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[all,test,mutation]'
 	touch $(STAMP)
 
 run: $(STAMP)  ## the default benchmark: FedAvg on Synthetic(1,1), N=100, K=10, E=20, b=24
@@ -59,6 +59,9 @@ reproduce: $(STAMP)  ## every paper claim at smoke scale over 5 data draws: docs
 robustness: $(STAMP)  ## every aggregation rule against every attack on digits (260 runs): docs/robustness/ table and figure
 	$(BIN)/fedharness sweep sweep=robustness $(ARGS)
 	$(BIN)/python -m fedharness.studies.robustness results/sweeps/robustness --out docs/robustness
+
+mutants: $(STAMP)  ## cosmic-ray over privacy, accounting, samplers, attacks, exact sums, robust rules, tuning samplers: about 65 min on this loaded 2-core machine, 3-17 min a module (MODULE=privacy: one; docs/mutation.md)
+	nice -n 10 $(BIN)/python mutation/mutants.py $(MODULE)
 
 list: $(STAMP)
 	$(BIN)/fedharness list

@@ -31,6 +31,8 @@ def cmd_run(overrides: list[str]) -> int:
         print(privacy)
     print(f"run {result.run_id}: status={result.status}; results in {shown(result.results_dir)}/ "
           f"(runs/, rounds/ as Parquet)")
+    if result.status == "diverged":
+        print(f"fedharness: {diverged_line(result)}", file=sys.stderr)
     return 0 if result.status == "ok" else 3
 
 
@@ -51,6 +53,18 @@ def privacy_line(result) -> str | None:
         f"calibrated to dp.target_epsilon = {dp['target_epsilon']:g}"
     return (f"privacy: epsilon = {eps:.4g} at delta = {dp['delta']:g} after {row.rounds_done} rounds "
             f"({dp['accountant']}); noise multiplier z = {dp['noise_multiplier']:.4g} ({source})")
+
+
+def diverged_line(result) -> str:
+    """Where a diverged run stopped and what to try: its rounds/ end at the last finite round."""
+    import json
+
+    row = result.runs.iloc[0]
+    lr = json.loads(row["config_json"])["algorithm"].get("client_lr")
+    advice = f"a smaller algorithm.client_lr (now {lr:g}; e.g. {lr / 10:g})" if isinstance(lr, (int, float)) \
+        else "a smaller algorithm.client_lr"
+    return (f"run {result.run_id} diverged in round {int(row['rounds_done']) + 1} (the model or its loss was not "
+            f"finite); try {advice}, or a model that fits the data (model=auto picks the data's own)")
 
 
 def interrupted_line(err, overrides: list[str]) -> str:

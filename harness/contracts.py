@@ -268,6 +268,7 @@ class Problem(Protocol):
     device: torch.device
     memory_budget: int | None = None  # bytes one batched step may use (memory_budget_gb); None: no bound
     objective: Model | None = None  # the model and loss of a data problem; None: an analytic objective
+    client_names: list[str] | None = None  # each client's owner (natural clients of named owners); None: indices
 
     def init_params(self, replicas: int, seed: int) -> torch.Tensor: ...
 

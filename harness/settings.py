@@ -137,20 +137,37 @@ class DPSettings:
         return self.noise_multiplier is not None or self.target_epsilon is not None
 
 
+def _eval_samples_ok(value: Any) -> bool:
+    return value is None or value == "all" or (isinstance(value, int) and not isinstance(value, bool) and value >= 2)
+
+
 @dataclass(frozen=True, slots=True)
 class EvalSettings:
-    """What each evaluation computes: per-client evaluation (docs/results.md, Per-client evaluation), each client
-    on its own held-out data; the full gradient's norm (grad_norm)."""
+    """What each evaluation computes and on what (docs/results.md, Evaluation on a sample): the training loss,
+    grad_norm_sq and the test metrics over every sample or a fixed sample of them (`samples`); per-client
+    evaluation (docs/results.md, Per-client evaluation), each client on its own held-out data; the clients a
+    population too large to sum over (dataset=synthetic_lazy, quadratic_lazy) is measured on (`clients`)."""
 
+    samples: int | str | None = key(Key(
+        _eval_samples_ok, "null (all samples up to 100,000, else 10,000 of them), all, or an integer >= 2 and at "
+        "most the training samples",
+        "stored data: train_loss (with train_loss_se), grad_norm_sq (unbiased estimate) and test_loss/test_acc "
+        "on a fixed uniform sample of this many training (and test) samples, drawn once from the data seed; "
+        "null: every sample up to 100,000 training samples, else 10,000; all: every sample (exact)"))
     per_client: bool = key(boolean("evaluate every client (or `clients` of them) on its own held-out data: "
                                    "rounds/ gains client_acc_* and client_loss_* (mean, se, p10, p50, p90)"))
-    clients: int | None = key(integer("a fixed uniform sample of this many clients (drawn once from the data "
-                                      "seed), the mean's standard error in client_*_se", lo=2, null="every client"))
+    clients: int | None = key(integer("per-client evaluation: a fixed uniform sample of this many clients (drawn "
+                                      "once from the data seed), the mean's standard error in client_*_se; "
+                                      "dataset=synthetic_lazy, quadratic_lazy: every metric exact while "
+                                      "num_clients <= clients, above on this many clients drawn uniformly "
+                                      "(train_loss_se)", lo=2,
+                                      null="every client; synthetic_lazy: 100, quadratic_lazy: 10,000"))
     clients_table: bool = key(boolean("also write clients/: one row per (replica, round, client) with n, loss, "
                                       "acc"))
-    grad_norm: bool = key(boolean("compute grad_norm_sq, ||grad F||^2 over all training data, at each evaluation; "
-                                  "false: that column is null and evaluation computes the training loss alone "
-                                  "(tuning trials default to false: docs/tuning.md)"))
+    grad_norm: bool = key(boolean("compute grad_norm_sq, ||grad F||^2 over the evaluated training data (a "
+                                  "sample: its unbiased estimate), at each evaluation; false: that column is "
+                                  "null and evaluation computes the training loss alone (tuning trials default "
+                                  "to false: docs/tuning.md)"))
 
 
 # --- a group's option -------------------------------------------------------------------------------------

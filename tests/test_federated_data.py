@@ -57,7 +57,7 @@ def test_leaf_shakespeare_letters_and_next_letter(tmp_path):
     written = leaf_text(np.random.default_rng(1), USERS)
     write_leaf(tmp_path / "shakespeare", written, per_file=3)
     data = load_leaf(str(tmp_path / "shakespeare"), str(tmp_path / "cache"))
-    assert data.num_classes == 80 == len(LETTERS) and data.x_scale is None and data.train.x.shape[1] == 80
+    assert data.num_classes == 81 == len(LETTERS) + 1 and data.x_scale is None and data.train.x.shape[1] == 80
     for split in ("train", "test"):
         got = _by_owner(data, split)
         for user, (xs, ys) in written[split].items():
@@ -186,7 +186,7 @@ def test_hf_text_columns_are_leaf_letters(tmp_path):
     pq.write_table(pa.table({"character_id": [r[0] for r in rows], "x": [r[1] for r in rows],
                              "y": [r[2] for r in rows]}), tmp_path / "shakespeare.parquet")
     data = load_hf(str(tmp_path / "shakespeare.parquet"), "character_id", cache_dir=str(tmp_path / "cache"))
-    assert data.num_classes == 80 and data.x_scale is None and data.test is None
+    assert data.num_classes == 81 and data.x_scale is None and data.test is None  # 80 letters and unknown
     got = _by_owner(data, "train")
     for user, (xs, ys) in written.items():
         x, y = got[user]
@@ -214,10 +214,11 @@ def test_a_run_on_natural_clients_ends_ok(tmp_path, kind):
         write_leaf(tmp_path / "d", leaf_images(rng, USERS) if kind == "leaf_images" else leaf_text(rng, USERS))
     name = kind.split("_")[0]
     column = ["dataset.client_column=writer_id"] if kind == "hf" else []
-    # logreg on raw letter ids (the char LSTM is model=char_lstm) needs a small step to stay finite
-    lr = ["algorithm.client_lr=0.0001"] if kind == "leaf_text" else []
+    # the readers' runs: logreg on images (model=auto is femnist_cnn, tests/test_natural_models.py); text: auto's
+    # char_lstm (logreg cannot read token ids)
+    model = [] if kind == "leaf_text" else ["model=logreg"]
     r = fedharness.run([f"dataset={name}", f"dataset.path={tmp_path / 'd'}", f"dataset.cache_dir={tmp_path / 'c'}",
-                        f"results_dir={tmp_path / 'res'}", *RUN, *lr, *column])
+                        f"results_dir={tmp_path / 'res'}", *RUN, *model, *column])
     assert r.runs.loc[0, "status"] == "ok" and r.runs.loc[0, "partition"] == "auto"
     # a saved data set without a test split has no test metrics
     assert len(r.rounds) == 3 and r.rounds["test_acc"].notna().all() == (kind != "hf")
@@ -231,7 +232,7 @@ def test_natural_clients_are_the_owners_and_num_clients_draws_some(tmp_path):
 
     written = leaf_images(np.random.default_rng(6), USERS)
     write_leaf(tmp_path / "d", written)
-    base = [f"dataset=leaf", f"dataset.path={tmp_path / 'd'}", f"dataset.cache_dir={tmp_path / 'c'}"]
+    base = [f"dataset=leaf", f"dataset.path={tmp_path / 'd'}", f"dataset.cache_dir={tmp_path / 'c'}", "model=logreg"]
     problem = build_problem(load_settings(base), 2)
     sizes = [len(written["train"][u][1]) for u in sorted(USERS)]
     assert problem.num_clients == 5 and problem.sizes.tolist() == sizes

@@ -149,14 +149,14 @@ def _write(kind, folder, rng):
 
 
 RUNS = {  # kind -> its overrides besides the path
-    "leaf_images": ["dataset=leaf"],
+    "leaf_images": ["dataset=leaf", "model=logreg"],  # the readers' runs (model=auto: tests/test_natural_models.py)
     "leaf_shakespeare": ["dataset=leaf", "model=char_lstm", "algorithm.local_steps=1", "algorithm.batch_size=4"],
     "leaf_sent140": ["dataset=leaf", "dataset.vocab_size=4", "model=sent_lstm", "algorithm.local_steps=1",
                      "algorithm.batch_size=4"],
-    "tff_emnist": ["dataset=tff"],
+    "tff_emnist": ["dataset=tff", "model=logreg"],
     "tff_stackoverflow": ["dataset=tff", "dataset.vocab_size=5", "model=word_lstm", "algorithm.local_steps=1",
                           "algorithm.batch_size=4"],
-    "hf": ["dataset=hf", "dataset.client_column=writer_id"],
+    "hf": ["dataset=hf", "dataset.client_column=writer_id", "model=logreg"],
 }
 SLOW = {"tff_stackoverflow"}  # word_lstm: 4M parameters, the LSTM of 670 on CPU (7 s)
 

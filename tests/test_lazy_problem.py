@@ -17,7 +17,7 @@ COMMON = ["dataset.num_clients=15", "dataset.alpha=0.5", "dataset.beta=0.5", "al
 
 def test_lazy_clients_train_and_evaluate_like_the_eager_dataset(run_config):
     eager_cfg = run_config("dataset=synthetic", *COMMON)
-    lazy_cfg = run_config("dataset=synthetic_lazy", *COMMON, "dataset.eval_clients=15", "dataset.cache_mb=0.02")
+    lazy_cfg = run_config("dataset=synthetic_lazy", *COMMON, "eval.clients=15", "dataset.cache_mb=0.02")
     eager, eager_alg = build_parts(eager_cfg)
     lazy, lazy_alg = build_parts(lazy_cfg)
     assert lazy.dim == eager.dim and np.array_equal(lazy.sizes, eager.sizes)
@@ -44,7 +44,7 @@ def test_lazy_problem_builds_only_sampled_clients(run_config):
 def test_lazy_train_loss_above_eval_clients_is_an_estimate_with_its_standard_error(run_config):
     common = ["dataset.num_clients=60", "dataset.alpha=0.5", "dataset.beta=0.5", "dtype=float64", "replicas=3"]
     eager, _ = build_parts(run_config("dataset=synthetic", *common))
-    lazy, _ = build_parts(run_config("dataset=synthetic_lazy", *common, "dataset.eval_clients=25"))
+    lazy, _ = build_parts(run_config("dataset=synthetic_lazy", *common, "eval.clients=25"))
     w = 0.2 * torch.randn(3, lazy.dim, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     ev = lazy.evaluate(w)
     assert ev.train_loss_se is not None and np.all(ev.train_loss_se > 0)
@@ -65,9 +65,10 @@ def test_lazy_train_loss_above_eval_clients_is_an_estimate_with_its_standard_err
     assert not np.allclose(ev.train_loss, exact, rtol=1e-6)  # an estimate, not F itself
 
 
-def test_one_eval_client_below_the_population_is_refused(run_config):
+def test_one_eval_client_is_refused_and_the_old_key_names_the_new_one(run_config):
     from fedharness.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"'dataset.eval_clients': 1 \(at least 2 while below num_clients=5"):
-        build_parts(run_config("dataset=synthetic_lazy", "dataset.num_clients=5", "dataset.eval_clients=1"))
-    assert build_parts(run_config("dataset=synthetic_lazy", "dataset.num_clients=1", "dataset.eval_clients=1"))
+    with pytest.raises(ConfigError, match=r"'eval.clients': 1 \(null .* or an integer >= 2\)"):
+        build_parts(run_config("dataset=synthetic_lazy", "dataset.num_clients=5", "eval.clients=1"))
+    with pytest.raises(ConfigError, match=r"'dataset.eval_clients': '?5'? \(no such key: it is now eval.clients"):
+        run_config("dataset=synthetic_lazy", "dataset.eval_clients=5")

@@ -52,7 +52,7 @@ def test_eager_and_lazy_data_sets_are_equal_on_the_same_clients(run_config):
     common = ["dataset.num_clients=20", "dataset.alpha=0.5", "dataset.beta=0.5", "dtype=float64",
               "algorithm.batch_size=7"]
     eager, _ = build_parts(run_config("dataset=synthetic", *common))
-    lazy, _ = build_parts(run_config("dataset=synthetic_lazy", *common, "dataset.eval_clients=20"))
+    lazy, _ = build_parts(run_config("dataset=synthetic_lazy", *common, "eval.clients=20"))
     assert np.array_equal(np.asarray(lazy.sizes), eager.sizes)
     for k in (0, 3, 19):  # every training row of the client
         x, y = lazy.rows(k, np.arange(eager.sizes[k]))

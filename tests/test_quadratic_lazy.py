@@ -116,7 +116,7 @@ def test_a_run_of_10_to_the_8_clients_records_exact_subopt_and_an_estimated_trai
     train_loss is an estimate with a positive standard error, within 5 of them of the exact F."""
     n = 10**8
     models = _Models()
-    r = fedharness.run(["dataset=quadratic_lazy", f"dataset.num_clients={n}", "dataset.eval_clients=2000",
+    r = fedharness.run(["dataset=quadratic_lazy", f"dataset.num_clients={n}", "eval.clients=2000",
                         "rounds=4", "eval_every=2", "algorithm.clients_per_round=20", "algorithm.local_steps=5",
                         "dtype=float64", "threads=1", f"results_dir={tmp_path}"], callbacks=[models], progress=False)
     rounds = r.rounds

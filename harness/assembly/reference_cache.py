@@ -32,7 +32,7 @@ _PARTITIONS = Path(importlib.util.find_spec("fedharness.partitions").origin).par
 _SOURCES = sorted([*(_HERE / "problems").glob("*.py"), *_PARTITIONS.glob("*.py"),
                    *(_HERE / "references").glob("*.py")])
 # dataset keys that change how data are fetched or evaluated, not the training samples
-NOT_DATA = ("data_seed", "download", "cache_mb", "eval_clients")
+NOT_DATA = ("data_seed", "download", "cache_mb")
 
 
 @functools.lru_cache(maxsize=1)

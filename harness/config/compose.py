@@ -47,6 +47,13 @@ def user_config_dirs() -> list[str]:
     return [d for d in os.environ.get("FEDHARNESS_CONFIG_PATH", "").split(os.pathsep) if d]
 
 
+MOVED = {"dataset.eval_clients": "eval.clients"}  # a removed key -> the key that now does its work
+
+
+def moved(key: str) -> str:
+    return f"no such key: it is now {MOVED[key]} (docs/results.md, Evaluation on a sample)"
+
+
 def _explain(overrides: list[str], err: Exception) -> ConfigError:
     """Turn Hydra's exception into one message naming the key, the value and what is allowed."""
     for ov in overrides:
@@ -58,6 +65,8 @@ def _explain(overrides: list[str], err: Exception) -> ConfigError:
         key, _, value = ov.lstrip("+~").partition("=")
         if key == "scale" and "'scales." in text:  # an experiment's scale picks an entry of its `scales`
             return ConfigError("scale", value, "one of: smoke, paper (the experiment's scales)")
+        if key in MOVED:
+            return ConfigError(key, value, moved(key))
         if f"'{key}'" in text:
             section, _, _ = key.rpartition(".")
             return ConfigError(key, value, f"no such key; keys of '{section or 'the run'}': {_known_keys(section)}")

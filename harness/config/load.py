@@ -24,7 +24,25 @@ def load_config(overrides: list[str], config_name: str = "config", values: list[
         register_targets(plain)  # a user's own parts, before validation names them
     dp_sampling(plain, [*overrides, *(values or [])])
     validate(plain)
+    chosen = _auto_model(plain)
+    if chosen is not None:  # model=auto on natural-client data: composed as if the data's own model were named
+        return load_config([*_without_model(overrides), f"model={chosen}"], config_name,
+                           None if values is None else _without_model(values))
     return plain
+
+
+def _auto_model(cfg: dict[str, Any]) -> str | None:
+    """model=auto's choice where it reads the data (harness/problems/objectives.py auto_model), else None."""
+    if (cfg.get("model") or {}).get("name") != "auto":
+        return None  # the problems (torch, the data readers) are imported only where auto reads data
+    from fedharness.problems.objectives import auto_model
+
+    return auto_model(cfg)
+
+
+def _without_model(overrides: list[str]) -> list[str]:
+    """The overrides less any choice of the model group (`model=auto`), so that the chosen one is the only one."""
+    return [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != "model"]
 
 
 def dp_sampling(cfg: dict[str, Any], overrides: list[str]) -> None:

@@ -14,6 +14,7 @@ import torch
 
 from fedharness.base.runtime import available_ram
 from fedharness.errors import ConfigError
+from fedharness.problems.lazy import DEFAULT_EVAL_CLIENTS
 from fedharness.problems.nets import build_net, count_params
 from fedharness.problems.text_nets import TOKEN_MODELS
 from fedharness.settings import PartSettings, RunSettings
@@ -26,7 +27,7 @@ IMAGE_SHAPES = {"digits": ((1, 8, 8), 10), "mnist": ((1, 28, 28), 10), "fashion_
 SERVER_COPIES = 4  # x, the aggregate, server optimizer state, the reference
 
 
-def data_bytes(dataset: PartSettings) -> float:
+def data_bytes(dataset: PartSettings, eval_clients: int | None = None) -> float:
     """The clients' arrays in float64 plus one copy in the run's dtype (counted as float64: an upper end)."""
     name, n = dataset.name, dataset.num_clients
     if name == "synthetic":
@@ -34,7 +35,8 @@ def data_bytes(dataset: PartSettings) -> float:
         return 2 * n * size * (SYNTHETIC_FEATURES + 1) * 8
     if name == "synthetic_lazy":
         size = dataset.samples_per_client or SYNTHETIC_MEAN_SAMPLES
-        return min(n, dataset.eval_clients) * size * (SYNTHETIC_FEATURES + 1) * 8
+        evaluated = DEFAULT_EVAL_CLIENTS if eval_clients is None else eval_clients
+        return min(n, evaluated) * size * (SYNTHETIC_FEATURES + 1) * 8
     if name == "blobs":
         return 2 * n * dataset.samples_per_client * 1.1 * (dataset.dim + 1) * 8
     if name == "quadratic":
@@ -72,7 +74,7 @@ def model_params(run: RunSettings) -> int:
 
 def check_memory(run: RunSettings) -> None:
     """Refuse settings whose arrays exceed the available memory, naming the key that dominates."""
-    data = data_bytes(run.dataset)
+    data = data_bytes(run.dataset, run.eval.clients)
     algorithm = run.algorithm
     batched = algorithm.clients_per_round if algorithm.sampler != "full" else run.dataset.num_clients
     batched = algorithm.clients_per_round if batched is None else batched  # null: the data's clients, unknown yet

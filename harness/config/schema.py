@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 
 from fedharness.algorithms.registry import algorithm_keys
 from fedharness.core.ray_cluster import parse_address
-from fedharness.config.compose import defaults, own_section_defaults
+from fedharness.config.compose import MOVED, defaults, moved, own_section_defaults
 from fedharness.errors import ConfigError, require
 
 
@@ -82,11 +82,13 @@ GROUP_NAMES: dict[str, Callable[[], tuple[str, ...]]] = {
 
 # --- checking ---------------------------------------------------------------------------------------------
 
+
 def _check_section(cfg: dict[str, Any], keys: dict[str, Key], prefix: str, extra_keys: bool = False) -> None:
     """`extra_keys`: a user's `_target_` section, whose other keys are its factory's parameters."""
     for key, value in cfg.items():
         if key not in keys and not extra_keys:
             where = f"'{prefix.rstrip('.')}'" if prefix else "the run"
+            require(prefix + key not in MOVED, prefix + key, value, moved(prefix + key))
             raise ConfigError(prefix + key, value, f"no such key; keys of {where}: {', '.join(keys)}")
     for key, spec in keys.items():
         if key in cfg:

@@ -25,10 +25,10 @@ from fedharness.problems import objectives, nets, text_nets  # noqa: F401  (obje
 from fedharness.problems import synthetic, lazy, blobs, quadratic, quadratic_lazy, li_toy, loaders  # noqa: F401
 from fedharness.problems import leaf, tff, hf  # noqa: F401  (federated files: natural clients)
 from fedharness.problems.client_eval import client_test_index
-from fedharness.problems.data import DataProblem
+from fedharness.problems.data import DataProblem, eval_sample_size
 from fedharness.problems.federated import select_owners
 from fedharness.problems.nets import require_net
-from fedharness.problems.objectives import NetObjective
+from fedharness.problems.objectives import NetObjective, refuse_linear_on_tokens
 from fedharness.problems.pooled import PooledData
 from fedharness.problems.user import user_pooled
 from fedharness.base.runtime import autocast_dtype, memory_budget_bytes
@@ -49,6 +49,8 @@ def build_model(settings: RunSettings, in_shape: tuple[int, ...], num_classes: i
     made = MODELS.build(option.name, option.params,
                         {"in_shape": in_shape, "num_classes": num_classes, "token_vocab": token_vocab})
     if isinstance(made, Model):
+        if tokens:
+            refuse_linear_on_tokens(made, option.name)
         return made
     net = require_net(option.name, made)
     kernel = "vmap" if settings.kernel == "auto" else settings.kernel  # auto: core/kernels.py resolves it for the run
@@ -96,7 +98,8 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
     budget = memory_budget_bytes(settings.memory_budget_gb, torch.device(settings.device))
     context: dict[str, Any] = {
         "seed": seed, "run_seed": settings.seed, "batch_size": batch_size, "dtype": dtype, "device": settings.device,
-        "memory_budget": budget, "model": lambda in_shape, num_classes: build_model(settings, in_shape, num_classes)}
+        "memory_budget": budget, "model": lambda in_shape, num_classes: build_model(settings, in_shape, num_classes),
+        "eval_clients": settings.eval.clients}
     made = DATASETS.build(option.name, option.params, context)
     if isinstance(made, Problem):
         require(not settings.eval.per_client or isinstance(made, ClientEvaluation), "eval.per_client", True,
@@ -119,8 +122,20 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
         token_vocab = top_token + 1
     objective = build_model(settings, tuple(pooled.x.shape[1:]), num_classes, tokens, token_vocab)
     index = _partition(settings, pooled, num_clients, seed)
-    return DataProblem(objective, pooled.x, y, index, pooled.x_test, yt, batch_size, dtype, settings.device, budget,
-                       _held_out(settings, pooled, index, seed), x_scale=pooled.x_scale)
+    samples = eval_sample_size(settings.eval.samples, sum(len(ix) for ix in index))
+    problem = DataProblem(objective, pooled.x, y, index, pooled.x_test, yt, batch_size, dtype, settings.device,
+                          budget, _held_out(settings, pooled, index, seed), x_scale=pooled.x_scale,
+                          eval_samples=samples, eval_seed=seed)
+    problem.client_names = _client_names(settings, pooled)
+    return problem
+
+
+def _client_names(settings: RunSettings, pooled: PooledData) -> list[str] | None:
+    """Each client's owner where clients are named owners (partition=natural: client i is the i-th owner in sorted
+    code order, partitions/core.py natural); None otherwise."""
+    if pooled.owner_names is None or _partition_name(settings, pooled) != "natural":
+        return None
+    return [str(pooled.owner_names[code]) for code in np.unique(pooled.owner)]
 
 
 def _held_out(settings: RunSettings, pooled: PooledData, index: list, seed: int) -> list | None:

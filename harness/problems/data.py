@@ -10,9 +10,12 @@ import torch
 
 from typing import Mapping
 
-from fedharness.contracts import ClientKeys, ClientScores, ClosedFormTerms, Evaluation, ExactSolve, Model, Problem
+from fedharness.contracts import (ClientKeys, ClientScores, ClosedFormTerms, Evaluation, ExactSolve, Model, Problem,
+                                  SampleTerms)
 from fedharness.base import streams
 from fedharness.problems.client_eval import client_scores
+from fedharness.problems.estimate import (AUTO_EXACT_SAMPLES, AUTO_SAMPLES, GRAD_GROUPS, TEST_ROWS, mean_estimate,
+                                          sample_rows, squared_norm_estimate)
 from fedharness.errors import require
 
 EVAL_CHUNK = 16384  # samples per evaluation chunk: bounds memory for large data sets
@@ -76,15 +79,19 @@ class DataProblem(Problem, ExactSolve):
 
     `memory_budget` (bytes, None: no limit; build_problem passes memory_budget_gb's) bounds the
     samples evaluated at once, besides the EVAL_CHUNK cap. `client_test` (eval.per_client): each client's held-out
-    samples as indices into x_test (problems/client_eval.py).
+    samples as indices into x_test (problems/client_eval.py). `eval_samples` (eval.samples, resolved by
+    eval_sample_size; None: every sample): evaluation reads a fixed sample of that many training samples, drawn
+    uniformly with replacement by `eval_seed`, and as many test samples where the test set has more
+    (evaluate_sample).
     """
 
     def __init__(self, objective: Model, x_train: np.ndarray, y_train: np.ndarray, client_index: list[np.ndarray],
                  x_test: np.ndarray | None, y_test: np.ndarray | None, batch_size: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                  memory_budget: int | None = None, client_test: list[np.ndarray] | None = None,
-                 x_scale: float | None = None):
+                 x_scale: float | None = None, eval_samples: int | None = None, eval_seed: int = 0):
         self.objective, self.memory_budget, self.client_test = objective, memory_budget, client_test
+        self.eval_samples, self.eval_seed = eval_samples, eval_seed
         self.dtype, self.device = dtype, torch.device(device)
         self.num_clients = len(client_index)
         self.dim = objective.dim
@@ -104,6 +111,14 @@ class DataProblem(Problem, ExactSolve):
         self.x_test = None if x_test is None else self._store(x_test)
         self.y_test = None if y_test is None else torch.as_tensor(y_test, dtype=torch.int64, device=self.device)
         self.sample_numel = self.x[0].numel()
+        self.eval_groups = self.eval_test_rows = None  # evaluation over every sample
+        if eval_samples is not None:  # GRAD_GROUPS groups of consecutive draws, each read in storage order
+            draws = sample_rows(eval_seed, eval_samples, len(self.y))
+            self.eval_groups = [torch.as_tensor(np.sort(g), device=self.device)
+                                for g in np.array_split(draws, GRAD_GROUPS)]
+            if self.y_test is not None and len(self.y_test) > eval_samples:
+                self.eval_test_rows = torch.as_tensor(
+                    np.sort(sample_rows(eval_seed, eval_samples, len(self.y_test), TEST_ROWS)), device=self.device)
 
     def _store(self, x: np.ndarray) -> torch.Tensor:
         """Samples as kept: compact ones as they are, others as the model takes them."""
@@ -125,7 +140,7 @@ class DataProblem(Problem, ExactSolve):
         x, y, xt, yt = self._raw
         index = [np.arange(o, o + n) for o, n in zip(self.offsets, self.sizes)]
         return DataProblem(self.objective, x, y, index, xt, yt, self.batch_size, dtype, self.device, self.memory_budget,
-                           self.client_test, self.x_scale)
+                           self.client_test, self.x_scale, self.eval_samples, self.eval_seed)
 
     def init_params(self, replicas: int, seed: int) -> torch.Tensor:
         return self.objective.init(replicas, seed, self.dtype).to(self.device)
@@ -210,9 +225,10 @@ class DataProblem(Problem, ExactSolve):
     def _data_sums(self, w: torch.Tensor, grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The summed training loss [R] and, if `grad`, its gradient [R, dim] (else None), both accumulated in
         float64, one chunk of samples at a time: in closed form where the model has one (no graph, no argmax),
-        else by autograd, each chunk's graph freed before the next. Without `grad`, the loss is the same bits:
-        the closed form's summed_loss, or the same forward pass with a graph, never differentiated (a forward
-        pass without one may take other kernels: a recurrent layer's)."""
+        else by autograd, each chunk's graph freed before the next. Without `grad`, no graph is kept: the
+        closed form's summed_loss (the same bits), or the forward pass under torch.no_grad (the same bits where
+        the model's layers take the same kernels without a graph; a recurrent layer's may differ in the last
+        bits)."""
         value = torch.zeros(w.shape[0], dtype=torch.float64, device=w.device)
         total = torch.zeros(w.shape, dtype=torch.float64, device=w.device) if grad else None
         closed_form = isinstance(self.objective, ClosedFormTerms)
@@ -221,6 +237,9 @@ class DataProblem(Problem, ExactSolve):
             x, y = self._model_input(self.x[start:start + chunk]), self.y[start:start + chunk]
             if closed_form and total is None:
                 value.add_(self.objective.summed_loss(w, x, y))
+            elif total is None:  # no gradient: no graph kept
+                with torch.no_grad():
+                    value = value + self.objective.loss_terms(w, x, y)[0].double()
             elif closed_form:
                 loss, g = self.objective.loss_and_grad(w, x, y)
                 value, total = value.add_(loss), total.add_(g)
@@ -228,9 +247,8 @@ class DataProblem(Problem, ExactSolve):
                 wg = w.clone().requires_grad_(True)
                 loss, _ = self.objective.loss_terms(wg, x, y)
                 value = value + loss.detach().double()
-                if total is not None:
-                    (g,) = torch.autograd.grad(loss.sum(), wg)
-                    total = total + g.double()
+                (g,) = torch.autograd.grad(loss.sum(), wg)
+                total = total + g.double()
         return value, total
 
     def _objective(self, w: torch.Tensor, grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -251,22 +269,75 @@ class DataProblem(Problem, ExactSolve):
         return self._objective(w, grad=True)
 
     def _test_metrics(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean test loss and accuracy per replica, without a graph (in closed form where the model has one)."""
+        """Mean test loss and accuracy per replica, without a graph (in closed form where the model has one), over
+        the test set or its fixed sample (eval_test_rows)."""
+        x, y = self.x_test, self.y_test
+        if self.eval_test_rows is not None:
+            x, y = x.index_select(0, self.eval_test_rows), y.index_select(0, self.eval_test_rows)
         if not isinstance(self.objective, ClosedFormTerms):
             with torch.no_grad():
-                return self._mean_loss(w, self.x_test, self.y_test)
-        return self._mean_loss(w, self.x_test, self.y_test, self.objective.loss_and_correct,
-                               self._closed_form_chunk(w.shape[0]))
+                return self._mean_loss(w, x, y)
+        return self._mean_loss(w, x, y, self.objective.loss_and_correct, self._closed_form_chunk(w.shape[0]))
 
     def data_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         if split == "train":
             return self._model_input(self.x), self.y
         return None if self.x_test is None else (self._model_input(self.x_test), self.y_test)
 
+    def _sample_losses(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Each sample's data loss per replica [R, n] (contracts.SampleTerms; a model without it: one sample at a
+        time by loss_terms)."""
+        if isinstance(self.objective, SampleTerms):
+            return self.objective.sample_terms(w, x, y)[0]
+        return torch.stack([self.objective.loss_terms(w, x[i:i + 1], y[i:i + 1])[0] for i in range(len(y))], 1)
+
+    def _group_terms(self, w: torch.Tensor, rows: torch.Tensor,
+                     grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The sampled rows' data losses [R, m] (float64) and, if `grad`, their gradients' sum [R, dim] (float64),
+        a chunk at a time; a graph only where a gradient is taken, freed with its chunk."""
+        losses, total = [], torch.zeros(w.shape, dtype=torch.float64, device=w.device) if grad else None
+        closed_form = isinstance(self.objective, ClosedFormTerms)
+        chunk = self._closed_form_chunk(w.shape[0]) if closed_form else self.eval_chunk(w.shape[0])
+        for start in range(0, len(rows), chunk):
+            take = rows[start:start + chunk]
+            x, y = self._model_input(self.x.index_select(0, take)), self.y.index_select(0, take)
+            if grad and not closed_form:
+                wg = w.clone().requires_grad_(True)
+                loss = self._sample_losses(wg, x, y)
+                (g,) = torch.autograd.grad(loss.sum(), wg)
+                losses.append(loss.detach().double())
+                total.add_(g.double())
+                continue
+            with torch.no_grad():
+                losses.append(self._sample_losses(w, x, y).double())
+            if grad:
+                total.add_(self.objective.loss_and_grad(w, x, y)[1].double())
+        return torch.cat(losses, 1), total
+
+    def evaluate_sample(self, w: torch.Tensor, grad_norm: bool) -> Evaluation:
+        """train_loss and grad_norm_sq from the fixed sample (problems/estimate.py): F's estimate, the mean loss
+        of the S draws plus the regularizer, with its standard error std(ddof=1) / sqrt(S); ||grad F||^2's
+        unbiased estimate from the gradient sums of GRAD_GROUPS groups of the draws (squared_norm_estimate)."""
+        w = w.detach()
+        parts = [self._group_terms(w, rows, grad_norm) for rows in self.eval_groups]
+        estimate, se = mean_estimate(torch.cat([p[0] for p in parts], 1).cpu().numpy())
+        with torch.no_grad():
+            reg = self.objective.regularizer(w).double().cpu().numpy()
+        out = Evaluation(train_loss=estimate + reg, grad_norm_sq=None, train_loss_se=se)
+        if grad_norm:  # each draw's gradient is its data term's plus the regularizer's
+            wg = w.clone().requires_grad_(True)
+            (reg_grad,) = torch.autograd.grad(self.objective.regularizer(wg).sum(), wg)
+            sums = [(g + len(rows) * reg_grad.double()).cpu().numpy() for (_, g), rows in zip(parts, self.eval_groups)]
+            out.grad_norm_sq = squared_norm_estimate(sums, [len(rows) for rows in self.eval_groups])
+        return out
+
     def evaluate(self, w: torch.Tensor, grad_norm: bool = True) -> Evaluation:
-        train_loss, g = self._objective(w, grad=grad_norm)
-        out = Evaluation(train_loss=train_loss.cpu().numpy(),
-                         grad_norm_sq=None if g is None else (g.double() ** 2).sum(-1).cpu().numpy())
+        if self.eval_groups is not None:
+            out = self.evaluate_sample(w, grad_norm)
+        else:
+            train_loss, g = self._objective(w, grad=grad_norm)
+            out = Evaluation(train_loss=train_loss.cpu().numpy(),
+                             grad_norm_sq=None if g is None else (g.double() ** 2).sum(-1).cpu().numpy())
         if self.x_test is not None:
             loss, acc = self._test_metrics(w.detach())
             out.test_loss, out.test_acc = loss.cpu().numpy(), acc.cpu().numpy()
@@ -281,3 +352,15 @@ class DataProblem(Problem, ExactSolve):
         x_test = self._model_input(self.x_test)
         return client_scores(self.objective, x_test, self.y_test, self.client_test, w, clients,
                              self.eval_chunk(w.shape[0]), buffers)
+
+
+def eval_sample_size(setting: int | str | None, train_samples: int) -> int | None:
+    """eval.samples as DataProblem takes it: None (every sample) for `all`, and for null while the training set
+    has at most AUTO_EXACT_SAMPLES samples; else how many samples evaluation draws (null: AUTO_SAMPLES)."""
+    if setting == "all" or (setting is None and train_samples <= AUTO_EXACT_SAMPLES):
+        return None
+    if setting is None:
+        return AUTO_SAMPLES
+    require(setting <= train_samples, "eval.samples", setting,
+            f"at most the {train_samples:,} training samples (all: every one, exactly; null: the default)")
+    return int(setting)

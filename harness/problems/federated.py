@@ -6,6 +6,9 @@ them once into a cache folder, grouped by client in sorted owner order (the per-
 files' identity (path, size, mtime) and the reader's settings; every later load memory-maps that folder, so a
 run reads only the pages it touches and set-up is a file open. Owners are int32 codes into the sorted names, in
 the training and the test split alike (PooledData.owner, test_owner).
+
+A text reader's meta may name its out-of-vocabulary id (`unknown_meta`): the cache's first write counts the
+samples (windows) holding it, and the targets that are it, and says so in one log line; index.json keeps the count.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,15 +25,17 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from fedharness.errors import ConfigError, require
-from fedharness.keys import Key, integer, text
+from fedharness.keys import Key, integer, number, text
 from fedharness.problems.pooled import PooledData
 
-CACHE_VERSION = 1  # bump when the cached layout changes: old folders are then never read
+HOLDOUT_TAG = 36  # the data seed's generator for the hold-out: np.random.default_rng([seed, HOLDOUT_TAG])
+CACHE_VERSION = 2  # bump when the cached layout changes: old folders are then never read (2: unknown ids counted)
 PATH_KEY = "dataset.path"
 WRITE_ROWS = 65536  # rows copied into the cache at a time: bounds the temporaries of the reordering
 PIXEL_CODES = 255  # images stored as uint8 codes k, the pixel k / 255 (LEAF's and TFF's scaling)
 
 Chunk = tuple[np.ndarray, np.ndarray, np.ndarray]  # x (compact), y int64, owner names (one per sample)
+log = logging.getLogger(__name__)
 
 
 def keys(what: str) -> dict[str, Key]:
@@ -41,6 +47,9 @@ def keys(what: str) -> dict[str, Key]:
         "path": text(what, null="required: where the data set is"),
         "cache_dir": text("where the per-client index (the compact arrays) is cached",
                           null="$XDG_CACHE_HOME/fedharness or ~/.cache/fedharness"),
+        "holdout": number("data without a test split: this fraction of each owner's training samples (round(f n_k), "
+                          "at most n_k - 1), drawn by the data seed, becomes that owner's test samples", lo=0, hi=1,
+                          lo_open=True, hi_open=True, null="no hold-out"),
     }
 
 
@@ -60,12 +69,36 @@ class FederatedData:
     num_classes: int | None
     folder: Path  # the cache folder read
     token_vocab: int | None = None  # token ids: how many ids the vocabulary has (PooledData.token_vocab)
+    task: str | None = None  # the reader's name for what the samples are: image, text (characters), words
+    unknown: dict[str, Any] | None = None  # text: the out-of-vocabulary id and the count_unknown of each split
 
-    def pooled(self) -> PooledData:
-        test = self.test
-        return PooledData(self.train.x, self.train.y, None if test is None else test.x,
-                          None if test is None else test.y, self.train.owner,
-                          None if test is None else test.owner, self.num_classes, self.x_scale, self.token_vocab)
+    def pooled(self, model: str | None = None, holdout: float | None = None, seed: int = 0) -> PooledData:
+        """The samples as a partitioner takes them; `model`: the model the data set's papers train on them
+        (model=auto's choice); `holdout` (dataset.holdout): a fraction of each owner's training samples held out as
+        its test samples (hold_out), for data without a test split."""
+        train, test = self.train, self.test
+        if holdout is not None:
+            require(test is None, "dataset.holdout", holdout, "null: this data set has its own test split")
+            train, test = hold_out(train, holdout, seed)
+        return PooledData(train.x, train.y, None if test is None else test.x,
+                          None if test is None else test.y, train.owner,
+                          None if test is None else test.owner, self.num_classes, self.x_scale, self.token_vocab,
+                          model, self.names)
+
+
+def hold_out(split: Split, fraction: float, seed: int) -> tuple[Split, Split]:
+    """(training, test): each owner's round(fraction * n_k) samples (at most n_k - 1: every owner keeps one to
+    train on), drawn uniformly within the owner by `seed`, become its test samples; both keep the samples' order."""
+    owner = split.owner.astype(np.int64)
+    counts = np.bincount(owner)
+    held = np.minimum(np.floor(fraction * counts + 0.5), np.maximum(counts - 1, 0)).astype(np.int64)
+    order = np.lexsort((np.random.default_rng([seed, HOLDOUT_TAG]).random(len(owner)), owner))  # owner, shuffled
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.empty(len(owner), dtype=np.int64)
+    rank[order] = np.arange(len(owner)) - starts[owner[order]]  # each sample's place in its owner's shuffle
+    test = rank < held[owner]
+    part = lambda keep: Split(split.x[keep], split.y[keep], split.owner[keep])  # noqa: E731
+    return part(~test), part(test)
 
 
 def require_path(path: str | None, what: str) -> Path:
@@ -151,6 +184,36 @@ def _grouped(chunks: Iterator[Chunk]) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return x, y, owners
 
 
+def unknown_meta(unknown: tuple[int, str, bool] | None) -> dict[str, Any]:
+    """A text reader's meta entry naming its out-of-vocabulary id: (the id, what it stands for, whether a target
+    can be it: next-token tasks) or None (no such id: nothing is counted)."""
+    if unknown is None:
+        return {}
+    token, what, in_targets = unknown
+    return {"unknown": {"id": int(token), "what": what, "in_targets": bool(in_targets)}}
+
+
+def count_unknown(x: np.ndarray, y: np.ndarray, unknown: dict[str, Any]) -> dict[str, int]:
+    """Samples (windows) of one split holding the unknown id, and targets that are it (next-token tasks), read
+    WRITE_ROWS at a time (x may be a memory map)."""
+    token, windows = unknown["id"], 0
+    for start in range(0, len(x), WRITE_ROWS):
+        windows += int((x[start:start + WRITE_ROWS] == token).any(1).sum())  # x [n, length]: token ids
+    targets = int((y == token).sum()) if unknown["in_targets"] else 0
+    return {"samples": int(len(x)), "windows": windows, "targets": targets}
+
+
+def unknown_note(fmt: str, unknown: dict[str, Any]) -> str:
+    """The first load's line: how many windows (and targets) of each split hold the unknown id."""
+    parts = []
+    for split in ("train", "test"):
+        if split in unknown:
+            c = unknown[split]
+            targets = f", {c['targets']:,} targets are one" if unknown["in_targets"] else ""
+            parts.append(f"{split}: {c['windows']:,} of {c['samples']:,} windows hold one{targets}")
+    return f"dataset={fmt}: a {unknown['what']} is read as id {unknown['id']}; " + "; ".join(parts)
+
+
 def _write_split(folder: Path, split: str, x: np.ndarray, y: np.ndarray, codes: np.ndarray) -> dict[str, Any]:
     """Write one split grouped by owner code (a stable sort keeps each client's own sample order)."""
     order = np.argsort(codes, kind="stable")
@@ -175,12 +238,17 @@ def build_cache(folder: Path, train: Iterator[Chunk], test: Iterator[Chunk] | No
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
+        unknown = meta.get("unknown")
         counts = {"train": _write_split(tmp, "train", train_arrays[0], train_arrays[1],
                                         np.searchsorted(names, train_arrays[2]))}
+        if unknown is not None:
+            unknown["train"] = count_unknown(train_arrays[0], train_arrays[1], unknown)
         del train_arrays
         if test_arrays is not None:
             counts["test"] = _write_split(tmp, "test", test_arrays[0], test_arrays[1],
                                           np.searchsorted(names, test_arrays[2]))
+            if unknown is not None:
+                unknown["test"] = count_unknown(test_arrays[0], test_arrays[1], unknown)
         (tmp / "index.json").write_text(json.dumps({**meta, "names": names.tolist(), "splits": counts}))
         os.replace(tmp, folder)
     except OSError:
@@ -200,7 +268,8 @@ def read_cache(folder: Path) -> FederatedData:
     index = json.loads((folder / "index.json").read_text())
     test = _read_split(folder, "test") if "test" in index["splits"] else None
     return FederatedData(index["names"], _read_split(folder, "train"), test, index.get("x_scale"),
-                         index.get("num_classes"), folder, index.get("token_vocab"))
+                         index.get("num_classes"), folder, index.get("token_vocab"), index.get("task"),
+                         index.get("unknown"))
 
 
 def load_federated(fmt: str, files: list[Path], settings: dict[str, Any], cache_dir: str | None,
@@ -212,6 +281,10 @@ def load_federated(fmt: str, files: list[Path], settings: dict[str, Any], cache_
     if not (folder / "index.json").is_file():
         train, test, meta = read()
         build_cache(folder, train, test, meta)
+        data = read_cache(folder)
+        if data.unknown is not None:
+            log.info(unknown_note(fmt, data.unknown))
+        return data
     return read_cache(folder)
 
 
@@ -232,4 +305,4 @@ def select_owners(pooled: PooledData, count: int, seed: int) -> PooledData:
     if test_keep is not None:
         test = tuple(None if a is None else a[test_keep] for a in test)
     return PooledData(pooled.x[keep], pooled.y[keep], test[0], test[1], pooled.owner[keep], test[2],
-                      pooled.num_classes, pooled.x_scale, pooled.token_vocab)
+                      pooled.num_classes, pooled.x_scale, pooled.token_vocab, pooled.model, pooled.owner_names)

@@ -7,8 +7,11 @@ copied whole into memory. The columns:
 
 * `x_column` (null: image, img, pixels or x): an Image (PNG bytes, decoded with Pillow: uint8 codes, pixel =
   code/255), numbers (a flat list is an image where its length is a square), or strings of one length, which
-  are LEAF's 80 letters (flwrlabs/shakespeare);
-* `y_column` (null: label, character or y): integer classes, or one character (its LEAF letter id).
+  are LEAF's 80 letters (flwrlabs/shakespeare), any other character LEAF's reader's unknown id (80; counted at
+  the first load, problems/leaf.py);
+* `y_column` (null: label, character or y): integer classes, or one character (its LEAF letter id, or 80).
+
+model=auto is the model LEAF trains on such data (MODELS): char_lstm for text, femnist_cnn for images.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from fedharness.errors import ConfigError, require
 from fedharness.keys import text
 from fedharness.problems import federated
 from fedharness.problems.federated import Chunk, FederatedData, codes_or_floats
-from fedharness.problems.leaf import LETTERS, letter_ids
+from fedharness.problems.leaf import LETTER_VOCAB, MODELS, UNKNOWN, letter_ids
 from fedharness.registry.groups import DATASETS
 
 WHAT = "a datasets.save_to_disk folder, a Parquet file or a folder of them, or a Hub id (flwrlabs/femnist)"
@@ -176,17 +179,21 @@ def load_hf(path: str | None, client_column: str | None, x_column: str | None = 
     def read():
         (train, test, kinds), codes = federated.read_with_codes(read_all)
         text_task = kinds == {"text"}
-        meta = {"task": "text" if text_task else "image", "num_classes": len(LETTERS) if text_task else None,
-                "x_scale": None if text_task or not codes else 1.0 / federated.PIXEL_CODES}
+        meta = {"task": "text" if text_task else "image", "num_classes": LETTER_VOCAB if text_task else None,
+                "token_vocab": LETTER_VOCAB if text_task else None,
+                "x_scale": None if text_task or not codes else 1.0 / federated.PIXEL_CODES,
+                **federated.unknown_meta((UNKNOWN, "character outside LEAF's 80 letters", True) if text_task else None)}
         return iter(train), None if test is None else iter(test), meta
 
     return federated.load_federated("hf", files, {"columns": columns}, cache_dir, read)
 
 
 def hf_dataset(path: str | None = None, client_column: str | None = None, x_column: str | None = None,
-               y_column: str | None = None, cache_dir: str | None = None):
+               y_column: str | None = None, cache_dir: str | None = None, holdout: float | None = None,
+               seed: int = 0):
     """dataset=hf: the pooled samples with each one's owner (the client column)."""
-    return load_hf(path, client_column, x_column, y_column, cache_dir).pooled()
+    data = load_hf(path, client_column, x_column, y_column, cache_dir)
+    return data.pooled(MODELS[data.task], holdout, seed)
 
 
 DATASETS.add("hf", hf_dataset, {

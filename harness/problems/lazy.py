@@ -8,12 +8,12 @@ are kept in a least-recently-used cache of `dataset.cache_mb`. Minibatch indices
 DataProblem draws them (same streams), and the rows are the same numbers `dataset=synthetic` stores, so with the
 same seed the lazy problem trains on the same trajectory as `dataset=synthetic` with the natural partition.
 
-The global objective over all N clients is never materialised. While N <= eval_clients every metric is exact
-(over all N clients). Above, the metrics are measured on a fixed sample of eval_clients clients drawn uniformly
-with replacement, once, from the data seed (problems/estimate.py): train_loss is the unbiased estimate of F from
-the sample, with its standard error in train_loss_se; grad_norm_sq, test_loss and test_acc are those of the
-sampled clients' data pooled (weights n_k renormalised over the distinct sampled clients), and are named so in
-docs/results.md. There is no exact reference (subopt and dist_to_opt are null).
+The global objective over all N clients is never materialised. While N <= eval.clients (null: 100) every
+metric is exact (over all N clients). Above, the metrics are measured on a fixed sample of eval.clients clients
+drawn uniformly with replacement, once, from the data seed (problems/estimate.py): train_loss is the unbiased
+estimate of F from the sample, with its standard error in train_loss_se; grad_norm_sq, test_loss and test_acc
+are those of the sampled clients' data pooled (weights n_k renormalised over the distinct sampled clients), and
+are named so in docs/results.md. There is no exact reference (subopt and dist_to_opt are null).
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import numpy as np
 import torch
 
 from fedharness.contracts import ClientKeys, Evaluation, Model, Problem
-from fedharness.errors import require
-from fedharness.keys import Key, integer, number
+from fedharness.keys import Key, number
 from fedharness.problems import synthetic
 from fedharness.problems.client_eval import client_scores
 from fedharness.problems.estimate import sample_clients, weighted_sum_estimate
@@ -39,9 +38,8 @@ PARAMS_BYTES = 8 * (synthetic.FEATURES * (synthetic.CLASSES + 1) + synthetic.CLA
 KEYS: dict[str, Key] = {  # dataset=synthetic_lazy's, besides synthetic's
     **synthetic.KEYS,
     "cache_mb": number("generated client parameters kept per process (MB); least recently used dropped", lo=0),
-    "eval_clients": integer("metrics exact while num_clients <= eval_clients; above, on eval_clients clients drawn "
-                            "uniformly (train_loss estimated, with train_loss_se)", lo=1),
 }
+DEFAULT_EVAL_CLIENTS = 100  # eval.clients=null: metrics exact while num_clients <= this, else on this many
 
 
 @dataclass
@@ -179,12 +177,11 @@ class LazySyntheticProblem(Problem):
 
 @DATASETS.register("synthetic_lazy", KEYS)
 def build_lazy_synthetic(model: Callable[[tuple[int, ...], int], Model], num_clients: int, alpha: float, beta: float,
-                         samples_per_client: int | None, cache_mb: float, eval_clients: int, seed: int,
+                         samples_per_client: int | None, cache_mb: float, eval_clients: int | None, seed: int,
                          batch_size: int, dtype: torch.dtype, device: str,
                          memory_budget: int | None) -> LazySyntheticProblem:
     """`dataset=synthetic_lazy`: `dataset=synthetic`'s clients, generated when sampled; `model(in_shape,
     num_classes)` builds the model the config names (problems.build_problem's)."""
-    require(eval_clients >= 2 or num_clients <= eval_clients, "dataset.eval_clients", eval_clients,
-            f"at least 2 while below num_clients={num_clients} (the train loss's standard error needs two draws)")
+    eval_clients = DEFAULT_EVAL_CLIENTS if eval_clients is None else eval_clients  # eval.clients
     return LazySyntheticProblem(model((synthetic.FEATURES,), synthetic.CLASSES), num_clients, alpha, beta, seed,
                                 samples_per_client, batch_size, dtype, device, cache_mb, eval_clients, memory_budget)

@@ -8,10 +8,15 @@ from the samples:
 * image: each x a list of numbers (FEMNIST: 784 pixels in [0, 1], written as 1 x 28 x 28), y an integer class;
   pixels that are k/255 are kept as uint8 codes, any other values as float32;
 * text (Shakespeare): each x a string of 80 characters, y the next character, both as ids in LEAF's 80-letter
-  vocabulary (LETTERS, LEAF's language_utils.ALL_LETTERS), so num_classes = 80;
+  vocabulary (LETTERS, LEAF's language_utils.ALL_LETTERS) and one unknown id, UNKNOWN = 80, for every other
+  character (LEAF's preprocessing keeps the Gutenberg text whole: `_`, `{`, `@`, ...; a target that is unknown
+  is class 80), so num_classes = token_vocab = 81; the first load counts the windows and targets that hold it;
 * words (Sent140): each x a tweet's [id, date, query, user, text], y its sentiment 0 or 1; the text's first 25
   words (LEAF's max_words) as int32 ids in the training split's dataset.vocab_size most frequent words
-  (problems/words.py: pad 0, oov 1), padded after the words; num_classes = 2 (model=sent_lstm).
+  (problems/words.py: pad 0, oov 1), padded after the words; num_classes = 2 (model=sent_lstm); the first load
+  counts the tweets with an oov word.
+
+model=auto is the model LEAF trains on the task (MODELS): char_lstm, sent_lstm, femnist_cnn.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from fedharness.errors import ConfigError
 from fedharness.problems import federated
 from fedharness.keys import integer
 from fedharness.problems.federated import Chunk, FederatedData, bad_file, codes_or_floats
-from fedharness.problems.words import leaf_vocabulary, leaf_word_ids
+from fedharness.problems.words import OOV, leaf_vocabulary, leaf_word_ids
 from fedharness.registry.groups import DATASETS
 
 try:  # the `federated` extra: LEAF's JSON parsed over 3x faster, into the same lists and floats
@@ -37,7 +42,10 @@ except ImportError:
 LETTERS = "\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]abcdefghijklmnopqrstuvwxyz}"
 TWEET_WORDS = 25  # Sent140: the words of a tweet read (LEAF's sent140 max_words)
 WHAT = "a LEAF data folder (train/ and test/ of JSON files, as LEAF's preprocess.sh writes them) or one JSON file"
-_LETTER_ID = np.full(256, -1, dtype=np.int16)
+UNKNOWN = len(LETTERS)  # every character outside LETTERS (LEAF's models: ALL_LETTERS.find(c), which gives -1)
+LETTER_VOCAB = len(LETTERS) + 1  # the ids of text: the 80 letters and UNKNOWN (an embedding's rows, the classes)
+MODELS = {"text": "char_lstm", "words": "sent_lstm", "image": "femnist_cnn"}  # LEAF's model of each task
+_LETTER_ID = np.full(256, UNKNOWN, dtype=np.uint8)  # by code point; 255 stands for every code point above it
 _LETTER_ID[np.frombuffer(LETTERS.encode("ascii"), dtype=np.uint8)] = np.arange(len(LETTERS))
 
 
@@ -67,17 +75,12 @@ def _read_json(path: Path, file: Path) -> dict:
 
 
 def letter_ids(values: list) -> np.ndarray:
-    """LEAF letter ids of equally long strings, [n, length] uint8 (ValueError saying what is wrong)."""
+    """LEAF letter ids of equally long strings, [n, length] uint8, UNKNOWN for a character outside the 80 letters
+    (ValueError where the values are not strings of one length)."""
     if not all(isinstance(v, str) for v in values) or len({len(v) for v in values}) > 1:
         raise ValueError("must be strings of one length (Shakespeare: 80)")
-    try:
-        raw = np.frombuffer("".join(values).encode("ascii"), dtype=np.uint8)
-    except UnicodeEncodeError as err:
-        raise ValueError(f"{err.object[err.start]!r} is not in LEAF's 80 letters") from None
-    ids = _LETTER_ID[raw]
-    if (ids < 0).any():
-        raise ValueError(f"{chr(raw[np.argmax(ids < 0)])!r} is not in LEAF's 80 letters")
-    return ids.astype(np.uint8).reshape(len(values), -1)
+    points = np.frombuffer("".join(values).encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    return _LETTER_ID[np.minimum(points, 255)].reshape(len(values), -1)
 
 
 def _text(path: Path, file: Path, user: str, values: list, what: str) -> np.ndarray:
@@ -197,17 +200,21 @@ def load_leaf(path: str | None, cache_dir: str | None = None, vocab_size: int = 
         (chunks, test_chunks, tasks), codes = federated.read_with_codes(
             lambda codes: _read_all(root, train, test, codes, vocab))
         task = tasks.pop()
-        meta = {"task": task, "num_classes": {"text": len(LETTERS), "words": 2, "image": None}[task],
-                "token_vocab": {"text": len(LETTERS), "words": vocab_size + 2, "image": None}[task],  # + pad, oov
-                "x_scale": 1.0 / federated.PIXEL_CODES if codes and task == "image" else None}
+        meta = {"task": task, "num_classes": {"text": LETTER_VOCAB, "words": 2, "image": None}[task],
+                "token_vocab": {"text": LETTER_VOCAB, "words": vocab_size + 2, "image": None}[task],  # + pad, oov
+                "x_scale": 1.0 / federated.PIXEL_CODES if codes and task == "image" else None,
+                **federated.unknown_meta({"text": (UNKNOWN, "character outside LEAF's 80 letters", True),
+                                          "words": (OOV, "word outside the vocabulary", False)}.get(task))}
         return iter(chunks), None if test_chunks is None else iter(test_chunks), meta
 
     return federated.load_federated("leaf", train + test, {"vocab_size": vocab_size}, cache_dir, read)
 
 
-def leaf_dataset(path: str | None = None, cache_dir: str | None = None, vocab_size: int = 10_000):
+def leaf_dataset(path: str | None = None, cache_dir: str | None = None, vocab_size: int = 10_000,
+                 holdout: float | None = None, seed: int = 0):
     """dataset=leaf: the pooled samples with each one's owner (a writer, a speaking role, a Twitter user)."""
-    return load_leaf(path, cache_dir, vocab_size).pooled()
+    data = load_leaf(path, cache_dir, vocab_size)
+    return data.pooled(MODELS[data.task], holdout, seed)
 
 
 DATASETS.add("leaf", leaf_dataset, {

@@ -21,7 +21,8 @@ from fedharness.contracts import Model
 from fedharness.errors import ConfigError, require
 from fedharness.keys import choice, number
 from fedharness.problems.module_state import ModuleLayout, draw_masks, dropout_sites, masked_dropout
-from fedharness.registry.groups import MODELS
+from fedharness.problems.pooled import PooledData
+from fedharness.registry.groups import DATASETS, MODELS
 
 L2 = number("l2 weight: + l2 ||w||^2", lo=0)  # `model.l2`, the key of every model but the quadratic's
 BUFFERS = choice("a net's float buffers (BatchNorm statistics): average (weighted like the clients' updates) | "
@@ -214,10 +215,38 @@ class LinearRegression(SoftmaxRegression):
         return 0.5 * resid.square().sum((1, 2), dtype=torch.float64), (predicted == labels).sum((1, 2))
 
 
-# The linear models (`model=auto` is logreg for a data set; the analytic data sets are their own model).
+# The linear models (`model=auto` is logreg for a data set; the analytic data sets are their own model; on
+# natural-client data, auto_model's choice).
 MODELS.add("auto", SoftmaxRegression, {"l2": L2})
 MODELS.add("logreg", SoftmaxRegression, {"l2": L2})
 MODELS.add("linreg", LinearRegression, {"l2": L2})
+
+NATURAL_DATASETS = ("leaf", "tff", "hf")  # natural-client data sets whose samples name their own model
+
+
+def auto_model(cfg: dict) -> str | None:
+    """What `model=auto` is on the config's data where that is not logistic regression: on natural-client data
+    (dataset=leaf, tff, hf with a path) the model the data set's papers train on its task (the reader's
+    PooledData.model: char_lstm on character windows, sent_lstm or word_lstm on word ids, femnist_cnn on
+    images), read from the data's cache (its first load writes it). None: logistic regression (synthetic data,
+    digits, the torchvision sets, a user's data) or a model named."""
+    dataset = cfg.get("dataset") or {}
+    if (cfg.get("model") or {}).get("name") != "auto" or dataset.get("name") not in NATURAL_DATASETS \
+            or dataset.get("path") in (None, ""):
+        return None
+    data_seed = dataset.get("data_seed")
+    seed = cfg.get("seed", 0) if data_seed is None else data_seed
+    params = {k: v for k, v in dataset.items() if k != "name"}
+    pooled = DATASETS.build(dataset["name"], params, {"seed": seed, "run_seed": cfg.get("seed", 0)})
+    return pooled.model if isinstance(pooled, PooledData) else None
+
+
+def refuse_linear_on_tokens(model: Model, name: str) -> None:
+    """Logistic or linear regression reads token ids as numbers (an id's size means nothing): refused."""
+    require(not isinstance(model, SoftmaxRegression), "model", name,
+            "a model that reads int64 token ids (char_lstm, word_lstm, sent_lstm; model=auto picks the data's own "
+            f"on dataset={'/'.join(NATURAL_DATASETS)}): {name} would read the data's token ids as numbers")
+
 
 ACTIVATION_FACTOR = 3  # a layer's output, kept for backward, its gradient, and workspace
 # what the backward pass keeps, and the gradients it computes from it (char_lstm's peak over 2,000 samples: 1.9x)

@@ -25,3 +25,9 @@ class PooledData:
     # token ids: how many ids there are (an embedding's rows: 0 .. token_vocab - 1) when the data set knows it
     # (a vocabulary with pad and oov ids); None: the largest id + 1, where a model asks
     token_vocab: int | None = None
+    # the model the data set's papers train on these samples (a natural data set's: char_lstm, femnist_cnn, ...),
+    # model=auto's choice (harness/config/load.py); None: model=auto is logistic regression
+    model: str | None = None
+    # the owners' names, indexed by the codes in `owner` and `test_owner` (a federated file's writers, roles,
+    # users); None: the owners are their codes
+    owner_names: list[str] | None = None

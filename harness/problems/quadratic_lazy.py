@@ -17,8 +17,8 @@ The N mod 4 clients of an incomplete last quadruple have A = diag(m), b = c. Wit
     F(w) = F* + 1/2 (w - c)^T diag(m) (w - c)     (every F_k* = 0, so Gamma = F*).
 
 Set-up is O(1), subopt and dist_to_opt are exact. Stochastic gradients add Gaussian noise from the client's own
-stream (seed, replica, round, client), as dataset=quadratic does. The train loss is F(w) while N <= eval_clients;
-above, it is estimated on eval_clients clients drawn uniformly (problems/estimate.py), with its standard error,
+stream (seed, replica, round, client), as dataset=quadratic does. The train loss is F(w) while N <= eval.clients;
+above, it is estimated on eval.clients clients drawn uniformly (problems/estimate.py), with its standard error,
 so the estimator can be checked against the exact F (= F* + subopt) at any scale.
 """
 
@@ -44,9 +44,8 @@ KEYS: dict[str, Key] = {  # dataset=quadratic_lazy's, besides num_clients and da
     "curvature_spread": number("s: client k's curvatures are m_i (1 +/- s v_i), v_i uniform in [-1, 1]",
                                lo=0, hi=1, hi_open=True),
     "noise": number("std of additive Gaussian gradient noise", lo=0),
-    "eval_clients": integer("train_loss exact while num_clients <= eval_clients; above, estimated on "
-                            "eval_clients clients drawn uniformly (train_loss_se)", lo=2),
 }
+DEFAULT_EVAL_CLIENTS = 10_000  # eval.clients=null: train_loss exact while num_clients <= this, else on this many
 
 _CURVATURE, _DIRECTION, _CENTER = 0, 1, 2  # the population stream's slots (its 'replica' field)
 
@@ -169,9 +168,10 @@ class QuadraticPopulation(Problem, ClosedForm):
 
 @DATASETS.register("quadratic_lazy", KEYS)
 def population(num_clients: int, dim: int, spread: float, mu: float, L: float, curvature_spread: float, noise: float,
-               eval_clients: int, seed: int, run_seed: int, dtype: torch.dtype, device: str,
+               eval_clients: int | None, seed: int, run_seed: int, dtype: torch.dtype, device: str,
                memory_budget: int | None) -> QuadraticPopulation:
-    """`dataset=quadratic_lazy`: clients generated when sampled; metrics estimated on clients drawn by the run's
-    seed."""
+    """`dataset=quadratic_lazy`: clients generated when sampled; metrics estimated on `eval_clients` (eval.clients,
+    null: DEFAULT_EVAL_CLIENTS) clients drawn by the run's seed."""
+    eval_clients = DEFAULT_EVAL_CLIENTS if eval_clients is None else eval_clients
     return QuadraticPopulation(num_clients, dim, spread, mu, L, curvature_spread, noise, seed, run_seed, eval_clients,
                                dtype, device, memory_budget)

@@ -13,12 +13,18 @@ shakespeare_test.h5), or one file (a `*train*.h5` brings its test sibling). The 
   stackoverflow_test.h5, held_out unused): TFF's word ids (problems/words.py) from the word-count file
   dataset.vocab_path (null: stackoverflow.word_count next to the .h5), dataset.vocab_size words (TFF: 10,000)
   plus pad, oov, bos, eos; every token after bos is a sample predicted from the 20 before it, int32 ids.
+
+The first load counts the windows holding the out-of-vocabulary id and the targets that are it. A folder without
+a `*test*.h5` has no test split: a log line says so. model=auto is the model of TFF's baselines on the task
+(MODELS): char_lstm, word_lstm, femnist_cnn.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Iterator
+
+import logging
 
 import numpy as np
 
@@ -37,6 +43,8 @@ SEQUENCE = 80  # tokens a next-token sample sees, TFF's SEQUENCE_LENGTH
 WORD_SEQUENCE = 20  # StackOverflow: words per sentence and tokens a sample sees (TFF's sequence_length)
 WORD_COUNTS = "stackoverflow.word_count"  # TFF's word-count file, dataset.vocab_path's default beside the .h5
 VOCAB_PATH_KEY = "dataset.vocab_path"
+MODELS = {"text": "char_lstm", "words": "word_lstm", "image": "femnist_cnn"}  # TFF's baseline model of each task
+log = logging.getLogger(__name__)
 _TOKEN = np.full(256, OOV, dtype=np.uint8)
 _TOKEN[np.frombuffer(CHARS.encode("ascii"), dtype=np.uint8)] = np.arange(1, len(CHARS) + 1)
 
@@ -147,10 +155,16 @@ def load_tff(path: str | None, cache_dir: str | None = None, vocab_path: str | N
 
     def read():
         (chunks, test_chunks, tasks), codes = federated.read_with_codes(read_all)
+        if test is None:  # said once the files are read (a bad file's error is then the only line)
+            log.info(f"dataset=tff: no test file beside {train.name} (no *test*.h5): no test split, so no test_* "
+                     "or per-client metrics")
         task = tasks.pop()
         classes = {"text": EOS + 1, "words": vocab_size + 4, "image": None}[task]  # words: + pad, oov, bos, eos
+        unknown = {"text": (OOV, "character outside TFF's CHARS", True),
+                   "words": (vocab_size + 1, "word outside the vocabulary", True)}.get(task)
         meta = {"task": task, "num_classes": classes, "token_vocab": classes,
-                "x_scale": 1.0 / federated.PIXEL_CODES if codes and task == "image" else None}
+                "x_scale": 1.0 / federated.PIXEL_CODES if codes and task == "image" else None,
+                **federated.unknown_meta(unknown)}
         return iter(chunks), None if test_chunks is None else iter(test_chunks), meta
 
     # the word counts are part of the data's identity where they exist (a new file: a new vocabulary)
@@ -159,9 +173,10 @@ def load_tff(path: str | None, cache_dir: str | None = None, vocab_path: str | N
 
 
 def tff_dataset(path: str | None = None, cache_dir: str | None = None, vocab_path: str | None = None,
-                vocab_size: int = 10_000):
+                vocab_size: int = 10_000, holdout: float | None = None, seed: int = 0):
     """dataset=tff: the pooled samples with each one's owner (a writer, a speaking role, a StackOverflow user)."""
-    return load_tff(path, cache_dir, vocab_path, vocab_size).pooled()
+    data = load_tff(path, cache_dir, vocab_path, vocab_size)
+    return data.pooled(MODELS[data.task], holdout, seed)
 
 
 DATASETS.add("tff", tff_dataset, {

@@ -21,6 +21,7 @@ import numpy as np
 from fedharness.errors import ConfigError
 
 LEAF_WORD = re.compile(r"[\w']+|[.,!?;]")  # LEAF's language_utils.split_line
+OOV = 1  # Sent140: the id of a word outside the vocabulary (0: pad)
 
 
 def next_token_samples(rows: Iterable[np.ndarray], length: int, pad: int, dtype: type
@@ -74,6 +75,6 @@ def leaf_word_ids(texts: list[str], vocab: dict[str, int], length: int) -> np.nd
     """[n, length] int32 word ids of tweets: the first `length` words (oov 1), padded with 0 after them."""
     out = np.zeros((len(texts), length), dtype=np.int32)
     for row, t in enumerate(texts):
-        ids = [vocab.get(w, 1) for w in LEAF_WORD.findall(t)[:length]]
+        ids = [vocab.get(w, OOV) for w in LEAF_WORD.findall(t)[:length]]
         out[row, :len(ids)] = ids
     return out

@@ -214,7 +214,7 @@ def _execute(slots: Sequence[Slot], batch_id: str | None, store: ResultsStore | 
     writes = write_behind(store) if len(slots) > 1 else None
     records = [RunRecord(s, resumed.run_id if resumed else slot.run_id or new_run_id(), writes or store, executor,
                          exact=exact, hooks=_caller_hooks(slot), callbacks=slot.callbacks, batch_id=batch_id,
-                         resumed=resumed)
+                         resumed=resumed, client_names=getattr(run.problem, "client_names", None))
                for s, slot in zip(recorded, slots)]
     engine = build_engine(run, executor, [record.hooks for record in records], slots_of_batch)
     # From the `running` rows on, a signal records the runs as interrupted; also while recording their ends, so a
@@ -254,14 +254,19 @@ def _where_it_stood(err: BaseException, records: list[RunRecord], rounds_done: i
     if isinstance(err, RunInterrupted) and len(records) == 1:
         err.run_id, err.rounds_done, err.checkpoint_round = records[0].run_id, rounds_done, records[0].checkpoint_round
 
+
+# eval.per_client's accuracy over clients, in the CLI summary
+CLIENT_ACC = ("client_acc_mean", "client_acc_se", "client_acc_p10", "client_acc_p50", "client_acc_p90")
+
+
 def summary_table(rows: list[dict]) -> str:
     """A short text table of the last evaluated round: mean and std over replicas."""
     last = max(r["round"] for r in rows)
     final = [r for r in rows if r["round"] == last and r["series"] == "iterate"]
-    lines = [f"{'metric':<14}{'mean':>14}{'std':>12}   (round {last}, {len(final)} replica(s))"]
+    lines = [f"{'metric':<16}{'mean':>14}{'std':>12}   (round {last}, {len(final)} replica(s))"]
     for name in ("train_loss", "train_loss_se", "subopt", "dist_to_opt", "grad_norm_sq", "test_loss", "test_acc",
-                 "wall_s"):  # train_loss_se: only where train_loss is an estimate
+                 *CLIENT_ACC, "wall_s"):  # train_loss_se: only where train_loss is an estimate
         vals = np.array([r[name] for r in final if r.get(name) is not None], dtype=float)
         if len(vals):
-            lines.append(f"{name:<14}{vals.mean():>14.6g}{vals.std():>12.3g}")
+            lines.append(f"{name:<16}{vals.mean():>14.6g}{vals.std():>12.3g}")
     return "\n".join(lines)

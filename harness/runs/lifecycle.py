@@ -293,10 +293,10 @@ class RunRecord(Callback):
 
     def __init__(self, settings: RunSettings, run_id: str, store: ResultsStore, executor, *, exact: dict,
                  hooks: Sequence[Callback] = (), callbacks: Sequence[Any] = (), batch_id: str | None = None,
-                 resumed: Resume | None = None):
+                 resumed: Resume | None = None, client_names: list[str] | None = None):
         self.settings, self.run_id, self.exact, self.batch_id = settings, run_id, exact, batch_id
         self.sink = ParquetSink(store, run_id, extra_columns=settings.metrics,
-                                clients_table=settings.eval.clients_table)
+                                clients_table=settings.eval.clients_table, client_names=client_names)
         self.started = resumed.started if resumed else now()
         self.callback_names = [callback_name(cb) for cb in callbacks]
         self.config_json = config_json(settings)  # the same in the running row and the final one: made once

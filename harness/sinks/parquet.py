@@ -31,6 +31,7 @@ ROUND_SCHEMA = pa.schema([
 CLIENT_SCHEMA = pa.schema([  # clients/ (eval.clients_table): one row per (replica, evaluated round, client)
     ("replica", pa.int64()), ("round", pa.int64()), ("client", pa.int64()), ("n", pa.int64()),
     ("loss", pa.float64()), ("acc", pa.float64()),  # null where the client has no held-out sample (n = 0)
+    ("owner", pa.string()),  # the client's owner (a writer, a role, a user: natural clients); null: unnamed
 ])
 
 RUN_SCHEMA = pa.schema([
@@ -75,8 +76,9 @@ def column(values: list, type_: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(type_, len(values), buffers)
 
 
-def client_table(scores: list[tuple[int, ClientScores]]) -> pa.Table:
-    """clients/ rows of evaluated rounds' scores, (round, scores) each, built from the arrays."""
+def client_table(scores: list[tuple[int, ClientScores]], names: list[str] | None = None) -> pa.Table:
+    """clients/ rows of evaluated rounds' scores, (round, scores) each, built from the arrays; `names`: each
+    client's owner (None: the owner column is null)."""
     parts = []
     for rnd, s in scores:
         replicas, clients = s.loss.shape[0], len(s.clients)
@@ -84,7 +86,8 @@ def client_table(scores: list[tuple[int, ClientScores]]) -> pa.Table:
         parts.append({"replica": np.repeat(np.arange(replicas, dtype=np.int64), clients),
                       "round": np.full(replicas * clients, rnd, dtype=np.int64),
                       "client": np.tile(s.clients, replicas), "n": np.tile(s.n, replicas),
-                      "loss": pa.array(loss, mask=np.isnan(loss)), "acc": pa.array(acc, mask=np.isnan(acc))})
+                      "loss": pa.array(loss, mask=np.isnan(loss)), "acc": pa.array(acc, mask=np.isnan(acc)),
+                      "owner": [None if names is None else names[c] for c in np.tile(s.clients, replicas)]})
     return pa.table({f.name: pa.concat_arrays([pa.array(p[f.name], f.type) for p in parts]) for f in CLIENT_SCHEMA},
                     schema=CLIENT_SCHEMA)
 
@@ -95,10 +98,12 @@ class ParquetSink(Callback):
     and writes them when the run ends (and at each checkpoint)."""
 
     def __init__(self, store: ResultsStore, run_id: str, extra_columns: Sequence[str] = (),
-                 clients_table: bool = False):
+                 clients_table: bool = False, client_names: list[str] | None = None):
         """`extra_columns`: the run's own metrics (the `metrics` key), float64 columns after the built-in ones.
-        `clients_table` (eval.clients_table): also write each evaluation's per-client scores to clients/."""
+        `clients_table` (eval.clients_table): also write each evaluation's per-client scores to clients/, each
+        client's owner from `client_names` (Problem.client_names)."""
         self.store, self.run_id, self.clients_table = store, run_id, clients_table
+        self.client_names = client_names
         self.round_schema = pa.schema([*ROUND_SCHEMA, *(pa.field(name, pa.float64()) for name in extra_columns)])
         self.pending: list[dict] = []
         self.pending_clients: list[tuple[int, ClientScores]] = []
@@ -148,7 +153,7 @@ class ParquetSink(Callback):
             rounds = [rnd for rnd, _ in self.pending_clients]
             name = layout.part_name(min(rounds), max(rounds))
             self.store.write(layout.part_key(self.run_id, name, layout.CLIENTS),
-                             table_bytes(client_table(self.pending_clients)))
+                             table_bytes(client_table(self.pending_clients, self.client_names)))
         self.pending_clients = []
 
     def drop_after(self, last_round: int) -> None:

@@ -1,0 +1,204 @@
+"""Tests that kill mutants `make mutants` found alive (docs/mutation.md lists each survivor and its test)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pickle
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from fedharness.algorithms import accounting, attacks, privacy, robust, samplers
+from fedharness.base import streams
+from fedharness.core import exact_sum
+from fedharness.core.byzantine import Adversary
+
+
+def test_a_run_of_no_rounds_spends_nothing_in_a_composition_even_without_noise():
+    """A trial pruned before its first round released nothing: it adds nothing to what a study spent, even at z = 0
+    (alone, z = 0 is an infinite epsilon). Kills `rounds >= 0` for `rounds > 0` in composed_epsilon."""
+    alone = accounting.epsilon("rdp", 0.1, 1.0, 10, 1e-5)
+    assert accounting.composed_epsilon("rdp", [(0.1, 0.0, 0), (0.1, 1.0, 10)], 1e-5) == alone
+    assert accounting.composed_epsilon("rdp", [(0.1, 0.0, 0)], 1e-5) == 0.0
+
+
+def test_final_epsilon_is_the_accountants_at_rate_k_over_n_and_none_without_dp_or_without_noise():
+    """What a run's record states as its epsilon (runs/lifecycle.py). Kills the mutants of privacy.final_epsilon:
+    K/N as K*N, the enabled check negated, the finiteness check negated."""
+    dp = SimpleNamespace(enabled=True, accountant="rdp", noise_multiplier=1.0, delta=1e-5)
+    spent = privacy.final_epsilon(dp, 100, 10, 20)
+    assert spent == accounting.epsilon("rdp", 0.1, 1.0, 20, 1e-5)
+    assert 0 < spent < math.inf
+    assert privacy.final_epsilon(SimpleNamespace(**{**vars(dp), "noise_multiplier": 0.0}), 100, 10, 20) is None
+    assert privacy.final_epsilon(SimpleNamespace(**{**vars(dp), "enabled": False}), 100, 10, 20) is None
+
+
+def test_the_mechanisms_parameters_cannot_change_after_it_is_built():
+    """The accountant charges the z the mechanism was built with: no code may lower it during a run. Kills
+    @dataclass(frozen=False) on DPFedAvg."""
+    mechanism = privacy.DPFedAvg(1.0, 1.0, 10, 0.1, 1e-5)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        mechanism.noise_multiplier = 0.0
+
+
+def test_a_poisson_replica_that_draws_nobody_is_inactive_and_every_other_active():
+    """A replica with an empty Poisson sample moves nothing (Selection.active False), one with clients moves.
+    Kills `counts >= 0` for `counts > 0` in PoissonSampling.select."""
+    sel = samplers.PoissonSampling(1000, 1).select(0, np.arange(40), 0, np.full(1000, 1e-3))
+    drew = (sel.weights > 0).any(axis=1)
+    assert 0 < drew.sum() < 40  # both occur: a replica draws nobody with probability 0.999^1000 = 0.37
+    assert np.array_equal(sel.active, drew)
+
+
+def test_without_replacement_beyond_the_shuffle_size_draws_k_distinct_clients():
+    """Above SHUFFLE_MAX_CLIENTS the K clients are the first K distinct of a stream of uniform draws. Kills
+    `while False` in _distinct_uniform."""
+    N = 1 << 18
+    clients = samplers.YangStrategy2(N, 10).select(0, np.arange(3), 0, np.full(N, 1 / N)).clients
+    assert clients.shape == (3, 10)
+    assert all(len(set(row)) == 10 for row in clients.tolist())
+    assert clients.min() >= 0 and clients.max() < N
+
+
+def test_dropout_wraps_the_sampler_only_when_its_rate_is_positive():
+    """algorithm.dropout > 0 puts Dropout around the sampler; 0 leaves the sampler as it is. Kills the negated
+    test in with_dropout."""
+    inner = samplers.YangStrategy2(10, 5)
+    assert samplers.with_dropout(inner, 0.0) is inner
+    wrapped = samplers.with_dropout(inner, 0.5)
+    assert isinstance(wrapped, samplers.Dropout) and wrapped.rate == 0.5 and wrapped.sampler is inner
+
+
+def test_a_sum_converted_in_several_column_chunks_is_within_the_documented_precision():
+    """Terms of more than _CHUNK elements are converted a slice of columns at a time (the path a large model's
+    reply takes). Kills `/` for `//` in the chunk width and the negated `whole` in add_rows."""
+    gen = torch.Generator().manual_seed(0)
+    reference = torch.randn(2, 3 * exact_sum.BLOCK, dtype=torch.float64, generator=gen)
+    # within the block's largest reference value: every chunk takes the low word's path
+    terms = (2 * torch.rand(300, 3 * exact_sum.BLOCK, dtype=torch.float64, generator=gen) - 1) * reference.abs().amin()
+    index = torch.arange(300) % 2
+    assert terms.numel() > 3 * exact_sum._CHUNK  # several chunks
+    grid = exact_sum.Grid.of(reference, 150)
+    total = exact_sum.ExactSum.zeros(tuple(reference.shape)).add_rows(index, terms, grid).value(grid)
+    expected = torch.zeros_like(reference).index_add_(0, index, terms)
+    # each term moves by at most g / 2 (docs in exact_sum.py); 150 terms a row
+    assert bool(((total - expected).abs() <= 150 * 0.5 / grid.scale).all())
+    assert bool((total != 0).all())
+
+
+def test_a_sum_pickled_as_ray_sends_it_or_moved_arrives_whole_and_counts_its_bytes():
+    """A shard's reply crosses Ray pickled (NumpyWire) and is moved between devices: its words, high and overflow
+    included, arrive equal; nbytes counts 8 bytes a word. Kills the negated `is None` in NumpyWire.__getstate__
+    and ExactSum.to, the emptied loop in __setstate__, `/` for `*` in nbytes."""
+    reference = torch.ones(1, 4, dtype=torch.float64)
+    grid = exact_sum.Grid.of(reference, 2)
+    terms = torch.tensor([[1.5, -2.0, 2.0 ** 60, float("inf")], [0.25, 0.5, 1.0, 1.0]], dtype=torch.float64)
+    reply = exact_sum.ExactSum.zeros((1, 4)).add_rows(torch.zeros(2, dtype=torch.long), terms, grid)
+    assert reply.high is not None and reply.overflow is not None
+    arrived = pickle.loads(pickle.dumps(reply))
+    assert torch.equal(arrived.value(grid), reply.value(grid))
+    assert torch.equal(arrived.low, reply.low) and torch.equal(arrived.high, reply.high)
+    moved = reply.to("cpu")
+    assert torch.equal(moved.high, reply.high) and torch.equal(moved.overflow, reply.overflow)
+    assert reply.nbytes == 3 * 4 * 8  # low, high and overflow: 4 float64 words each
+    assert exact_sum.FloatSum.zeros((2, 3)).nbytes == 2 * 3 * 8
+
+
+def test_terms_within_the_margin_travel_in_the_low_word_alone_and_the_words_are_the_documented_ones():
+    """A round whose terms stay within 2^MARGIN_BITS of the block's reference sends 8 bytes a parameter (no high
+    word), and L = 53 - bitlength(K) for both words. Kills the low word's bounds turned into 2 L or +2^L, and
+    WORD_BITS + head for the high word's bits."""
+    for width in (5, 2 * exact_sum.BLOCK):  # one block, several
+        for K in (1, 10, 1000):
+            grid = exact_sum.Grid.of(torch.ones(1, width, dtype=torch.float64), K)
+            assert grid.low_bits == grid.high_bits == 53 - K.bit_length()
+    reference = torch.ones(1, 5, dtype=torch.float64)
+    grid = exact_sum.Grid.of(reference, 10)
+    terms = torch.tensor([[3.9, -3.9, 0.0, 1e-9, -2.5]] * 10, dtype=torch.float64)
+    reply = exact_sum.ExactSum.zeros((1, 5)).add_rows(torch.zeros(10, dtype=torch.long), terms, grid)
+    assert reply.high is None and reply.overflow is None and reply.nbytes == 5 * 8
+
+
+def test_each_named_sum_gets_the_grid_of_what_it_updates():
+    """Grids: "delta" on the model x, a solver's sum on its server tensor, any other on zeros (the FLOOR_EXP
+    step). Kills `is not None` for `is None` and its negation in Grids.__getitem__."""
+    x = torch.full((2, 8), 3.0, dtype=torch.float64)
+    control = torch.full((2, 8), 1e3, dtype=torch.float64)
+    grids = exact_sum.Grids(x, {"control": control}, 10)
+    assert torch.equal(grids["delta"].scale, exact_sum.Grid.of(x, 10).scale)
+    assert torch.equal(grids["control"].scale, exact_sum.Grid.of(control, 10).scale)
+    assert torch.equal(grids["other"].scale, exact_sum.Grid.of(torch.zeros_like(x), 10).scale)
+    assert not torch.equal(grids["delta"].scale, grids["other"].scale)
+
+
+@pytest.mark.parametrize("key,refused,accepted", [("trim", 0.5, 0.49), ("clip_norm", 0.0, 1e-9),
+                                                  ("rfa_nu", 0.0, 1e-9), ("cc_tau", 0.0, 1e-9)])
+def test_the_robust_rules_refuse_their_degenerate_settings(key, refused, accepted):
+    """trim 0.5 drops every update, a zero clip norm or tau moves nothing, nu 0 divides by a zero distance: each
+    key's bound is open. Kills lo_open/hi_open=False in robust.KEYS."""
+    assert not robust.KEYS[key].check(refused)
+    assert robust.KEYS[key].check(accepted)
+
+
+def test_buckets_of_one_leave_the_updates_and_their_order_as_they_are():
+    """bucket_size 1 is no bucketing: the rule sees the updates themselves, in their order; so does a single update
+    (not its weighted mean, 0.1 * 3 / 0.1 = 3.0000000000000004). Kills `size < 1`, `n < 1` and `and` for `or` in
+    robust.bucket."""
+    updates = torch.full((5, 3), 3.0, dtype=torch.float64) + torch.arange(5, dtype=torch.float64)[:, None]
+    weights = torch.full((5,), 0.1, dtype=torch.float64)
+    key = streams.stream_key(0, streams.BUCKETS, 0, 0, 0)
+    rows, w = robust.bucket(updates, weights, 1, key)
+    assert torch.equal(rows, updates) and torch.equal(w, weights)
+    rows, w = robust.bucket(updates[:1], weights[:1], 2, key)
+    assert torch.equal(rows, updates[:1]) and torch.equal(w, weights[:1])
+
+
+def test_krum_breaks_ties_towards_the_lower_row():
+    """Krum's documented tie rule (the lower row), on 20 updates +-e_i whose scores are all equal (integer
+    distances, so exactly): the first row wins. torch's unstable sort reorders ties from 17 elements on. Kills
+    argsort(stable=False)."""
+    eye = torch.eye(10, dtype=torch.float64)
+    updates = torch.cat([eye, -eye])
+    chosen = robust.Krum(byzantine=0, krum_select=1).aggregate(updates, torch.full((20,), 0.05, dtype=torch.float64))
+    assert torch.equal(chosen, updates[0])
+
+
+@pytest.mark.parametrize("keys,key", [(attacks.GAUSSIAN_KEYS, "noise_std"), (attacks.IPM_KEYS, "epsilon")])
+def test_the_attacks_refuse_a_zero_strength(keys, key):
+    """A Gaussian attack of std 0 or an IPM attack of epsilon 0 sends nothing and is no attack: both bounds are
+    open. Kills lo_open=False in GAUSSIAN_KEYS and IPM_KEYS."""
+    assert not keys[key].check(0.0)
+    assert keys[key].check(1e-9)
+
+
+def test_an_update_attacks_adversary_leaves_the_training_labels_alone():
+    """assembly/build.py builds an update attack's Adversary without flips_labels: its Byzantine clients train
+    honestly and only their updates are forged (label_flip alone poisons the training). Kills the default True."""
+    adversary = Adversary(attacks.InnerProductManipulation(), 0.2)
+    assert adversary.flips_labels is False
+    with pytest.raises(dataclasses.FrozenInstanceError):  # and nothing changes it during the run
+        adversary.fraction = 0.0
+
+
+def test_alie_with_one_honest_update_sends_that_update():
+    """One honest update has no spread (std 0), so ALIE sends it, not torch.std's NaN of one row. Kills `>= 1` for
+    `> 1` in ALittleIsEnough.forge."""
+    honest = torch.tensor([[1.0, -2.0, 3.0]], dtype=torch.float64)
+    own = torch.zeros(2, 3, dtype=torch.float64)
+    forged = attacks.ALittleIsEnough(z=1.5).forge(own, honest, np.zeros(2, dtype=np.uint64))
+    assert torch.equal(forged, honest.expand(2, -1))
+
+
+@pytest.mark.parametrize("cls", [samplers.SchemeI, samplers.YangStrategy1, samplers.SchemeII, samplers.YangStrategy2])
+def test_each_sampler_declares_with_replacement_as_it_draws(cls):
+    """`with_replacement` (read by core/slots.py) says whether a round may draw a client twice: true exactly for
+    the samplers whose draws repeat. Kills with_replacement = False on YangStrategy1."""
+    N = 3
+    K = 12 if cls.with_replacement else N
+    clients = cls(N, K).select(0, np.arange(4), 0, np.full(N, 1 / N)).clients
+    repeats = any(len(set(row)) < len(row) for row in clients.tolist())
+    assert repeats == (cls in (samplers.SchemeI, samplers.YangStrategy1))
+    assert cls.with_replacement == repeats

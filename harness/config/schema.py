@@ -88,7 +88,8 @@ def _check_section(cfg: dict[str, Any], keys: dict[str, Key], prefix: str, extra
     for key, value in cfg.items():
         if key not in keys and not extra_keys:
             where = f"'{prefix.rstrip('.')}'" if prefix else "the run"
-            require(prefix + key not in MOVED, prefix + key, value, moved(prefix + key))
+            if prefix + key in MOVED:
+                raise ConfigError(prefix + key, value, moved(prefix + key))
             raise ConfigError(prefix + key, value, f"no such key; keys of {where}: {', '.join(keys)}")
     for key, spec in keys.items():
         if key in cfg:

@@ -81,6 +81,7 @@ def solo_and_batch(tmp_path, overrides: dict[str, list[str]], common: list[str],
 
 
 @pytest.mark.parametrize("dtype,rel", [("float32", 1e-6), pytest.param("float64", 1e-12, marks=pytest.mark.slow)])
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 6 s idle
 def test_every_batchable_key_gives_each_slot_its_solo_rows(tmp_path, dtype, rel):
     solo, batch = solo_and_batch(tmp_path, SLOTS, [*MOMENTUM, f"dtype={dtype}"])
     for name in SLOTS:

@@ -141,6 +141,7 @@ def test_bad_registrations_are_named(mypkg):
         fedharness.run(["+model._target_=nopkg.nets.Net", "model.name=net"])
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 10 s idle
 def test_target_configs_run_from_the_command_line_outside_the_checkout(mypkg):
     _, tmp = mypkg
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp)]),

@@ -204,6 +204,7 @@ def _write_hf(folder, rng):
 
 
 @pytest.mark.parametrize("kind", ["leaf_images", "leaf_text", "tff", "hf"])
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 8 s idle
 def test_a_run_on_natural_clients_ends_ok(tmp_path, kind):
     rng = np.random.default_rng(5)
     if kind == "tff":

@@ -162,6 +162,7 @@ SLOW = {"tff_stackoverflow"}  # word_lstm: 4M parameters, the LSTM of 670 on CPU
 
 
 @pytest.mark.parametrize("kind", [pytest.param(k, marks=pytest.mark.slow) if k in SLOW else k for k in RUNS])
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 11 s idle
 def test_a_run_with_per_client_evaluation_ends_ok(tmp_path, kind):
     _write(kind, tmp_path / "d", np.random.default_rng(2))
     r = fedharness.run([*RUNS[kind], f"dataset.path={tmp_path / 'd'}", f"dataset.cache_dir={tmp_path / 'c'}",

@@ -123,6 +123,7 @@ def test_fednova_prox_reaches_its_closed_form_at_each_step_size(run_config):
     assert np.abs(wrong - res.x[0]).max() > 1e-3
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 8 s idle
 def test_fedprox_growing_mu_moves_toward_the_consistent_point(run_config):
     # Wang et al.: a larger mu brings FedProx's weights closer to p (smaller chi^2), mitigating the
     # inconsistency without removing it at these mu; each limit is the proximal closed form.

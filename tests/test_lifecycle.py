@@ -58,6 +58,7 @@ def _wait_for(proc: subprocess.Popen, ready, err: Path) -> None:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 10 s idle
 def test_signal_ends_a_run_with_one_line_interrupted_and_resumable(tmp_path, signum):
     results = tmp_path / "results"
     run = [*ENDLESS, "checkpoint_every=5", "progress=false"]
@@ -79,6 +80,7 @@ def test_signal_ends_a_run_with_one_line_interrupted_and_resumable(tmp_path, sig
     assert f"(continues from round {resume.round}, its last checkpoint)" in lines[0]
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 5 s idle
 def test_interrupted_run_without_checkpoints_says_it_cannot_be_resumed(tmp_path):
     results = tmp_path / "results"
     proc, err = _start_cli(results, *ENDLESS, "progress=true")
@@ -108,6 +110,7 @@ def test_a_failed_run_records_the_rounds_it_completed(run_config, tmp_path):
     assert row["pid"] == os.getpid() and row["pid_start"] == process_start(os.getpid())
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 4 s idle
 def test_sigkilled_run_is_marked_lost_by_the_next_command(tmp_path, capsys):
     results = tmp_path / "results"
     proc, err = _start_cli(results, *ENDLESS, "checkpoint_every=5", "progress=false")
@@ -146,6 +149,7 @@ def test_only_rows_of_gone_processes_on_this_host_are_marked_lost(tmp_path):
         == ["running", "lost", "lost", "running"]
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 6 s idle
 def test_sigterm_ends_a_local_sweep_with_one_line_and_its_run_interrupted(tmp_path):
     results = tmp_path / "results"
     (tmp_path / "s.yaml").write_text("runner: local\nbase: {dataset: quadratic, rounds: 10000000, eval_every: 1, "

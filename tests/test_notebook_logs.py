@@ -30,6 +30,7 @@ def _python(script: str, tmp_path: Path, **env: str) -> tuple[str, str]:
     return out.stdout, text
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 15 s idle
 def test_reports_and_tuning_plots_leave_the_matplotlib_backend_as_it_is(tmp_path):
     """A process whose backend is svg (as a notebook's is inline): importing the report modules, drawing a
     report's figures and a tuning study's plots keep it; so does the reproduce module's figure helper."""
@@ -55,6 +56,7 @@ def test_reports_and_tuning_plots_leave_the_matplotlib_backend_as_it_is(tmp_path
     assert (tmp_path / "results" / "tune" / "mplt" / "history.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 5 s idle
 def test_progress_to_a_file_is_a_few_plain_lines(tmp_path):
     """`fedharness run` with its stderr in a file (a CI log): no carriage-return frames, at most one line per
     LOG_EVERY_S (5 s) plus the last; the last line says where the run ended."""
@@ -75,6 +77,7 @@ def test_progress_to_a_file_is_a_few_plain_lines(tmp_path):
     assert lines[-1].startswith("rounds: 300/300 rnd, train_loss=")
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 7 s idle
 def test_progress_lines_are_spaced_in_time_and_the_solver_status_too(tmp_path):
     """2 s of round updates at 5 ms each with lines every 0.5 s: about 5 lines, not 400 frames; the exact
     solver's status (shown once a solve takes a second) the same way."""

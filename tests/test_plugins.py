@@ -154,6 +154,7 @@ def test_the_user_module_is_not_on_the_workers_path(user_parts):
     assert importlib.util.find_spec(user_parts) is not None
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 14 s idle
 def test_python_registrations_run_in_two_ray_shards_as_inline(user_parts, tmp_path):
     want = _inline(tmp_path)
     # the user's solver ran with its own key: lr 0.4 damped by 0.5 is plain SGD with lr 0.2
@@ -165,6 +166,7 @@ def test_python_registrations_run_in_two_ray_shards_as_inline(user_parts, tmp_pa
     _assert_same_rounds(got.rounds, want)
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 8 s idle
 def test_python_registrations_run_in_sweep_tasks_as_inline(user_parts, tmp_path):
     base = {**override_values([o for o in RUN if not o.startswith("progress=")]), "metrics": ["plug_norm"]}
     spec = spec_from_dict({"results_dir": str(tmp_path / "sweep"), "runner": "ray", "base": base,
@@ -177,6 +179,7 @@ def test_python_registrations_run_in_sweep_tasks_as_inline(user_parts, tmp_path)
         _assert_same_rounds(got, _inline(tmp_path / job.point["seed"], f"seed={job.point['seed']}"))
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 5 s idle
 def test_python_registrations_run_in_parallel_tuning_workers_as_inline(user_parts, tmp_path):
     journal = tmp_path / "study.log"
     fedharness.tune(["tune=default", *[o for o in RUN if o.split("=")[0] not in ("rounds", "eval_every")],
@@ -270,6 +273,7 @@ def _python(cwd: Path, site: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 14 s idle
 def test_an_installed_packages_entry_point_registers_its_parts_with_no_import(tmp_path):
     site = tmp_path / "site"
     _write_package(site)

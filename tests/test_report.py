@@ -74,6 +74,7 @@ def direct_time_to_target(results: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 18 s idle
 def test_report_from_a_sweep_in_a_subprocess_matches_the_parquet_rows(tmp_path):
     (tmp_path / "rep.yaml").write_text(SWEEP)
     results = tmp_path / "res"
@@ -130,6 +131,7 @@ def test_targets_parse_with_their_direction():
             parse_target(bad)
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 5 s idle
 def test_report_command_names_a_bad_directory(tmp_path):
     out = fedharness("report", str(tmp_path / "nothing"), "--target", "train_loss<=1")
     assert out.returncode == 2 and "RESULTS_DIR" in out.stderr
@@ -167,6 +169,7 @@ def _report(results: Path, *args: str) -> int:
     return main(["report", str(results), "--target", "subopt<=0.5", *args])
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 6 s idle
 def test_report_counts_runs_that_diverged_before_their_first_evaluation_as_censored(diverged_group, tmp_path):
     results = _copy(diverged_group, tmp_path)
     assert _report(results) == 0

@@ -49,6 +49,7 @@ def committed(name: str, draw: int = 0) -> dict:
 # ---------------------------------------------------------------- configs
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 7 s idle
 def test_every_experiment_composes_at_both_scales_and_names_itself():
     experiments = group_options("experiment")
     assert len(experiments) >= 15
@@ -84,6 +85,7 @@ def test_bad_experiment_or_scale_is_one_config_error():
     assert err.value.key == "scale" and "smoke, paper" in str(err.value)
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 15 s idle
 def test_every_repro_sweep_composes_at_both_scales():
     from fedharness.studies.sweep import apply_cli, grid_points, load_spec
 
@@ -128,6 +130,7 @@ def test_cli_runs_an_experiment_and_records_it(tmp_path):
 # ---------------------------------------------------------------- claims, fast subsets
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 10 s idle
 def test_li_toy_constant_step_stalls_in_proportion_to_E_minus_1_and_decay_converges(tmp_path):
     res = R.li_toy(tmp_path, log=_quiet)
     recorded = committed("li_toy")
@@ -191,6 +194,7 @@ def test_mangold_rr_average_over_fedavg_average_is_the_recorded_draws():
         assert _mangold_mse(g, data, "fedavg_rr", "average") == pytest.approx(fedavg, rel=1e-9)
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 6 s idle
 def test_li_scheme_ii_on_synthetic_1_1_judged_by_the_papers_words_in_one_draw():
     # Li et al. Fig. 4: "The Scheme I performs stably and the best ... The curve of the Scheme II fluctuates and
     # has no sign of convergence." Criterion (claims.scheme_ii_parts, part of claims.li_schemes): "fluctuates" = a
@@ -211,6 +215,7 @@ def test_li_scheme_ii_on_synthetic_1_1_judged_by_the_papers_words_in_one_draw():
     assert claims.scheme_ii_parts(found) == claims.scheme_ii_parts(recorded)
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 9 s idle
 def test_qu_fedavg_rounds_to_target_against_K_judged_by_linear_speedup():
     g = R.run_grid("repro_qu_speedup", reference=True, log=_quiet,
                    only={"experiment": ["qu_speedup"], "algorithm": ["fedavg"],
@@ -226,6 +231,7 @@ def test_qu_fedavg_rounds_to_target_against_K_judged_by_linear_speedup():
     assert claims.linear_speedup(cell["slope"]) == claims.linear_speedup(recorded_slope)
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 12 s idle
 def test_yang_theory_step_sizes_judged_by_linear_speedup(tmp_path):
     res = R.yang_speedup(tmp_path, log=_quiet)
     recorded = committed("yang_speedup")
@@ -455,6 +461,7 @@ def test_summary_counts_the_draws_where_each_part_holds_and_the_spread():
 
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 16 s idle
 def test_fedharness_reproduce_runs_a_claim_and_records_its_draws(tmp_path):
     import json
 

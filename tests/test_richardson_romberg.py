@@ -39,6 +39,7 @@ def _quad(res):
     return res.problem.A_np, res.problem.e_np, cf.optimum(res.problem.A_np, res.problem.e_np)
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 9 s idle
 def test_fedavg_stationary_point_matches_mangold_closed_form(deterministic):
     for lr in (0.01, 0.02):
         res = deterministic["gamma", lr]
@@ -84,6 +85,7 @@ def _noisy(run_config, shared: bool, rounds: int):
     return run_engine(cfg, series_from_config=True)
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 5 s idle
 def test_noisy_stationary_mean_and_rr_average(run_config):
     """With gradient noise the iterates wander, but the stationary mean keeps the closed form (quadratics:
     no stochastic bias), the Polyak-Ruppert averages estimate it, and RR's average removes most of the bias."""

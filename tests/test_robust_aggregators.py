@@ -281,6 +281,7 @@ def test_the_documented_user_rule_runs_and_equals_numpy(doc_package, tmp_path):
 
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 30 s idle
 def test_three_ray_shards_follow_the_inline_trajectory(local_ray, run_config):
     from fedharness.backends.ray_executor import RayExecutor
 

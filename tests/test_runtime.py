@@ -28,6 +28,7 @@ def _cnn_config(run_config, tmp_path, *extra: str):
                       "algorithm.batch_size=8", "algorithm.client_lr=0.05", "rounds=3", *extra)
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 7 s idle
 def test_bf16_trains_near_fp32_with_float32_weights(run_config, tmp_path):
     fp32 = run_engine(_cnn_config(run_config, tmp_path))
     bf16 = run_engine(_cnn_config(run_config, tmp_path, "precision=bf16"))
@@ -53,6 +54,7 @@ def test_precision_sets_the_tf32_flags(precision, tf32, restore_torch_flags):
     assert torch.backends.cuda.matmul.allow_tf32 is tf32 and torch.backends.cudnn.allow_tf32 is tf32
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 5 s idle
 def test_deterministic_run_is_on_inside_the_run_and_repeats_bit_for_bit(run_config, tmp_path,
                                                                          restore_torch_flags):
     seen = []

@@ -31,6 +31,7 @@ def study(tmp_path, base: dict, grid: dict, zips: list, protocol: dict, target: 
     return report.tables[f"fit_{t.slug}"].set_index("group")
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 10 s idle
 def test_iid_quadratic_with_the_theory_schedule_has_linear_speedup(tmp_path):
     """One curvature for every client: local steps cause no drift, FedAvg is SGD whose noise (gradient noise and
     the sampled clients) averages over n, so T(n) = T(1) / n exactly in the small-step limit."""
@@ -44,6 +45,7 @@ def test_iid_quadratic_with_the_theory_schedule_has_linear_speedup(tmp_path):
     assert row["b_hi"] - row["b_lo"] < 0.15  # an interval that could have excluded 1
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 16 s idle
 def test_non_iid_partial_participation_loses_the_linear_speedup(tmp_path):
     """Same protocol, same n, only the data differ: Synthetic(0,0) split IID against Synthetic(1,1) with one
     generator per client, n of 30 clients per round without replacement. Client drift from the K local steps

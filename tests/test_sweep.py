@@ -127,6 +127,7 @@ def test_a_failed_run_is_recorded_and_the_others_go_on(tmp_path):
 
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 26 s idle
 def test_jobs_run_as_ray_tasks_and_a_failure_does_not_stop_them(tmp_path, local_ray):
     """The real runner: one Ray task per point with its CPU request, in Ray's worker processes."""
     import os

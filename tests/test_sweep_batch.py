@@ -39,6 +39,7 @@ def _table(results_dir, kind: str, volatile: list[str]) -> pd.DataFrame:
     return frame.sort_values(keys).reset_index(drop=True)
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 11 s idle
 def test_points_fold_into_batched_runs_by_everything_but_batchable_keys(tmp_path):
     s = spec(tmp_path, grid=GRID)
     jobs = _same_ids(s)
@@ -54,6 +55,7 @@ def test_points_fold_into_batched_runs_by_everything_but_batchable_keys(tmp_path
     assert [len(u) for u in batch_units(_same_ids(alone), alone)] == [1] * 8
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 11 s idle
 def test_a_batched_sweep_records_the_rows_of_the_unbatched_one(tmp_path):
     grid = {"seed": [0, 1], "algorithm.local_steps": [1, 3], "algorithm.client_lr": [0.02, 0.05]}
     base = {**BASE, "dataset.noise": 0.5, "algorithm.clients_per_round": 4}  # stochastic gradients, sampled clients

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import json
 
 import numpy as np
@@ -11,6 +12,7 @@ import pandas as pd
 from fedharness import cli
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 6 s idle
 def test_compare_two_algorithms(tmp_path):
     args = ["--compare", "fedavg,fedprox", "tune=default", "dataset=quadratic", "dataset.noise=0.5",
             "algorithm.clients_per_round=4", "tune.n_trials=3", "tune.budget.total=120",

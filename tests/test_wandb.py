@@ -209,6 +209,7 @@ def test_bad_wandb_settings_stop_before_any_file(run_config, offline, tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 4 s idle
 def test_report_figures_and_tables_are_logged(run_config, offline, tmp_path):
     from dataclasses import replace
 

@@ -68,6 +68,7 @@ def fake_wandb(monkeypatch):
     server.shutdown()
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 9 s idle
 def test_report_spec_offline_then_published_from_the_file(run_config, tmp_path, monkeypatch, capsys, fake_wandb):
     monkeypatch.setenv("WANDB_MODE", "offline")  # the study's runs and the report: offline, as here by default
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
@@ -113,6 +114,7 @@ def test_project_and_entity_flags_name_the_report_s_home(run_config, tmp_path, m
     assert (spec["project"], spec["entity"]) == ("elsewhere", "team")
 
 
+@pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 5 s idle
 def test_a_tuning_study_s_lines_are_grouped_by_trial(tmp_path, monkeypatch, capsys):
     """Its runs share clients_per_round (the sweeps' scale key) and differ by trial: one line per trial."""
     monkeypatch.setenv("WANDB_MODE", "offline")

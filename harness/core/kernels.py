@@ -7,12 +7,14 @@
   loop_channels_last   the loop with images and convolution weights in channels-last memory format (tensor cores
                        prefer it for convolutions on CUDA)
   auto                 the fastest of those on this machine, for the run's model, batch size, dtype, precision,
-                       threads and copies per step: timed once (a few gradients each) and remembered in
+                       threads and copies per round: timed once (a few gradients each) and remembered in
                        $FEDHARNESS_CACHE/kernels.json, so later runs make the same choice and repeat bit for bit
                        (the formulations agree only up to rounding). Delete the entry to time it again.
                        Processes that miss the cache together measure one at a time (a lock beside the cache):
                        the first measures and writes, the others then read its choice, so runs started
-                       together choose alike.
+                       together choose alike. The shard count is not in the key: a run's bits do not
+                       depend on how its clients are split over shards (tests/test_same_bits.py), so 1 and
+                       3 shards must use the same formulation.
 Linear models have one formulation (their closed-form gradient) and ignore the key.
 """
 
@@ -40,7 +42,7 @@ KERNELS = ("vmap", "loop", "loop_channels_last")
 MEASURE_COPIES = 64  # at most this many copies are timed: enough to fill a GPU, bounded start-up cost
 REPEATS = 3  # timed calls per formulation after one warm-up call; the median counts
 
-CACHE_FORMAT = 1  # bump when the meaning of a remembered choice changes
+CACHE_FORMAT = 2  # 2: copies per round, not per shard step. Bump when the meaning of a remembered choice changes
 
 
 def candidates(objective) -> tuple[str, ...]:
@@ -81,12 +83,13 @@ def measure(objective, copies: int, batch: int, device: torch.device, dtype: tor
     return timings
 
 
-def copies_per_step(settings: RunSettings, num_clients: int) -> int:
-    """Client copies in a shard's first batched step of a round: sampled clients x replicas over the shards."""
+def copies_per_round(settings: RunSettings, num_clients: int) -> int:
+    """Client copies trained in a round: sampled clients x replicas. Not divided by the shards: were the shard
+    count in the key, 1 and 3 shards could time differently, choose different formulations and differ in the
+    last bits."""
     algorithm = settings.algorithm
     per_round = num_clients if algorithm.sampler == "full" else algorithm.clients_per_round
-    shards = settings.ray.num_shards if settings.executor == "ray" else settings.num_shards
-    return max(1, -(-int(per_round) * int(settings.replicas) // max(1, int(shards))))
+    return max(1, int(per_round) * int(settings.replicas))
 
 
 def resolve_kernel(settings: RunSettings, problem, resumed_kernel: str | None = None) -> str:
@@ -104,7 +107,7 @@ def resolve_kernel(settings: RunSettings, problem, resumed_kernel: str | None = 
 
 def _auto(settings: RunSettings, problem) -> str:
     objective, device = problem.objective, problem.device
-    copies = min(MEASURE_COPIES, copies_per_step(settings, problem.num_clients))
+    copies = min(MEASURE_COPIES, copies_per_round(settings, problem.num_clients))
     key = json.dumps([CACHE_FORMAT, objective.name, objective.in_shape, objective.dim, copies, problem.batch_size,
                       _device_name(device), str(problem.dtype), settings.precision,
                       torch.get_num_threads(), torch.__version__])

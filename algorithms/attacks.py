@@ -1,6 +1,6 @@
 """Byzantine attacks (`attack=NAME`): what the Byzantine clients of a round send (contracts.Attack).
 
-Which clients are Byzantine, and where their forged updates replace theirs, is core/byzantine.py's. Each attack
+Which clients are Byzantine, and where their forged updates replace theirs, is algorithms/byzantine.py's. Each attack
 here but label_flip (which poisons the training data) maps one replica's updates to the Byzantine clients' messages, in float64: `own` [b, dim] their honest
 updates, `honest` [h, dim] the round's honest ones, `keys` [b] their stream keys. ALIE and IPM are omniscient
 (they read `honest`), as Baruch et al. 2019 and Xie et al. 2020 assume; Blades (Li et al. 2023) implements the same
@@ -31,8 +31,14 @@ IPM_KEYS: dict[str, Key] = {"epsilon": number("the Byzantine clients send -epsil
 
 @ATTACKS.register("label_flip", keys={})
 class LabelFlip(Attack):
-    """Data poisoning: each Byzantine client trains honestly on its data with every label y read as C - 1 - y
-    (C classes) and sends that update (core/executors.py trains it on problems/data.py's flipped view)."""
+    """Data poisoning (contracts.DataPoisoning): each Byzantine client trains honestly on its data with every label
+    y read as C - 1 - y (C classes) and sends that update (the shards train it on problems/data.py's flipped view)."""
+
+    view = "labels_flipped"
+    needs = frozenset({"labels"})
+
+    def view_of(self, problem):
+        return problem.labels_flipped()
 
     def forge(self, own: torch.Tensor, honest: torch.Tensor, keys: np.ndarray) -> torch.Tensor:
         return own  # the poison is in the training; the update goes as trained

@@ -1,10 +1,10 @@
 """Client-level differential privacy: DP-FedAvg (McMahan et al. 2018), optionally with adaptive clipping (Andrew
 et al. 2021).
 
-A round: the poisson sampler takes each client with probability q = K/N and weighs it 1/K (the fixed-denominator
-estimator: K = qN is the expected count, not the drawn one); each shard clips every client's update to the
-replica's clip norm C before its partial sum (core/executors.py), so one client moves the sum by at most C/K; here
-the server adds Gaussian noise of std z_update * C / K to that sum, once, drawn by a generator seeded from the
+An update stage (contracts.UpdateStage, `stages: [..., dp]`). A round: the poisson sampler takes each client with
+probability q = K/N and weighs it 1/K (the fixed-denominator estimator: K = qN is the expected count, not the drawn
+one); each shard clips every client's update to the replica's clip norm C before its partial sum (the stage's
+client work, ClipUpdates), so one client moves the sum by at most C/K; on the aggregate the server adds Gaussian noise of std z_update * C / K to that sum, once, drawn by a generator seeded from the
 counter-based streams' key (seed, replica, round), so a DP run has the same bits at any shard count and on resume. The accountant
 (algorithms/accounting.py) charges each round as a Poisson-subsampled Gaussian of noise multiplier z.
 
@@ -29,13 +29,37 @@ import torch
 
 from fedharness.algorithms import accounting
 from fedharness.base import streams
+from fedharness.contracts import ClientWork, RoundPlan, UpdateStage
 
 CLIP_COUNTER = "dp_clip_norm"  # the run state's per-replica clip norm (RunState.counters), a rounds/ column
+UNCLIPPED = "dp_unclipped"  # the shards' count of the clients whose update was within C (ShardResult.counts)
 
 
 @dataclass(frozen=True)
-class DPFedAvg:
-    """The server side of DP-FedAvg; `noise_multiplier` is z, the one the accountant charges."""
+class ClipUpdates(ClientWork):
+    """The client side of a DP round: each update clipped to its replica's clip norm `bound` [R]; counts those
+    that were within it."""
+
+    bound: np.ndarray
+
+    def transform(self, delta: torch.Tensor, replica: np.ndarray,
+                  clients: np.ndarray) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+        clipped, within = clip_rows(delta, self.bound[replica])
+        return clipped, {UNCLIPPED: within}
+
+
+def clip_rows(delta: torch.Tensor, bound: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
+    """Each row of delta [M, dim] float64 scaled to l2 norm at most bound[m]; and which rows were within it.
+    A row's norm and scale are its own computation, so its bits do not depend on the rows beside it."""
+    bound_t = torch.as_tensor(bound, dtype=torch.float64, device=delta.device)
+    norms = delta.norm(dim=1)
+    scale = (bound_t / norms.clamp_min(torch.finfo(torch.float64).tiny)).clamp(max=1.0)
+    return delta * scale[:, None], (norms <= bound_t).cpu().numpy()
+
+
+@dataclass(frozen=True)
+class DPFedAvg(UpdateStage):
+    """DP-FedAvg as an update stage; `noise_multiplier` is z, the one the accountant charges."""
 
     noise_multiplier: float
     clip_norm: float
@@ -65,8 +89,21 @@ class DPFedAvg:
             return z
         return (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
 
+    needs = frozenset({"poisson"})  # the accountant charges Poisson-subsampled rounds
+
     def init_counters(self, replicas: int) -> dict[str, np.ndarray]:
         return {CLIP_COUNTER: np.full(replicas, float(self.clip_norm))}
+
+    def client_work(self, plan: RoundPlan, counters) -> ClipUpdates:
+        return ClipUpdates(self.clip_norms(counters))
+
+    def on_aggregate(self, plan: RoundPlan, delta: torch.Tensor, counts, counters: dict[str, np.ndarray]) \
+            -> torch.Tensor:
+        unclipped = counts.get(UNCLIPPED, np.zeros(len(delta)))
+        return self.release(delta, plan.seed, plan.stream_replicas, plan.round, unclipped, counters)
+
+    def row_values(self, rounds: int) -> dict[str, float | None]:
+        return {"epsilon": self.epsilon(rounds)}
 
     def clip_norms(self, counters: dict[str, np.ndarray]) -> np.ndarray:
         """Each replica's clip norm this round [R]."""

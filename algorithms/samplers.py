@@ -169,8 +169,12 @@ class PoissonSampling(_PartialSampler):
     each replica's row lists its clients in id order, padded to the round's largest sample with weight-0 entries
     (not trained) that repeat its first client; a replica that drew nobody moves nothing (`active`)."""
 
+    def inclusion_rate(self) -> float:
+        """q = K/N (contracts.IndependentInclusion: the sampling DP's accountant charges)."""
+        return self.K / self.num_clients
+
     def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
-        taken = _uniforms(seed, replicas, rnd, self.num_clients) < self.K / self.num_clients
+        taken = _uniforms(seed, replicas, rnd, self.num_clients) < self.inclusion_rate()
         counts = taken.sum(axis=1)
         width = max(1, int(counts.max()))
         clients = np.zeros((len(replicas), width), dtype=np.int64)

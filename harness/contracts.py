@@ -23,11 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, TypedDict, r
 import numpy as np
 
 if TYPE_CHECKING:  # annotations only: torch loads with the first module that computes (the results tables and
-    # sinks need none of it), and the executors and the engine live in core, above this module
+    # sinks need none of it). The contracts are the ground floor: nothing of the project above base/ is named here.
     import torch
-
-    from fedharness.core.engine import RunOutcome
-    from fedharness.core.executors import RoundPlan, ShardResult
 
 # --- what the parts hand each other ------------------------------------------------------------------------
 
@@ -508,25 +505,6 @@ class SeriesHook(Protocol):
     def series(self, hs: AverageState) -> dict[str, tuple[torch.Tensor, np.ndarray]]: ...
 
 
-@runtime_checkable
-class Privacy(Protocol):
-    """Client-level DP of a round's sum (algorithms/privacy.py DPFedAvg): the shards clip each update to the clip
-    norm, the server adds noise to the sum, an accountant says what the rounds so far cost. Its per-replica state
-    lives in the run's counters (checkpointed, and recorded as rounds/ columns)."""
-
-    def init_counters(self, replicas: int) -> dict[str, np.ndarray]: ...
-
-    def clip_norms(self, counters: dict[str, np.ndarray]) -> np.ndarray:
-        """[R] each replica's clip norm this round."""
-
-    def release(self, delta: torch.Tensor, seed: int | np.ndarray, replicas: np.ndarray, rnd: int,
-                unclipped: np.ndarray, counters: dict[str, np.ndarray]) -> torch.Tensor:
-        """The round's Delta [R, dim] with its noise; `unclipped` [R]: clients within the clip norm."""
-
-    def epsilon(self, rounds: int) -> float:
-        """Epsilon spent after `rounds` rounds."""
-
-
 @dataclass
 class Algorithm:
     """The parts an algorithm is composed of (algorithms/registry.py builds it from the `algorithm` config)."""
@@ -556,6 +534,19 @@ class Attack(Protocol):
 
 
 @runtime_checkable
+class DataPoisoning(Protocol):
+    """An attack whose Byzantine clients train on a view of the data instead of forging their updates
+    (algorithms/attacks.py label_flip): the shards train them on `view_of(problem)`, and the run needs what the
+    view needs (`needs`: "labels", a contracts.Labelled problem)."""
+
+    view: str
+    needs: frozenset[str]
+
+    def view_of(self, problem: Problem) -> Problem:
+        """The problem the Byzantine clients train on."""
+
+
+@runtime_checkable
 class Labelled(Protocol):
     """A problem whose clients train on class labels (problems/data.py DataProblem): label flipping poisons them."""
 
@@ -564,21 +555,146 @@ class Labelled(Protocol):
 
 
 @runtime_checkable
-class Executor(Protocol):
-    """Where the sampled clients train (harness/core/executors.py's inline and loop executors,
-    harness/backends/ray_executor.py's Ray shards): the engine hands it a round's plan and reads exact sums back."""
+class IndependentInclusion(Protocol):
+    """A sampler that takes each client independently with one probability q (algorithms/samplers.py poisson): the
+    sampling whose privacy amplification the DP accountant charges (a stage that `needs` "poisson")."""
 
-    def local_updates(self, x: torch.Tensor, plan: RoundPlan) -> ShardResult:
-        """Train the plan's clients from the server models x [R, dim]; the shards' reduced sums."""
+    def inclusion_rate(self) -> float:
+        """q, each client's probability of taking part in a round."""
 
-    def get_state(self) -> dict:
-        """The clients' persistent state (SCAFFOLD's c_i), for a checkpoint."""
 
-    def set_state(self, client_state: dict) -> None:
-        """Restore `get_state`'s state (resuming a run)."""
+# --- a round as its update stages see it ---------------------------------------------------------------------
 
-    def close(self) -> None:
-        """Release the shards (Ray actors); the executor is not used again."""
+@dataclass
+class RoundPlan:
+    """Everything a shard needs to train its part of round `round` (harness/core/executors.py ClientShard)."""
+
+    round: int
+    seed: int | np.ndarray  # the run's seed, or each replica's [R] (a batch of slots: harness/core/slots.py)
+    stream_replicas: np.ndarray  # [R] stream id of each replica
+    clients: np.ndarray  # [R, K]
+    coef: np.ndarray  # [R, K] aggregation coefficients c_k
+    tau: np.ndarray  # [R, K] local steps
+    lr_scale: np.ndarray  # [R, K] client lr multipliers (sampler and per-replica factors)
+    step_lrs: np.ndarray  # [max tau] step sizes of this round, or each replica's [R, max tau] (a batch of slots)
+    server_ctx: ServerContext = field(default_factory=dict)  # e.g. SCAFFOLD's server control c
+    send_updates: bool = False  # an UpdateAggregator: send each client's Delta_k, not the reduced sum
+    stages: tuple[ClientWork, ...] = ()  # the update stages' work in the shards this round, in the stages' order
+
+    def returned(self, r: int) -> tuple[np.ndarray, np.ndarray]:
+        """Replica r's clients that returned (coefficient != 0), ascending, and each one's weight: the sum of its
+        draws' coefficients (a client drawn twice, or a dropped draw re-pointed at it, is one update)."""
+        kept = self.coef[r] != 0
+        ids, inverse = np.unique(self.clients[r][kept], return_inverse=True)
+        return ids, np.bincount(inverse, weights=self.coef[r][kept], minlength=len(ids))
+
+    def replica_seed(self, r: int) -> int:
+        """Replica r's seed: the run's, or its slot's in a batch of slots."""
+        return int(self.seed) if np.ndim(self.seed) == 0 else int(self.seed[r])
+
+
+@dataclass
+class UpdateChunk:
+    """The raw updates Delta_k of one batch of a shard's entries (at most chunk_entries rows), on the CPU."""
+
+    replica: np.ndarray  # [m] int64
+    clients: np.ndarray  # [m] int64
+    delta: torch.Tensor  # [m, dim] in the model's dtype: w - w0 as computed, so nothing is rounded on the way
+
+    def __getstate__(self) -> dict:  # numpy on the wire, as the sums (core/exact_sum.py NumpyWire): no pickling
+        return {**vars(self), "delta": self.delta.detach().cpu().numpy()}
+
+    def __setstate__(self, state: dict) -> None:
+        import torch  # here, not at the top: the contracts load no torch
+
+        vars(self).update({**state, "delta": torch.from_numpy(np.array(state["delta"]))})  # out of read-only memory
+
+
+class ClientWork(Protocol):
+    """One update stage's work in the shards for one round, built at the driver (UpdateStage.client_work) and sent
+    with the plan to every shard (pickled to a Ray shard: plain arrays and numbers). It may choose clients that
+    train on a view of the data (`view`, `chosen`: label flipping) and transform each trained client's update
+    before it joins the shard's sum or is sent (`transform`: clipping). Its random draws, if any, come from the
+    counter-based streams keyed by (seed, replica, round, client), so the same bits come out at any shard count.
+    Subclass it for the defaults: nobody chosen, the update unchanged."""
+
+    view: str | None = None  # the data view's name: the shard builds it once (`view_of`) and keeps it
+
+    def view_of(self, problem: Problem) -> Problem:
+        """The problem the chosen clients train on."""
+        return problem
+
+    def chosen(self, replica: np.ndarray, clients: np.ndarray) -> np.ndarray:
+        """[m] bool: which of the shard's entries (replica row, client id) train on the view."""
+        return np.zeros(len(clients), dtype=bool)
+
+    def transform(self, delta: torch.Tensor, replica: np.ndarray,
+                  clients: np.ndarray) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+        """Each entry's update delta [m, dim] float64 as it leaves the client; and per-entry integers [m] by name,
+        which the shards add up per replica (ShardResult.counts: exact in any order) for the server side."""
+        return delta, {}
+
+
+class UpdateStage(Protocol):
+    """A step of what happens to the clients' updates between their training and the server optimizer
+    (docs/architecture.md, "Update stages"): the run's stages, in the order of its `stages` key, each act on the
+    client side (`client_work`: in the shards, on each update before it is summed or sent), on the updates at the
+    driver (`on_updates`: only with an aggregator that sees them) and on the aggregate (`on_aggregate`: before
+    the server optimizer). Per-replica state (adaptive clipping's C) lives in the run's counters, so a checkpoint
+    keeps it and the rounds/ table records it; `needs` names the capabilities the run must have, checked before
+    it starts: "updates" (an aggregator that sees every update), "poisson" (a sampler of independent inclusion,
+    contracts.IndependentInclusion), "labels" (a problem with class labels, contracts.Labelled). Subclass it for
+    the defaults: no state, no work, everything passed on unchanged."""
+
+    needs: frozenset[str] = frozenset()
+
+    def init_counters(self, replicas: int) -> dict[str, np.ndarray]:
+        """The stage's per-replica state at round 0, by name (a rounds/ column where the table has one)."""
+        return {}
+
+    def client_work(self, plan: RoundPlan, counters: Mapping[str, np.ndarray]) -> ClientWork | None:
+        """This round's work in the shards (None: none)."""
+        return None
+
+    def on_updates(self, plan: RoundPlan, updates: list[UpdateChunk]) -> list[UpdateChunk]:
+        """Every trained client's update, at the driver, before the aggregator (each chunk's delta may be changed
+        in place)."""
+        return updates
+
+    def on_aggregate(self, plan: RoundPlan, delta: torch.Tensor, counts: Mapping[str, np.ndarray],
+                     counters: dict[str, np.ndarray]) -> torch.Tensor:
+        """The round's Delta [R, dim] float64 before the server optimizer; `counts`: the client work's integers
+        summed per replica; `counters`: the stage's state, updated in place for the next round."""
+        return delta
+
+    def row_values(self, rounds: int) -> dict[str, float | None]:
+        """Values for the rounds/ rows after `rounds` rounds (DP's epsilon)."""
+        return {}
+
+
+@dataclass
+class RunState:
+    """Everything needed to continue a run: server model and state, counters (streams are keyed by round)."""
+
+    round: int
+    x: torch.Tensor
+    server_state: ServerState  # the server optimizer's (MomentumState, AdamState, ...)
+    counters: dict[str, np.ndarray]
+    server_ctx: ServerContext = field(default_factory=dict)  # the solver's server side (SCAFFOLD's c)
+    series_state: list = field(default_factory=list)  # one AverageState per series hook
+    wall_s: float = 0.0
+
+
+@dataclass
+class RunOutcome:
+    """How a run (one slot of a batch) ended: ok, diverged, stopped, or what the exception that ended it maps to
+    (failed, pruned, interrupted); its last completed round, its evaluated rows and its last state."""
+
+    status: str
+    rounds_done: int
+    rows: list[dict] = field(default_factory=list)
+    state: RunState | None = None
+    error: BaseException | None = None
 
 
 # --- a user's metrics and callbacks -------------------------------------------------------------------------
@@ -628,7 +744,7 @@ class Metric:
 class RoundContext:
     """Where a run stands, as a callback sees it: after round `round` of `rounds`, the server models x [R, dim],
     the rows evaluated at this round (empty between evaluations), and the run's whole state
-    (fedharness.core.engine.RunState: what a checkpoint saves)."""
+    (RunState: what a checkpoint saves)."""
 
     round: int
     rounds: int
@@ -652,7 +768,7 @@ class Callback(Protocol):
         """After every evaluated round, with its rows (one per replica and series)."""
         return None
 
-    def on_end(self, outcome: "RunOutcome") -> None:
+    def on_end(self, outcome: RunOutcome) -> None:
         """Once, when the run ends: its status, rounds done, rows, last state and the error that ended it (if any)."""
         return None
 

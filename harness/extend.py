@@ -24,11 +24,12 @@ from fedharness.contracts import ROUND_COLUMNS, Metric
 from fedharness.errors import ConfigError, require
 from fedharness.keys import Key
 from fedharness.registry.binding import Registry
-from fedharness.registry.groups import ATTACKS, DATASETS, METRICS, MODELS, PARTITIONERS, PARTS
+from fedharness.registry.groups import ATTACKS, BUILTIN_STAGES, DATASETS, METRICS, MODELS, PARTITIONERS, PARTS, STAGES
 
-GROUPS: dict[str, Registry] = {"model": MODELS, "dataset": DATASETS, "partition": PARTITIONERS, "attack": ATTACKS}
+GROUPS: dict[str, Registry] = {"model": MODELS, "dataset": DATASETS, "partition": PARTITIONERS, "attack": ATTACKS,
+                               "stage": STAGES}
 _BUILTIN = {"model": set(MODELS), "dataset": set(DATASETS), "partition": {"auto", *PARTITIONERS},
-            "attack": {"none", *ATTACKS},
+            "attack": {"none", *ATTACKS}, "stage": {*BUILTIN_STAGES, *STAGES},
             **{kind: set(reg) for kind, reg in PARTS.items()}}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _NODES: dict[tuple[str, str], dict[str, Any]] = {}  # (group, name) -> the config defaults of a Python registration
@@ -83,6 +84,21 @@ def register_attack(name: str, factory: Callable[..., Any], fraction: float = 0.
     is the share of Byzantine clients, `defaults` its params, settable as `attack.KEY=V` (docs/robustness.md)."""
     _add("attack", name, factory)
     _store("attack", name, {"fraction": fraction, **defaults})
+
+
+def register_stage(name: str, factory: Callable[..., Any], **defaults: Any) -> None:
+    """`factory(**keys)` -> an update stage (fedharness.contracts.UpdateStage: subclass it for the defaults): what
+    happens to each client's update between its training and the server optimizer. A run names it in its `stages`
+    list, in the order the stages run (`stages=[attack,dp,NAME]`), its keys in a mapping entry
+    (`stages=[{name:NAME,KEY:V}]`); `defaults` are the keys' values when the entry does not set them. It reaches Ray
+    shards, sweep tasks and tuning workers as every registration does (docs/extending.md)."""
+    _add("stage", name, factory)
+    _NODES[("stage", name)] = dict(defaults)  # carried to Ray workers with the factory
+
+
+def stage_defaults(name: str) -> dict[str, Any]:
+    """The keys' values a stage was registered with (register_stage's `defaults`)."""
+    return dict(_NODES.get(("stage", name)) or {})
 
 
 def register_part(kind: str, name: str, factory: Callable[..., Any] | None = None, *,
@@ -166,6 +182,9 @@ def restore(kind: str, name: str, factory: Any, extra: Any) -> None:
     """Register one of `user_registrations()` again, in another process, as it was in the one that made it."""
     if kind == "metric":
         register_metric(name, factory, **extra)
+        return
+    if kind == "stage":
+        register_stage(name, factory, **(extra or {}))
         return
     if kind in GROUPS:
         _add(kind, name, factory)

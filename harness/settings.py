@@ -50,6 +50,11 @@ def parts_of(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls) if "part" in f.metadata)
 
 
+def _stage_entry(v: Any) -> bool:
+    """A `stages` entry: a name, or a mapping with a name and the stage's keys."""
+    return isinstance(v, str) or (isinstance(v, dict) and isinstance(v.get("name"), str))
+
+
 def _frozen(value: Any) -> Any:
     return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
 
@@ -238,6 +243,11 @@ class RunSettings:
                                        "a list of distinct metric names (fedharness.register_metric)",
                                        "your own metrics (fedharness.register_metric), computed at "
                                        "every evaluation, each a column of the rounds/ table"))
+    stages: tuple[Any, ...] = key(Key(lambda v: _is_list(v, _stage_entry), "a list of stage names, or {name: NAME, "
+                                      "KEY: VALUE} mappings for a stage's keys",
+                                      "what happens to each client's update between its training and the server "
+                                      "optimizer, in order (docs/architecture.md): attack (the attack group), dp "
+                                      "(the dp section), and your own (fedharness.register_stage)"))
     threads: int | None = key(integer("torch threads; null: from the work of one local step, dim x clients per "
                                       "round x batch x replicas: one thread per 2^20 of it, at least 1, at most "
                                       "torch's default", lo=1, null="automatic"))

@@ -18,10 +18,10 @@ import fedharness
 from fedharness.algorithms.attacks import ALittleIsEnough, GaussianNoise, InnerProductManipulation, Scaling, SignFlip
 from fedharness.assembly.build import adversary_for, build_parts
 from fedharness.base import streams
-from fedharness.core.byzantine import Adversary, byzantine_mask, forge_updates
+from fedharness.algorithms.byzantine import Adversary, byzantine_mask, forge_updates
 from fedharness.core.engine import Engine
 from fedharness.core.executors import InlineExecutor
-from fedharness.core.updates import client_rows
+from fedharness.core.stages import Stages
 from fedharness.registry.groups import ATTACKS
 from ray_support import trajectory
 
@@ -47,7 +47,7 @@ def captured(run_config, shards: int = 1, *overrides: str):
 
 def rows_of(plan, chunks, r: int) -> tuple[np.ndarray, np.ndarray]:
     """Replica r's client ids and their updates [n, dim] float64, in client order."""
-    ids, _ = client_rows(plan, r)
+    ids, _ = plan.returned(r)
     where = {(int(rr), int(k)): c.delta[i] for c in chunks for i, (rr, k) in enumerate(zip(c.replica, c.clients))}
     return ids, np.stack([where[(r, int(k))].double().numpy() for k in ids])
 
@@ -135,7 +135,7 @@ def test_runs_with_an_attack_give_the_same_models_with_one_or_three_shards(run_c
 
     def models(shards: int):
         engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver, shards), rounds=3,
-                        seed=cfg.seed, replicas=cfg.replicas, eval_every=3, adversary=adversary)
+                        seed=cfg.seed, replicas=cfg.replicas, eval_every=3, stages=Stages([adversary]))
         state = engine.initial_state()
         for _ in range(3):
             state = engine.step(state)
@@ -260,7 +260,7 @@ def test_a_run_continued_from_its_round_2_state_meets_the_same_byzantine_clients
 
     def engine():  # each its own attack object, as a resumed process builds it
         return Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver, 2), rounds=4, seed=cfg.seed,
-                      replicas=cfg.replicas, eval_every=4, adversary=adversary_for(cfg, algorithm, problem))
+                      replicas=cfg.replicas, eval_every=4, stages=Stages([adversary_for(cfg, algorithm, problem)]))
 
     whole = engine()
     state = whole.initial_state()
@@ -287,23 +287,24 @@ def test_label_flip_trains_the_byzantine_clients_on_flipped_labels(run_config):
     cfg = run_config(*BASE, "attack=label_flip")
     problem, algorithm = build_parts(cfg)
     engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver, 2), rounds=1, seed=cfg.seed,
-                    replicas=cfg.replicas, eval_every=1, adversary=adversary_for(cfg, algorithm, problem))
+                    replicas=cfg.replicas, eval_every=1, stages=Stages([adversary_for(cfg, algorithm, problem)]))
     state = engine.initial_state()
     plan, _ = engine.plan_round(0)
-    assert plan.poisoned.sum() == 2 * cfg.replicas
+    plan.stages = engine.stages.client_work(plan, state.counters)  # what Engine.step sends the shards
+    assert plan.stages[0].poisoned.sum() == 2 * cfg.replicas
     got = engine.executor.local_updates(state.x, plan).updates
     y = problem.y.numpy()
     classes = max(y.max(), problem.y_test.numpy().max()) + 1
     flipped = copy.copy(problem)
     flipped.y = torch.as_tensor(classes - 1 - y)
-    clean_plan = replace(plan, poisoned=None)
+    clean_plan = replace(plan, stages=())
     on_flipped = InlineExecutor(flipped, algorithm.solver, 1).local_updates(state.x, clean_plan).updates
     clean = InlineExecutor(problem, algorithm.solver, 1).local_updates(state.x, clean_plan).updates
     loop = LoopExecutor(problem, algorithm.solver).local_updates(state.x, plan).updates
     for r in range(cfg.replicas):
         ids, rows = rows_of(plan, got, r)
         bad = byzantine_mask(0.2, cfg.seed, r, 0, ids)
-        assert set(ids[bad]) == set(plan.clients[r][plan.poisoned[r]])
+        assert set(ids[bad]) == set(plan.clients[r][plan.stages[0].poisoned[r]])
         assert np.array_equal(rows[bad], rows_of(plan, on_flipped, r)[1][bad])
         assert np.array_equal(rows[~bad], rows_of(plan, clean, r)[1][~bad])
         assert np.abs(rows[bad] - rows_of(plan, clean, r)[1][bad]).max() > 1e-3 * np.abs(rows).max()

@@ -14,7 +14,7 @@ import torch
 from fedharness.algorithms import accounting, attacks, privacy, robust, samplers
 from fedharness.base import streams
 from fedharness.core import exact_sum
-from fedharness.core.byzantine import Adversary
+from fedharness.algorithms.byzantine import Adversary
 
 
 def test_a_run_of_no_rounds_spends_nothing_in_a_composition_even_without_noise():

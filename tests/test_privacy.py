@@ -13,16 +13,17 @@ import pytest
 import torch
 
 from fedharness.algorithms import accounting
-from fedharness.algorithms.privacy import DPFedAvg
+from fedharness.algorithms.privacy import UNCLIPPED, ClipUpdates, DPFedAvg
 from fedharness.algorithms.samplers import PoissonSampling
 from fedharness.assembly.build import build_parts
 from fedharness.cli import main
 from fedharness.config.load import load_settings
 from fedharness.contracts import Callback
 from fedharness.core.executors import InlineExecutor, RoundPlan
+from fedharness.core.stages import Stages
 from fedharness.runs.execute import execute
 
-DIGITS = ["dataset=digits", "rounds=5", "eval_every=1", "progress=false", "threads=1", "reference=off",
+DIGITS = ["dataset=digits", "algorithm.sampler=poisson", "rounds=5", "eval_every=1", "progress=false", "threads=1", "reference=off",
           "heterogeneity=false", "dp.noise_multiplier=1.0", "dp.clip_norm=1.0", "dp.delta=1e-5"]
 COLUMNS = ("replica", "round", "train_loss", "test_loss", "test_acc", "epsilon", "dp_clip_norm", "local_steps",
            "grad_evals", "bytes_up")
@@ -111,12 +112,12 @@ def test_the_shards_clip_each_update_before_the_weighted_sum():
     norms = np.array([float(d.norm()) for d in updates.values()])
     bound = np.array([np.median(norms), 0.5 * np.median(norms)])  # about half the clients clipped, then most
     clipped = executor.local_updates(x, RoundPlan(0, 0, np.arange(2), sel.clients, sel.weights, tau, sel.lr_scale,
-                                                  lrs, clip_norm=bound))
+                                                  lrs, stages=(ClipUpdates(bound),)))
     for r in range(2):
         want = sum((d * min(1.0, bound[r] / float(d.norm())) / 10 for (rr, _), d in updates.items() if rr == r))
         torch.testing.assert_close(clipped.delta[r], want, rtol=1e-9, atol=1e-12)
-        assert clipped.unclipped[r] == sum(float(d.norm()) <= bound[r] for (rr, _), d in updates.items() if rr == r)
-    assert 0 < clipped.unclipped.sum() < len(updates)
+        assert clipped.counts[UNCLIPPED][r] == sum(float(d.norm()) <= bound[r] for (rr, _), d in updates.items() if rr == r)
+    assert 0 < clipped.counts[UNCLIPPED].sum() < len(updates)
 
 
 # --- the accountant --------------------------------------------------------------------------------------
@@ -271,7 +272,7 @@ def test_a_batch_calibrating_one_noise_multiplier_refuses_slots_of_different_rou
 
 @pytest.mark.slow  # two trials of up to 60 rounds and Optuna's storage: ~20 s under load
 def test_a_tuning_study_reports_what_all_its_dp_trials_spent_together(tmp_path, capsys):
-    args = ["tune", "tune=default", "dataset=digits", "dp.noise_multiplier=1.0", "tune.n_trials=2", "tune.plots=false",
+    args = ["tune", "tune=default", "dataset=digits", "algorithm=dp_fedavg", "dp.noise_multiplier=1.0", "tune.n_trials=2", "tune.plots=false",
             "tune.budget.total=60", "tune.sampler.name=random", "progress=false", "reference=off",
             f"results_dir={tmp_path}"]
     assert main(args) == 0
@@ -298,7 +299,7 @@ def test_the_engine_adds_exactly_the_mechanisms_noise_once_per_round():
         problem, algorithm = build_parts(settings)
         privacy = privacy_for(settings, problem)
         engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver, 2), rounds=1, seed=7,
-                        replicas=3, eval_every=1, privacy=privacy)
+                        replicas=3, eval_every=1, stages=Stages([privacy]))
         state = engine.initial_state()
         return engine.step(state).x, privacy, problem.dim
 
@@ -329,7 +330,7 @@ def test_with_adaptive_clipping_the_engine_adds_the_raised_noise_of_the_closed_f
                                   "dp.adaptive=true", "dp.count_noise_multiplier=1"])
         problem, algorithm = build_parts(settings)
         engine = Engine(problem, algorithm, InlineExecutor(problem, algorithm.solver, 2), rounds=1, seed=7,
-                        replicas=3, eval_every=1, privacy=privacy_for(settings, problem))
+                        replicas=3, eval_every=1, stages=Stages([privacy_for(settings, problem)]))
         return engine.step(engine.initial_state()).x, problem.dim
 
     noisy, dim = one_round(1.5)

@@ -69,7 +69,7 @@ def test_adaptive_clipping_with_its_defaults_runs_where_k_over_20_is_below_z_ove
     """The issue's command: digits (K = 10) at z = 1 was refused, K/20 = 0.5 not above z/2. Its summary line
     shows the accountant's epsilon and the z given; the accountant left no handler on the root logger."""
     with bare_root_logger() as root:
-        assert main(["run", f"results_dir={tmp_path}", *DIGITS, "dp.noise_multiplier=1.0", "dp.adaptive=true"]) == 0
+        assert main(["run", f"results_dir={tmp_path}", *DIGITS, "algorithm=dp_fedavg", "dp.noise_multiplier=1.0", "dp.adaptive=true"]) == 0
         assert root.handlers == []
     (eps, delta, rounds, kind, z, source), = PRIVACY_LINE.findall(capsys.readouterr().out)
     assert (delta, rounds, kind, z, source) == ("1e-05", "2", "rdp", "1", "dp.noise_multiplier")
@@ -79,7 +79,7 @@ def test_adaptive_clipping_with_its_defaults_runs_where_k_over_20_is_below_z_ove
 
 @pytest.mark.slow  # ~10 s on the loaded 2-core machine: calibration composes the rounds some 20 times
 def test_a_calibrated_runs_summary_shows_the_z_it_used_and_its_epsilon(tmp_path, capsys):
-    assert main(["run", f"results_dir={tmp_path}", *DIGITS, "dp.target_epsilon=3"]) == 0
+    assert main(["run", f"results_dir={tmp_path}", *DIGITS, "algorithm=dp_fedavg", "dp.target_epsilon=3"]) == 0
     (eps, delta, rounds, kind, z, source), = PRIVACY_LINE.findall(capsys.readouterr().out)
     config, recorded = run_config(tmp_path)
     used = config["dp"]["noise_multiplier"]
@@ -126,7 +126,7 @@ def test_a_dp_run_with_wandb_offline_prints_each_line_once(tmp_path):
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
     env.pop("WANDB_API_KEY", None)
     done = subprocess.run([sys.executable, "-m", "fedharness.cli", "run", f"results_dir={tmp_path / 'out'}",
-                           *DIGITS, "progress=true", "dp.noise_multiplier=1.0", "wandb.enabled=true",
+                           *DIGITS, "algorithm=dp_fedavg", "progress=true", "dp.noise_multiplier=1.0", "wandb.enabled=true",
                            "wandb.mode=offline"], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     # each message, whichever handler printed it: the CLI's (`fedharness: `) or basicConfig's (`INFO:name:`)

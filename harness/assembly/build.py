@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from fedharness.algorithms.byzantine import Adversary
 from fedharness.algorithms.registry import build_algorithm
-from fedharness.algorithms.attacks import LabelFlip
-from fedharness.config.schema import check_data_clients
-from fedharness.contracts import Attack, Labelled, UpdateAggregator
-from fedharness.core.byzantine import Adversary
+from fedharness.assembly.privacy import privacy_for
+from fedharness.config.schema import check_data_clients, stage_name
+from fedharness.contracts import Attack, IndependentInclusion, Labelled, UpdateAggregator, UpdateStage
 from fedharness.core.executors import require_fits_budget
-from fedharness.errors import require
-from fedharness.extend import register_targets
+from fedharness.core.stages import Stages
+from fedharness.errors import ConfigError, require
+from fedharness.extend import register_targets, stage_defaults
 from fedharness.registry.plugins import load_entry_points
 from fedharness.problems import build_problem
-from fedharness.registry.groups import ATTACKS, PARTS
+from fedharness.registry.groups import ATTACKS, PARTS, STAGES
 from fedharness.settings import RunSettings
 
 
@@ -33,24 +34,61 @@ def build_parts(settings: RunSettings):
 
 
 def adversary_for(settings: RunSettings, algorithm, problem) -> Adversary | None:
-    """The run's attack and fraction (None: attack=none). An attack forges updates where they meet the aggregator
-    (core/byzantine.py), so it needs an aggregator that sees them; label_flip poisons the training instead, so it
-    needs labelled data (ConfigError before any file otherwise)."""
+    """The run's attack as an update stage (None: attack=none), its needs checked (`check_needs`)."""
     attack = settings.attack
     if attack is None or attack.name == "none":
         return None
     built = ATTACKS.build(attack.name, attack.as_dict(), {})
     require(isinstance(built, Attack), "attack", attack.name,
             "its factory must build an object with forge(own, honest, keys) (fedharness.contracts.Attack)")
-    if isinstance(built, LabelFlip):
-        require(isinstance(problem, Labelled), "attack", attack.name,
-                f"a data set whose clients train on class labels (digits, mnist, ...); dataset "
-                f"{settings.dataset.name} has none")
-        return Adversary(built, float(attack.fraction), flips_labels=True)
-    seeing = [name for name, factory in PARTS["aggregator"].items()
-              if isinstance(factory, type) and issubclass(factory, UpdateAggregator)]
-    require(isinstance(algorithm.aggregator, UpdateAggregator), "algorithm.aggregator", settings.algorithm.aggregator,
-            f"attack={attack.name} replaces the Byzantine clients' updates where they meet the aggregator, so it "
-            f"needs one that sees them ({settings.algorithm.aggregator} is summed on the shards): one of "
-            f"{', '.join(seeing)} (mean is FedAvg's weighted mean)")
-    return Adversary(built, float(attack.fraction))
+    adversary = Adversary(built, float(attack.fraction))
+    check_needs(adversary, "attack", attack.name, settings, algorithm, problem)
+    return adversary
+
+
+def stages_for(settings: RunSettings, algorithm, problem) -> Stages:
+    """The run's update stages in the order of its `stages` key: attack and dp from their own sections (left out
+    when off), a user's from the registry with its entry's keys; each one's needs checked before the run starts."""
+    built = []
+    for entry in settings.stages:
+        name = stage_name(entry)
+        if name == "attack":
+            stage = adversary_for(settings, algorithm, problem)
+        elif name == "dp":
+            stage = privacy_for(settings, problem)
+        else:
+            keys = {} if isinstance(entry, str) else {k: v for k, v in entry.items() if k != "name"}
+            stage = STAGES.build(name, {**stage_defaults(name), **keys}, {"problem": problem})
+            require(isinstance(stage, UpdateStage), "stages", name, "its factory must build an update stage "
+                    "(subclass fedharness.contracts.UpdateStage)")
+        if stage is not None:
+            if name != "attack":  # adversary_for checked it
+                check_needs(stage, "stages", name, settings, algorithm, problem)
+            built.append(stage)
+    return Stages(built)
+
+
+def check_needs(stage: UpdateStage, key: str, value: str, settings: RunSettings, algorithm, problem) -> None:
+    """ConfigError naming the key to change unless the run has what the stage (`key`=`value`) needs
+    (contracts.UpdateStage)."""
+    what = f"{key}={value}" if key == "attack" else f"the stage {value}"
+    for need in sorted(stage.needs):
+        if need == "updates":
+            seeing = [name for name, factory in PARTS["aggregator"].items()
+                      if isinstance(factory, type) and issubclass(factory, UpdateAggregator)]
+            require(isinstance(algorithm.aggregator, UpdateAggregator), "algorithm.aggregator",
+                    settings.algorithm.aggregator,
+                    f"{what} acts on each client's update where the updates meet the aggregator, so it needs one "
+                    f"that sees them ({settings.algorithm.aggregator} is summed on the shards): one of "
+                    f"{', '.join(seeing)} (mean is FedAvg's weighted mean)")
+        elif need == "labels":
+            require(isinstance(problem, Labelled), key, value,
+                    f"a data set whose clients train on class labels (digits, mnist, ...); dataset "
+                    f"{settings.dataset.name} has none")
+        elif need == "poisson":
+            require(isinstance(algorithm.sampler, IndependentInclusion), "algorithm.sampler",
+                    settings.algorithm.sampler, f"poisson with {what} (the accountant covers Poisson-sampled "
+                    "Gaussian rounds only): add algorithm.sampler=poisson, or run algorithm=dp_fedavg")
+        else:
+            raise ConfigError(key, value, f"needs {need!r}, which no run provides (known needs: updates, "
+                              "labels, poisson)")

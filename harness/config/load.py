@@ -22,7 +22,6 @@ def load_config(overrides: list[str], config_name: str = "config", values: list[
     plain = compose_raw(overrides, config_name) if values is None else compose_values(overrides, values, config_name)
     if any("_target_" in (plain.get(s) or {}) for s in ("dataset", "partition", "model", "algorithm", "attack")):
         register_targets(plain)  # a user's own parts, before validation names them
-    dp_sampling(plain, [*overrides, *(values or [])])
     validate(plain)
     chosen = _auto_model(plain)
     if chosen is not None:  # model=auto on natural-client data: composed as if the data's own model were named
@@ -43,16 +42,6 @@ def _auto_model(cfg: dict[str, Any]) -> str | None:
 def _without_model(overrides: list[str]) -> list[str]:
     """The overrides less any choice of the model group (`model=auto`), so that the chosen one is the only one."""
     return [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != "model"]
-
-
-def dp_sampling(cfg: dict[str, Any], overrides: list[str]) -> None:
-    """A DP run (dp.noise_multiplier or dp.target_epsilon set) samples its clients by Poisson, the sampling its
-    accountant covers, unless the overrides name a sampler: that one stays, and the schema refuses it unless it is
-    poisson (harness/config/schema.py dp_covered)."""
-    dp = cfg.get("dp") or {}
-    named = any(o.lstrip("+~").split("=", 1)[0] == "algorithm.sampler" for o in overrides)
-    if (dp.get("noise_multiplier") is not None or dp.get("target_epsilon") is not None) and not named:
-        cfg["algorithm"]["sampler"] = "poisson"
 
 
 def load_settings(overrides: list[str], config_name: str = "config") -> RunSettings:

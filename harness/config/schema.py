@@ -26,7 +26,7 @@ from fedharness.keys import Key, _is_int, _is_list, _is_real, anything, boolean,
 from fedharness.config.memory import check_memory
 import fedharness.partitions  # noqa: F401  (the built-in partitioners register themselves)
 import fedharness.problems  # noqa: F401  (the built-in data sets and models)
-from fedharness.registry.groups import ATTACKS, DATASETS, METRICS, MODELS, PARTITIONERS
+from fedharness.registry.groups import ATTACKS, BUILTIN_STAGES, DATASETS, METRICS, MODELS, PARTITIONERS, STAGES
 from fedharness.settings import RunSettings, _frozen, keys_of, sections_of
 from fedharness.results.store import open_store
 
@@ -287,16 +287,41 @@ def results_dir_writable(cfg: dict[str, Any]) -> None:
                           f"{err.strerror or err}") from None
 
 
+def stage_name(entry: Any) -> str:
+    """A `stages` entry's name: the entry itself, or its mapping's `name`."""
+    return entry if isinstance(entry, str) else entry["name"]
+
+
+def stages_known(cfg: dict[str, Any]) -> None:
+    """`stages`: registered stages, each once; an attack or DP that the config turns on is in the list (it runs
+    where the list puts it, never added behind the user's back)."""
+    names = [stage_name(e) for e in cfg.get("stages") or []]
+    known = (*BUILTIN_STAGES, *STAGES)
+    for name in names:
+        require(name in known, "stages", name, "one of: " + ", ".join(known) + " (fedharness.register_stage adds yours)")
+    require(len(set(names)) == len(names), "stages", names, "each stage at most once")
+    for entry in cfg.get("stages") or []:
+        if isinstance(entry, dict):
+            require(entry["name"] not in BUILTIN_STAGES, "stages", entry, f"the bare name {entry['name']}: its "
+                    f"keys are in its own section ({entry['name']}.KEY=VALUE)")
+    attack = cfg.get("attack")
+    if attack is not None and attack.get("name") != "none":
+        require("attack" in names, "stages", names, f"a list with attack in it: attack={attack['name']} runs as the "
+                "stage 'attack' (e.g. stages=[attack,dp])")
+    dp = cfg.get("dp") or {}
+    if dp.get("noise_multiplier") is not None or dp.get("target_epsilon") is not None:
+        require("dp" in names, "stages", names, "a list with dp in it: dp.noise_multiplier or dp.target_epsilon "
+                "runs as the stage 'dp' (e.g. stages=[attack,dp])")
+
+
 def dp_covered(cfg: dict[str, Any]) -> None:
-    """A DP run is one the accountant covers: Poisson sampling, a plain weighted sum of clipped updates (no
+    """A DP run is one the accountant covers: a plain weighted sum of clipped updates (no
     dropout's rescaling, no robust rule, no unnoised per-client sums such as SCAFFOLD's), one source of z."""
     dp, acfg = cfg["dp"], cfg["algorithm"]
     if dp["noise_multiplier"] is None and dp["target_epsilon"] is None:
         return
     require(dp["noise_multiplier"] is None or dp["target_epsilon"] is None, "dp.target_epsilon", dp["target_epsilon"],
             f"null when dp.noise_multiplier is set ({dp['noise_multiplier']}): set one of the two")
-    require(acfg["sampler"] == "poisson", "algorithm.sampler", acfg["sampler"],
-            "poisson with dp (the accountant covers Poisson-sampled Gaussian rounds only)")
     require(acfg["aggregator"] == "fedavg", "algorithm.aggregator", acfg["aggregator"],
             "fedavg with dp (DP-FedAvg noises a weighted sum of clipped updates)")
     require(acfg["dropout"] == 0, "algorithm.dropout", acfg["dropout"], "0 with dp (dropout rescales the weights)")
@@ -321,7 +346,8 @@ def check_data_clients(cfg: dict[str, Any], num_clients: int) -> None:
 RULES: tuple[Callable[[dict[str, Any]], None], ...] = (
     metrics_registered, model_fits_dataset, partition_fits_dataset, ray_keys_need_ray, shards_within_clients,
     sampled_within_clients,
-    ranges_ordered, per_client_steps, attack_known, device_available, results_dir_writable, dp_covered,
+    ranges_ordered, per_client_steps, attack_known, stages_known, device_available, results_dir_writable,
+    dp_covered,
 )
 
 

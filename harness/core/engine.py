@@ -10,19 +10,18 @@ checkpoints are a solo run's (harness/runs/batch.py check_batch refuses them in 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from fedharness.contracts import (Algorithm, Callback, ClientScores, Coefficients, LocalSolver, Metric, Privacy,
-                                  Problem, ReplicaLayout, RoundContext, SeriesHook, ServerContext, ServerState,
+from fedharness.contracts import (Algorithm, Callback, ClientScores, Coefficients, LocalSolver, Metric, Problem,
+                                  ReplicaLayout, RoundContext, RoundPlan, RunOutcome, RunState, SeriesHook,
                                   UpdateAggregator)
 from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, average_into, buffer_dim, local_buffers
-from fedharness.core.byzantine import Adversary, byzantine_draws, forge_updates
-from fedharness.core.executors import RoundPlan
 from fedharness.core.slots import SlotSet, slot_algorithm
+from fedharness.core.stages import Stages
 from fedharness.core.updates import aggregate_updates
 
 
@@ -45,31 +44,6 @@ class NetworkModel:
 
     def round_seconds(self, bytes_per_client: float, max_tau: np.ndarray) -> np.ndarray:
         return bytes_per_client / (self.bandwidth_MB_per_s * 1e6) + max_tau * self.compute_s_per_step
-
-
-@dataclass
-class RunState:
-    """Everything needed to continue a run: server model and state, counters (streams are keyed by round)."""
-
-    round: int
-    x: torch.Tensor
-    server_state: ServerState  # the server optimizer's (harness/contracts.py: MomentumState, AdamState, ...)
-    counters: dict[str, np.ndarray]
-    server_ctx: ServerContext = field(default_factory=dict)  # the solver's server side (SCAFFOLD's c)
-    series_state: list = field(default_factory=list)  # one AverageState per series hook
-    wall_s: float = 0.0
-
-
-@dataclass
-class RunOutcome:
-    """How a run (one slot of a batch) ended: ok, diverged, stopped, or what the exception that ended it maps to
-    (failed, pruned, interrupted); its last completed round, its evaluated rows and its last state."""
-
-    status: str
-    rounds_done: int
-    rows: list[dict] = field(default_factory=list)
-    state: RunState | None = None
-    error: BaseException | None = None
 
 
 def _failed(err: BaseException) -> str:
@@ -99,7 +73,7 @@ class Engine:
                  hooks: Sequence[Callback] = (), **options):
         """A solo run: one slot with `algorithm`'s own parts, its replica `layout` (Richardson-Romberg couples
         replicas) and `series` (extra recorded iterates: Polyak averages, RR extrapolation). `options`:
-        reference, network, metrics, end_status, privacy, client_eval, adversary, grad_norm."""
+        reference, network, metrics, end_status, stages, client_eval, grad_norm."""
         layout = layout or ReplicaLayout.seeds(replicas)
         slots = SlotSet.solo(algorithm, seed, len(layout), rounds, eval_every)
         self._start(problem, slots, algorithm, executor, layout, series or [], [list(hooks)], **options)
@@ -107,22 +81,21 @@ class Engine:
     def _start(self, problem: Problem, slots: SlotSet, algorithm: Algorithm, executor, layout: ReplicaLayout,
                series: list[SeriesHook], hooks: list[list[Callback]], *, trainer: LocalSolver | None = None,
                reference=None, network: NetworkModel | None = None, metrics: Sequence[Metric] = (),
-               end_status: Callable[[BaseException], str] = _failed, privacy: Privacy | None = None,
-               client_eval: np.ndarray | None = None, adversary: Adversary | None = None,
-               grad_norm: bool = True) -> None:
-        """`client_eval` (eval.per_client): the clients each evaluation scores on their own held-out data (the
-        problem is a contracts.ClientEvaluation); None: none. `adversary` (attack=NAME): the Byzantine clients.
-        `grad_norm` (eval.grad_norm): whether evaluations compute grad_norm_sq (else null)."""
+               end_status: Callable[[BaseException], str] = _failed, stages: Stages | None = None,
+               client_eval: np.ndarray | None = None, grad_norm: bool = True) -> None:
+        """`stages` (the `stages` key): what happens to the updates between training and the server optimizer
+        (core/stages.py). `client_eval` (eval.per_client): the clients each evaluation scores on their own
+        held-out data (the problem is a contracts.ClientEvaluation); None: none. `grad_norm` (eval.grad_norm):
+        whether evaluations compute grad_norm_sq (else null)."""
         self.problem, self.alg, self.executor, self.reference = problem, algorithm, executor, reference
         # an UpdateAggregator is a runtime Protocol: isinstance reads its members, too slow to ask every round
         self.send_updates = isinstance(algorithm.aggregator, UpdateAggregator)
         self.slots, self.trainer = slots, trainer
-        self.privacy = privacy  # DP-FedAvg (algorithms/privacy.py): clipping in the shards, noise on the sum
+        self.stages = stages or Stages()
         self.layout, self.stream_replicas, self.series = layout, layout.stream_ids, series
         self.rounds, self.seed = int(slots.rounds.max()), int(slots.seeds[0])
         self.network = network or NetworkModel()
         self.metrics, self.end_status = tuple(metrics), end_status  # metrics: a user's extra columns
-        self.adversary = adversary  # attack=NAME: Byzantine clients' updates forged before aggregation
         self.hooks = dict(zip(slots.ids, hooks))
         self.round_hooks = {i: [h for h in hs if _acts_at_round_end(h)] for i, hs in self.hooks.items()}
         self.bytes_per_param = torch.finfo(problem.dtype).bits // 8
@@ -143,8 +116,7 @@ class Engine:
     def _state_at_start(self, x: torch.Tensor) -> RunState:
         zeros = {k: np.zeros(len(x), dtype=np.int64) for k in ("local_steps", "grad_evals", "bytes_up", "bytes_down")}
         zeros["sim_s"] = np.zeros(len(x))  # simulated seconds (NetworkModel), float
-        if self.privacy is not None:
-            zeros.update(self.privacy.init_counters(len(x)))  # the clip norm, per replica
+        zeros.update(self.stages.init_counters(len(x)))  # the stages' per-replica state (DP's clip norm)
         ctx = self.alg.solver.init_server_ctx(x)
         return RunState(0, x, self.alg.server.init_state(x), zeros, ctx, [h.init_state(x) for h in self.series])
 
@@ -160,8 +132,6 @@ class Engine:
             coefs.idle(~sel.active)  # replicas none of whose sampled clients returned (dropout): Delta = 0
         plan = RoundPlan(rnd, self.seed, self.stream_replicas, sel.clients, coefs.coef, tau, lr_scale, lrs,
                          send_updates=self.send_updates)  # else shards reduce in place
-        if self.adversary is not None and self.adversary.flips_labels:
-            plan.poisoned = byzantine_draws(self.adversary, plan)  # the shards train them on flipped labels
         return plan, coefs
 
     def _count(self, state: RunState, plan: RoundPlan) -> None:
@@ -177,19 +147,14 @@ class Engine:
     def step(self, state: RunState) -> RunState:
         plan, coefs = self.plan_round(state.round)
         plan.server_ctx = state.server_ctx
-        if self.privacy is not None:
-            plan.clip_norm = self.privacy.clip_norms(state.counters)
+        plan.stages = self.stages.client_work(plan, state.counters)
         result = self.executor.local_updates(state.x, plan)
         if plan.send_updates:
-            forged = self.adversary is not None and not self.adversary.flips_labels
-            chunks = forge_updates(self.adversary, plan, result.updates) if forged else result.updates
+            chunks = self.stages.on_updates(plan, result.updates)
             delta = aggregate_updates(self.alg.aggregator, plan, chunks, state.x, self.problem.memory_budget)
         else:
             delta = result.delta
-        if self.privacy is not None:
-            unclipped = np.zeros(len(state.x)) if result.unclipped is None else result.unclipped
-            delta = self.privacy.release(delta, plan.seed, plan.stream_replicas, plan.round, unclipped,
-                                         state.counters)
+        delta = self.stages.on_aggregate(plan, delta, result.counts, state.counters)
         first = plan.step_lrs[..., 0]  # the round's first step size: [] or, in a batch of slots, [R]
         x = self.alg.server.step(state.x, delta, state.server_state, first * self.layout.lr_factor)
         if buffer_dim(self.problem):  # running statistics: the aggregated average, no server optimizer step
@@ -235,15 +200,14 @@ class Engine:
             subopt = (ev.train_loss if ev.exact_train_loss is None else ev.exact_train_loss) - self.reference.f_star
             w_star = torch.as_tensor(self.reference.w_star, dtype=torch.float64, device=x.device)
             dist = (x.double() - w_star).norm(dim=-1).cpu().numpy()
-        rows = []
+        rows, staged = [], {"epsilon": None, **self.stages.row_values(state.round)}
         for i, r in enumerate(replica_ids):
             src = min(int(r), len(self.layout) - 1)
             row = {"replica": int(r), "series": series, "round": state.round, "wall_s": state.wall_s,
                    "train_loss": ev.train_loss[i],
                    "grad_norm_sq": None if ev.grad_norm_sq is None else ev.grad_norm_sq[i],
                    "server_lr": self.alg.server.server_lr,
-                   "lr": None if np.isnan(self._last_lr[src]) else self._last_lr[src],
-                   "epsilon": None if self.privacy is None else self.privacy.epsilon(state.round)}
+                   "lr": None if np.isnan(self._last_lr[src]) else self._last_lr[src], **staged}
             row.update({k: v[src].item() for k, v in state.counters.items()})  # int64 -> int, sim_s -> float
             for name, values in (("train_loss_se", ev.train_loss_se), ("subopt", subopt), ("dist_to_opt", dist),
                                  ("test_loss", ev.test_loss),

@@ -12,6 +12,7 @@ trains them within the memory budget (core/updates.py aggregates them).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -19,26 +20,9 @@ import torch
 from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, buffer_dim, load_client_buffers, local_buffers, \
     take_buffers
 from fedharness.core.exact_sum import ExactSum, FloatSum, Grids
-from fedharness.contracts import ClientKeys, ClientState, LocalSolver, Problem, ServerContext, SolverState
+from fedharness.contracts import (ClientKeys, ClientState, ClientWork, LocalSolver, Problem, RoundPlan, SolverState,
+                                  UpdateChunk)
 from fedharness.errors import require
-
-
-@dataclass
-class RoundPlan:
-    """Everything a shard needs to train its part of round `round`."""
-
-    round: int
-    seed: int | np.ndarray  # the run's seed, or each replica's [R] (a batch of slots: harness/core/slots.py)
-    stream_replicas: np.ndarray  # [R] stream id of each replica
-    clients: np.ndarray  # [R, K]
-    coef: np.ndarray  # [R, K] aggregation coefficients c_k
-    tau: np.ndarray  # [R, K] local steps
-    lr_scale: np.ndarray  # [R, K] client lr multipliers (sampler and per-replica factors)
-    step_lrs: np.ndarray  # [max tau] step sizes of this round, or each replica's [R, max tau] (a batch of slots)
-    server_ctx: ServerContext = field(default_factory=dict)  # e.g. SCAFFOLD's server control c
-    send_updates: bool = False  # an UpdateAggregator: send each client's Delta_k, not the reduced sum
-    clip_norm: np.ndarray | None = None  # [R] DP-FedAvg (algorithms/privacy.py): clip each Delta_k to this norm
-    poisoned: np.ndarray | None = None  # [R, K] bool: Byzantine draws that train on flipped labels (label_flip)
 
 
 @dataclass
@@ -57,21 +41,6 @@ class Entries:
 
 
 @dataclass
-class UpdateChunk:
-    """The raw updates Delta_k of one batch of a shard's entries (at most chunk_entries rows), on the CPU."""
-
-    replica: np.ndarray  # [m] int64
-    clients: np.ndarray  # [m] int64
-    delta: torch.Tensor  # [m, dim] in the model's dtype: w - w0 as computed, so nothing is rounded on the way
-
-    def __getstate__(self) -> dict:  # numpy on the wire, as the sums (core/exact_sum.py NumpyWire): no pickling
-        return {**vars(self), "delta": self.delta.detach().cpu().numpy()}
-
-    def __setstate__(self, state: dict) -> None:
-        vars(self).update({**state, "delta": torch.from_numpy(np.array(state["delta"]))})  # out of read-only memory
-
-
-@dataclass
 class ShardResult:
     """A round's client contributions: the weighted deltas sum_k c_k Delta_k under "delta" and a solver's
     per-client sums (SCAFFOLD's "control") under their names, each [R, dim]. With exact sums (the default;
@@ -86,7 +55,7 @@ class ShardResult:
     updates: list[UpdateChunk] = field(default_factory=list)  # plan.send_updates: every entry's Delta_k
     grids: Grids | None = None  # None: float sums, or a reply (added into a result that has them)
     exact: bool = True
-    unclipped: np.ndarray | None = None  # [R] int64 with plan.clip_norm: clients whose Delta_k was within it
+    counts: dict[str, np.ndarray] = field(default_factory=dict)  # [R] int64 each: the stages' client-side counts
 
     @classmethod
     def zeros(cls, x: torch.Tensor, plan: RoundPlan, exact: bool = True) -> "ShardResult":
@@ -103,19 +72,22 @@ class ShardResult:
         for name, part in other.sums.items():
             self.sums[name] = self.sums[name].add(part) if name in self.sums else part
         self.updates.extend(other.updates)
-        if other.unclipped is not None:  # integer counts: exact in any order
-            self.unclipped = other.unclipped if self.unclipped is None else self.unclipped + other.unclipped
+        for name, count in other.counts.items():  # integer counts: exact in any order
+            self.add_counts(name, count)
         return self
+
+    def add_counts(self, name: str, count: np.ndarray) -> None:
+        self.counts[name] = count if name not in self.counts else self.counts[name] + count
 
     def reply(self) -> "ShardResult":
         """What a shard sends: the sums' words on the CPU and the updates, without the grids."""
         return ShardResult(self.shape, "cpu", {name: part.to("cpu") for name, part in self.sums.items()},
-                           self.updates, None, self.exact, self.unclipped)
+                           self.updates, None, self.exact, self.counts)
 
     def to(self, device: torch.device | str) -> "ShardResult":
         return ShardResult(self.shape, device, {name: part.to(device) for name, part in self.sums.items()},
                            self.updates, None if self.grids is None else self.grids.to(device), self.exact,
-                           self.unclipped)
+                           self.counts)
 
     def _value(self, name: str) -> torch.Tensor:
         return self.sums[name].value(self.grids[name] if self.exact else None)
@@ -171,7 +143,7 @@ class ClientShard:
         self.lo, self.hi = owned  # clients lo..hi-1 are this shard's: O(1) whatever N is
         self.client_state: dict[tuple[int, int], ClientState] = {}  # (replica, client) -> e.g. SCAFFOLD's c_i
         self.budget = problem.memory_budget
-        self._flipped: Problem | None = None  # attack=label_flip: the problem with flipped labels
+        self._views: dict[str, Problem] = {}  # the stages' data views by name (label flipping's), built once
         self._entry_bytes: dict[int, int] = {}  # steps -> entry_bytes
 
     def chunk_entries(self, steps: int, entries: int) -> int:
@@ -194,20 +166,36 @@ class ClientShard:
         return Entries(rep[pick], flat[pick], coef, plan.tau.reshape(-1)[pick], plan.lr_scale.reshape(-1)[pick])
 
     def train(self, x: torch.Tensor, plan: RoundPlan) -> ShardResult:
-        """This shard's sampled clients, all at once (one batched computation per local step); the poisoned ones
-        (attack=label_flip) as a second batch, on the flipped labels."""
+        """This shard's sampled clients, all at once (one batched computation per local step); those a stage chose
+        to train on a view of the data (label flipping) as one more batch per view."""
         entries = self.entries(plan)
-        bad = poisoned_entries(plan, entries)
-        if not bad.any():
+        groups = self.view_groups(plan, entries)
+        if not groups:
             return self.train_entries(x, plan, entries, self.problem.grad)
-        result = self.train_entries(x, plan, entries.take(~bad), self.problem.grad)
-        return result.add(self.train_entries(x, plan, entries.take(bad), self.flipped().grad))
+        rest = ~np.any([chosen for chosen, _ in groups], axis=0)
+        result = self.train_entries(x, plan, entries.take(rest), self.problem.grad)
+        for chosen, view in groups:
+            result.add(self.train_entries(x, plan, entries.take(chosen), view.grad))
+        return result
 
-    def flipped(self) -> Problem:
-        """The problem with flipped labels (built on first use, kept)."""
-        if self._flipped is None:
-            self._flipped = self.problem.labels_flipped()
-        return self._flipped
+    def view_groups(self, plan: RoundPlan, e: Entries) -> list[tuple[np.ndarray, Problem]]:
+        """[(chosen [len(e)] bool, the problem they train on)] for each stage with chosen entries; an entry two
+        stages choose trains on the first one's view."""
+        groups, taken = [], np.zeros(len(e.clients), dtype=bool)
+        for work in plan.stages:
+            if work.view is None:
+                continue
+            chosen = work.chosen(e.replica, e.clients) & ~taken
+            if chosen.any():
+                groups.append((chosen, self.view(work)))
+                taken |= chosen
+        return groups
+
+    def view(self, work: ClientWork) -> Problem:
+        """A stage's view of the problem (built on first use, kept)."""
+        if work.view not in self._views:
+            self._views[work.view] = work.view_of(self.problem)
+        return self._views[work.view]
 
     def train_entries(self, x: torch.Tensor, plan: RoundPlan, e: Entries, grad_fn) -> ShardResult:
         result = ShardResult.zeros(x, plan, self.exact_sums)
@@ -262,17 +250,14 @@ class ClientShard:
             for i, (r, k) in enumerate(zip(e.replica, e.clients)):
                 self.client_state[(int(r), int(k))] = {name: v[i].clone() for name, v in new_state.items()}
         index = torch.as_tensor(e.replica, device=dev)
+        delta = transformed(plan, w - w0, e, result) if transforms(plan) else None
         if plan.send_updates:  # leaves the device batch by batch, so device memory stays within the budget
-            result.updates.append(UpdateChunk(e.replica.copy(), e.clients.copy(), (w - w0).cpu()))
-        elif plan.clip_norm is not None:  # DP-FedAvg: each client's update clipped before it joins the sum
-            clipped, within = clip_rows((w - w0).double(), plan.clip_norm[e.replica])
-            coef = torch.as_tensor(e.coef, dtype=torch.float64, device=dev)[:, None]
-            result.add_rows("delta", index, clipped * coef)
-            counts = np.bincount(e.replica, weights=within, minlength=len(x)).astype(np.int64)
-            result.unclipped = counts if result.unclipped is None else result.unclipped + counts
+            sent = (w - w0) if delta is None else delta.to(w.dtype)
+            result.updates.append(UpdateChunk(e.replica.copy(), e.clients.copy(), sent.cpu()))
         else:
             coef = torch.as_tensor(e.coef, dtype=torch.float64, device=dev)[:, None]
-            result.add_rows("delta", index, (w - w0).double() * coef)  # each product rounded on its own
+            delta = (w - w0).double() if delta is None else delta
+            result.add_rows("delta", index, delta * coef)  # each product rounded on its own
         for name, per_client in extras.items():
             result.add_rows(name, index, per_client.double())
 
@@ -283,22 +268,21 @@ class ClientShard:
         self.client_state = {k: dict(s) for k, s in client_state.items() if self.lo <= k[1] < self.hi}
 
 
-def poisoned_entries(plan: RoundPlan, e: Entries) -> np.ndarray:
-    """[len(e)] bool: which entries are Byzantine clients that train on flipped labels."""
-    if plan.poisoned is None:
-        return np.zeros(len(e.clients), dtype=bool)
-    rows, cols = np.nonzero(plan.poisoned)
-    bad = set(zip(rows.tolist(), plan.clients[rows, cols].tolist()))
-    return np.array([(int(r), int(k)) in bad for r, k in zip(e.replica, e.clients)], dtype=bool)
+def transforms(plan: RoundPlan) -> bool:
+    """Whether a stage transforms the updates this round (one that only chooses a view does not)."""
+    return any(type(work).transform is not ClientWork.transform for work in plan.stages)
 
 
-def clip_rows(delta: torch.Tensor, bound: np.ndarray) -> tuple[torch.Tensor, np.ndarray]:
-    """Each row of delta [M, dim] float64 scaled to l2 norm at most bound[m]; and which rows were within it.
-    A row's norm and scale are its own computation, so its bits do not depend on the rows beside it."""
-    bound_t = torch.as_tensor(bound, dtype=torch.float64, device=delta.device)
-    norms = delta.norm(dim=1)
-    scale = (bound_t / norms.clamp_min(torch.finfo(torch.float64).tiny)).clamp(max=1.0)
-    return delta * scale[:, None], (norms <= bound_t).cpu().numpy()
+def transformed(plan: RoundPlan, delta: torch.Tensor, e: Entries, result: ShardResult) -> torch.Tensor:
+    """The entries' updates [m, dim] float64 through every stage's transform in order; their counts added to the
+    result per replica."""
+    out = delta.double()
+    for work in plan.stages:
+        out, counts = work.transform(out, e.replica, e.clients)
+        for name, per_entry in counts.items():
+            per_replica = np.bincount(e.replica, weights=per_entry, minlength=result.shape[0]).astype(np.int64)
+            result.add_counts(name, per_replica)
+    return out
 
 
 def prefix_state(state: SolverState, n: int) -> SolverState:
@@ -329,6 +313,24 @@ def balanced_ranges(cost_of, num_clients: int, num_shards: int) -> list[tuple[in
 def shard_of(ranges: list[tuple[int, int]], client: int) -> int:
     """Which of `ranges` (balanced_ranges') owns `client`."""
     return int(np.searchsorted([hi for _, hi in ranges], client, side="right"))
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Where the sampled clients train (the inline and loop executors here, harness/backends/ray_executor.py's Ray
+    shards): the engine hands it a round's plan and reads exact sums back."""
+
+    def local_updates(self, x: torch.Tensor, plan: RoundPlan) -> ShardResult:
+        """Train the plan's clients from the server models x [R, dim]; the shards' reduced sums."""
+
+    def get_state(self) -> dict:
+        """The clients' persistent state (SCAFFOLD's c_i), for a checkpoint."""
+
+    def set_state(self, client_state: dict) -> None:
+        """Restore `get_state`'s state (resuming a run)."""
+
+    def close(self) -> None:
+        """Release the shards (Ray actors); the executor is not used again."""
 
 
 class InlineExecutor:
@@ -369,8 +371,10 @@ class LoopExecutor(InlineExecutor):
         shard = self.shards[0]
         entries = shard.entries(plan)
         total = ShardResult.zeros(x, plan, shard.exact_sums)
-        bad = poisoned_entries(plan, entries)
+        problem_of = np.full(len(entries.clients), None, dtype=object)
+        for chosen, view in shard.view_groups(plan, entries):
+            problem_of[chosen] = view
         for i in range(len(entries.clients)):
-            problem = shard.flipped() if bad[i] else shard.problem
+            problem = shard.problem if problem_of[i] is None else problem_of[i]
             total.add(shard.train_entries(x, plan, entries.take(slice(i, i + 1)), problem.loop_grad))
         return total

@@ -9,26 +9,11 @@ without a float64 copy of them all, in chunks that fit the memory budget; any ot
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from fedharness.base import streams
 from fedharness.base.columns import ColumnAggregator, KeyedAggregator, UpdateColumns
-from fedharness.contracts import UpdateAggregator
-from fedharness.core.executors import RoundPlan, UpdateChunk
-
-
-def client_rows(plan: RoundPlan, r: int) -> tuple[np.ndarray, np.ndarray]:
-    """Replica r's clients that returned (coefficient != 0), ascending, and each one's weight: the sum of its
-    draws' coefficients (a client drawn twice, or a dropped draw re-pointed at it, is one update)."""
-    kept = plan.coef[r] != 0
-    ids, inverse = np.unique(plan.clients[r][kept], return_inverse=True)
-    return ids, np.bincount(inverse, weights=plan.coef[r][kept], minlength=len(ids))
-
-
-def replica_seed(plan: RoundPlan, r: int) -> int:
-    """Replica r's seed: the run's, or its slot's in a batch of slots."""
-    return int(plan.seed) if np.ndim(plan.seed) == 0 else int(plan.seed[r])
+from fedharness.contracts import RoundPlan, UpdateAggregator, UpdateChunk
 
 
 def aggregate_updates(aggregator: UpdateAggregator, plan: RoundPlan, chunks: list[UpdateChunk],
@@ -40,7 +25,7 @@ def aggregate_updates(aggregator: UpdateAggregator, plan: RoundPlan, chunks: lis
     where = {(int(r), int(k)): (c, i) for c, chunk in enumerate(chunks)  # no concatenated copy of every update
              for i, (r, k) in enumerate(zip(chunk.replica, chunk.clients))}
     for r in range(R):
-        ids, weights = client_rows(plan, r)
+        ids, weights = plan.returned(r)
         if len(ids) == 0:
             continue
         missing = [int(k) for k in ids if (r, int(k)) not in where]
@@ -49,7 +34,7 @@ def aggregate_updates(aggregator: UpdateAggregator, plan: RoundPlan, chunks: lis
         rows = [chunks[c].delta[i] for c, i in (where[(r, int(k))] for k in ids)]
         w = torch.as_tensor(weights, dtype=torch.float64, device=x.device)
         if isinstance(aggregator, KeyedAggregator) and aggregator.bucket_size > 1:  # bucketing: this replica's and round's draw
-            key = streams.stream_key(replica_seed(plan, r), streams.BUCKETS, int(plan.stream_replicas[r]), plan.round, 0)
+            key = streams.stream_key(plan.replica_seed(r), streams.BUCKETS, int(plan.stream_replicas[r]), plan.round, 0)
             out[r] = aggregator.aggregate_keyed(torch.stack(rows).to(device=x.device, dtype=torch.float64), w, key)
         elif isinstance(aggregator, ColumnAggregator):
             out[r] = aggregator.aggregate_columns(UpdateColumns.within(rows, budget, x.device), w)

@@ -7,6 +7,7 @@
 * `DATASETS`, `MODELS`, `PARTITIONERS`: the options of `dataset=`, `model=` and `partition=`, each called with
   its own section's keys and the context its builder offers (fedharness.problems.build_problem).
 * `ATTACKS`: the options of `attack=` (the Byzantine clients' updates), each called with its own keys.
+* `STAGES`: a user's update stages by name (fedharness.register_stage), the entries of the `stages` key.
 * `METRICS`: a user's metrics by name (fedharness.register_metric).
 """
 
@@ -34,6 +35,11 @@ PARTITIONERS = Registry("partition")
 ATTACKS = Registry("attack", common={"fraction": number("the share of each round's returned clients that are "
                                                         "Byzantine (floor(fraction n), drawn from the streams)",
                                                         lo=0, hi=0.5, hi_open=True)})
+
+# `stages: [..., NAME]` (contracts.UpdateStage): a user's update stages (fedharness.register_stage), each called
+# with its entry's keys. `attack` and `dp` are the built-in stages, built from their own sections.
+STAGES = Registry("stage", section="stages")
+BUILTIN_STAGES = ("attack", "dp")
 
 METRICS: dict[str, Metric] = {}  # name -> Metric, filled by fedharness.register_metric
 

@@ -26,8 +26,8 @@ from fedharness.base.extras import require_extra
 from fedharness.runs.batch import Slot, batch_settings, check_batch, per_copy_values
 from fedharness.runs.lifecycle import (EvalFunction, RunInterrupted, RunRecord, end_status, error_text,
                                        interrupts_raised)
-from fedharness.assembly.build import adversary_for, algorithm_for, build_parts
-from fedharness.assembly.privacy import calibrated, privacy_for
+from fedharness.assembly.build import algorithm_for, build_parts, stages_for
+from fedharness.assembly.privacy import calibrated
 from fedharness.base.runtime import apply_runtime, auto_threads, step_work, use_threads
 from fedharness.assembly.reference_policy import run_client_minima, run_reference
 from fedharness.errors import require
@@ -70,7 +70,7 @@ class Prepared:
     reference: Any
     layout: Any
     series: list
-    adversary: Any = None  # attack=NAME: core/byzantine.py's Adversary (None: no attack)
+    stages: Any = None  # the update stages (core/stages.py Stages: attack, dp, a user's), in their order
 
 
 def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Prepared:
@@ -82,9 +82,9 @@ def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Pre
     settings = settings.replace(kernel=resolve_kernel(settings, problem, resumed_kernel))
     settings = calibrated(settings)  # dp.target_epsilon: the noise multiplier, before the run starts
     layout, series = build_series(settings.replicas, **settings.algorithm.params)  # rr=H needs a fixed H
-    adversary = adversary_for(settings, algorithm, problem)  # before the reference solve: a refused attack costs nothing
+    stages = stages_for(settings, algorithm, problem)  # before the reference solve: a refused stage costs nothing
     reference = run_reference(settings, problem)  # per `reference: auto | on | off`
-    return Prepared(settings, problem, algorithm, reference, layout, series, adversary)
+    return Prepared(settings, problem, algorithm, reference, layout, series, stages)
 
 
 def prepare(settings: RunSettings):
@@ -132,8 +132,7 @@ def build_engine(run: Prepared, executor, hooks: Sequence[Sequence[Callback]] = 
     runs, trained with the prepared run's solver); `hooks[i]`: slot i's."""
     options = dict(reference=run.reference, network=NetworkModel.of(run.settings.network),
                    metrics=[METRICS[name] for name in run.settings.metrics], end_status=end_status,
-                   privacy=privacy_for(run.settings, run.problem),
-                   client_eval=clients_to_evaluate(run.settings, run.problem), adversary=run.adversary,
+                   stages=run.stages, client_eval=clients_to_evaluate(run.settings, run.problem),
                    grad_norm=run.settings.eval.grad_norm or not skips_grad_norm(run.problem))
     if slots is not None:
         return BatchedEngine(run.problem, slots, run.algorithm.solver, executor, hooks=hooks, **options)

@@ -1,10 +1,13 @@
-"""The Byzantine clients of a round and their forged updates (`attack=NAME`, `attack.fraction`).
+"""The Byzantine clients of a round and what they send (`attack=NAME`, `attack.fraction`): the attack as an update
+stage (contracts.UpdateStage).
 
 In each replica, floor(fraction n) of the n clients that returned are Byzantine: those with the smallest uniform of
 the stream keyed by (seed, BYZANTINE, replica, round, client), ties to the lower id. The draw depends on nothing
 but those keys and the set of returned clients, so the same clients are Byzantine with 1 shard or 16, inline or on
-Ray, fresh or resumed. Their updates are replaced here, in the driver, where the shards' updates meet the
-aggregator (core/updates.py), so an attack needs an aggregator that sees the updates (the config refuses others).
+Ray, fresh or resumed. An attack that forges updates (contracts.Attack) replaces theirs at the driver, where the
+shards' updates meet the aggregator (`on_updates`), so it needs an aggregator that sees them ("updates"); a data
+poisoning attack (contracts.DataPoisoning: label_flip) has them train on its view of the data in the shards
+(`client_work`) and needs what that view needs ("labels").
 """
 
 from __future__ import annotations
@@ -15,18 +18,53 @@ import numpy as np
 import torch
 
 from fedharness.base import streams
-from fedharness.contracts import Attack
-from fedharness.core.executors import RoundPlan, UpdateChunk
-from fedharness.core.updates import client_rows, replica_seed
+from fedharness.contracts import Attack, ClientWork, DataPoisoning, Problem, RoundPlan, UpdateChunk, UpdateStage
 
 
 @dataclass(frozen=True)
-class Adversary:
+class Adversary(UpdateStage):
     """The run's attack and the share of each round's returned clients it controls."""
 
     attack: Attack
     fraction: float
-    flips_labels: bool = False  # label_flip: the Byzantine clients train on flipped labels and send that update
+
+    @property
+    def flips_labels(self) -> bool:
+        """Whether the Byzantine clients poison their training (label_flip) rather than forge their updates."""
+        return isinstance(self.attack, DataPoisoning)
+
+    @property
+    def needs(self) -> frozenset[str]:  # type: ignore[override]
+        return self.attack.needs if self.flips_labels else frozenset({"updates"})
+
+    def client_work(self, plan: RoundPlan, counters) -> ClientWork | None:
+        if not self.flips_labels:
+            return None
+        return PoisonedClients(byzantine_draws(self, plan), plan.clients, self.attack)
+
+    def on_updates(self, plan: RoundPlan, updates: list[UpdateChunk]) -> list[UpdateChunk]:
+        return updates if self.flips_labels else forge_updates(self, plan, updates)
+
+
+@dataclass(frozen=True)
+class PoisonedClients(ClientWork):
+    """A round's Byzantine draws [R, K] (of the plan's clients [R, K]) that train on the attack's view."""
+
+    poisoned: np.ndarray
+    clients: np.ndarray
+    attack: DataPoisoning
+
+    @property
+    def view(self) -> str:  # type: ignore[override]
+        return self.attack.view
+
+    def view_of(self, problem: Problem) -> Problem:
+        return self.attack.view_of(problem)
+
+    def chosen(self, replica: np.ndarray, clients: np.ndarray) -> np.ndarray:
+        rows, cols = np.nonzero(self.poisoned)
+        bad = set(zip(rows.tolist(), self.clients[rows, cols].tolist()))
+        return np.array([(int(r), int(k)) in bad for r, k in zip(replica, clients)], dtype=bool)
 
 
 def byzantine_mask(fraction: float, seed: int, replica: int, rnd: int, ids: np.ndarray) -> np.ndarray:
@@ -42,8 +80,8 @@ def byzantine_draws(adversary: Adversary, plan: RoundPlan) -> np.ndarray:
     """[R, K] bool: the plan's draws that belong to a Byzantine client (every draw of one drawn twice)."""
     out = np.zeros(plan.clients.shape, dtype=bool)
     for r in range(len(plan.clients)):
-        ids, _ = client_rows(plan, r)
-        bad = byzantine_mask(adversary.fraction, replica_seed(plan, r), int(plan.stream_replicas[r]), plan.round, ids)
+        ids, _ = plan.returned(r)
+        bad = byzantine_mask(adversary.fraction, plan.replica_seed(r), int(plan.stream_replicas[r]), plan.round, ids)
         out[r] = np.isin(plan.clients[r], ids[bad]) & (plan.coef[r] != 0)
     return out
 
@@ -54,8 +92,8 @@ def forge_updates(adversary: Adversary, plan: RoundPlan, chunks: list[UpdateChun
     where = {(int(r), int(k)): (c, i) for c, chunk in enumerate(chunks)
              for i, (r, k) in enumerate(zip(chunk.replica, chunk.clients))}
     for r in range(len(plan.clients)):
-        ids, _ = client_rows(plan, r)
-        seed, replica = replica_seed(plan, r), int(plan.stream_replicas[r])
+        ids, _ = plan.returned(r)
+        seed, replica = plan.replica_seed(r), int(plan.stream_replicas[r])
         bad = byzantine_mask(adversary.fraction, seed, replica, plan.round, ids)
         if not bad.any():
             continue

@@ -167,8 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-m", "--multirun", action="store_true", help="not here: grids of runs are `fedharness sweep`")
     config = sub.add_parser("config", help="a config group's options and keys with defaults and docs: "
                             "fedharness config [GROUP [OPTION]]")
-    config.add_argument("group", nargs="?", help="dataset, partition, model, algorithm, tune or sweep (none: every "
-                        "top-level key of a run)")
+    config.add_argument("group", nargs="?", help="dataset, partition, model, algorithm, attack, tune or sweep (none: "
+                        "every top-level key of a run)")
     config.add_argument("option", nargs="?", help="an option of the group (default: the group's default)")
     sub.add_parser("list", help="list registered datasets, partitions, models, algorithms and parts")
     tune = sub.add_parser("tune", help="tune with Optuna under a fixed budget: fedharness tune tune=NAME key=value ...",

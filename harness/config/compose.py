@@ -54,7 +54,7 @@ def moved(key: str) -> str:
     return f"no such key: it is now {MOVED[key]} (docs/results.md, Evaluation on a sample)"
 
 
-def _explain(overrides: list[str], err: Exception) -> ConfigError:
+def _explain(overrides: list[str], err: Exception, config_name: str = "config") -> ConfigError:
     """Turn Hydra's exception into one message naming the key, the value and what is allowed."""
     for ov in overrides:
         key, _, value = ov.lstrip("+~").partition("=")
@@ -68,17 +68,38 @@ def _explain(overrides: list[str], err: Exception) -> ConfigError:
         if key in MOVED:
             return ConfigError(key, value, moved(key))
         if f"'{key}'" in text:
-            section, _, _ = key.rpartition(".")
-            return ConfigError(key, value, f"no such key; keys of '{section or 'the run'}': {_known_keys(section)}")
+            return _unknown_key(key, value, overrides, config_name)
     return ConfigError("overrides", " ".join(overrides), text)
 
 
-def _known_keys(section: str) -> str:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = OmegaConf.to_container(compose(config_name="config"), resolve=False)
+def _unknown_key(key: str, value: str, overrides: list[str], config_name: str) -> ConfigError:
+    """A key Hydra does not find: name the keys of its section as the command's group choices compose it
+    (`attack=alie attack.nope=1`: alie's keys), or say that its group has no option chosen yet."""
+    section = key.rpartition(".")[0]
+    node: Any = _chosen(overrides, config_name)
     for part in filter(None, section.split(".")):
-        cfg = cfg.get(part, {}) if isinstance(cfg, dict) else {}
-    return ", ".join(sorted(cfg)) if isinstance(cfg, dict) else "(none)"
+        node = node.get(part) if isinstance(node, dict) else None
+    if section in GROUPS and node is None:  # an optional group left out (attack): its keys come with an option
+        return ConfigError(key, value, f"no such key: no {section} is chosen; choose one first, {section}=NAME "
+                                       f"(one of: {', '.join(group_options(section))})")
+    if not isinstance(node, dict):
+        return ConfigError(key, value, f"no such key; '{section}' is not a section")
+    shown = sorted(k for k in node if not (section in GROUPS and k == "name"))  # name: chosen as GROUP=NAME
+    return ConfigError(key, value, f"no such key; keys of '{section or 'the run'}': {', '.join(shown) or '(none)'}")
+
+
+def _chosen(overrides: list[str], config_name: str) -> dict[str, Any]:
+    """The config composed with only the command's group choices (`attack=alie`, `experiment=...`): the sections
+    and keys an override may set. A choice that does not compose either leaves the defaults."""
+    choices = [o for o in overrides if o.lstrip("+").partition("=")[0] in GROUPS and not o.startswith("~")]
+    for attempt in (choices, []):
+        try:
+            with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+                cfg = compose(config_name=config_name, overrides=user_search_path() + attempt)
+            return OmegaConf.to_container(cfg, resolve=False)
+        except (ConfigCompositionException, MissingConfigException, OverrideParseException, OmegaConfBaseException):
+            continue
+    return {}
 
 
 def user_search_path() -> list[str]:
@@ -99,7 +120,7 @@ def compose_raw(overrides: list[str], config_name: str = "config") -> dict[str, 
         return OmegaConf.to_container(cfg, resolve=True)
     except (ConfigCompositionException, MissingConfigException, OverrideParseException,
             OmegaConfBaseException) as err:
-        raise _explain(overrides, err) from None
+        raise _explain(overrides, err, config_name) from None
 
 
 # --- many runs that differ only in values: compose once --------------------------------------------------

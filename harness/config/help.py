@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import re
 from typing import Any
 
 from fedharness.config import schema
@@ -10,10 +12,12 @@ from fedharness.config.compose import group_options
 from fedharness.config.overrides import format_value
 from fedharness.errors import ConfigError
 from fedharness.extend import register_targets
+from fedharness.registry.binding import key_parameters
 from fedharness.registry.plugins import load_entry_points
 from fedharness.settings import keys_of, sections_of
 
 HELP_GROUPS = ("dataset", "partition", "model", "algorithm")
+STUDY_GROUPS = ("tune", "sweep")  # described by fedharness.studies (fedharness.cli cmd_config)
 WIDTH = 34  # "key = default" column
 
 
@@ -29,8 +33,9 @@ def _line(key: str, default: Any, doc: str) -> str:
     return f"{left:<{WIDTH}}  {doc}"
 
 
-def _options_line(group: str, default: str) -> str:
-    names = [f"{o}*" if o == default else o for o in group_options(group)]
+def _options_line(group: str, default: str, options: list[str] | tuple[str, ...] | None = None) -> str:
+    """The group's options, `default` starred; `options`: the group's config names unless given."""
+    names = [f"{o}*" if o == default else o for o in (group_options(group) if options is None else options)]
     return f"  {group:<11}{', '.join(names)}"
 
 
@@ -41,20 +46,25 @@ def describe_run() -> str:
     lines = ["config groups (group=OPTION, * the default; `fedharness config GROUP` shows a group's keys):"]
     lines += [_options_line(g, top[g]["name"]) for g in HELP_GROUPS]
     lines.append(_options_line("experiment", "") + "  (paper reproductions; none by default)")
-    lines.append(_options_line("attack", "") + "  (Byzantine clients, attack.fraction; none by default)")
+    lines += [_options_line(g, schema.NONE, schema.part_options(g)) for g in schema.PART_GROUPS]
     lines += ["", "keys (key = default  doc); set any as key=value, e.g. rounds=50 ray.num_shards=4:"]
     for key, spec in schema.TOP.items():
         if key in top:
             lines.append(_line(key, top[key], spec.doc))
     for section, keys in schema.SECTIONS.items():
         lines += [_line(f"{section}.{key}", top[section].get(key), spec.doc) for key, spec in keys.items()]
+    for group in schema.PART_GROUPS:  # each option's own keys: they exist only once the option is chosen
+        lines += ["", f"{group} options and their keys ({group}=OPTION, then {group}.KEY=value):"]
+        lines += [line for option in schema.part_options(group) for line in _option_block(group, option)]
     return "\n".join(lines)
 
 
 def describe_group(group: str, option: str | None = None) -> str:
     """A group's options and the keys of one option (the default one unless named): `fedharness config GROUP`."""
+    if group in schema.PART_GROUPS:
+        return describe_part_group(group, option)
     if group not in HELP_GROUPS:
-        raise ConfigError("group", group, HELP_GROUPS)
+        raise ConfigError("group", group, (*HELP_GROUPS, *schema.PART_GROUPS, *STUDY_GROUPS))
     load_entry_points()  # installed packages' options and keys are described too
     option = option or schema.defaults()[group]["name"]
     if option not in group_options(group):
@@ -70,6 +80,57 @@ def describe_group(group: str, option: str | None = None) -> str:
         lines += [_line(f"+{group}.{key}", default, f"{spec.doc} (a user's part)")
                   for key, (spec, default) in user_keys().items() if key not in values]
     return "\n".join(lines)
+
+
+def describe_part_group(group: str, option: str | None = None) -> str:
+    """A part group's options (attack, ...), each with what it does and its keys, or one option's alone:
+    `fedharness config GROUP [OPTION]`. A part registered from Python is described like a built-in."""
+    load_entry_points()  # installed packages' parts are described too
+    options = schema.part_options(group)
+    if option is not None and option not in options:
+        raise ConfigError(group, option, f"one of: {', '.join(options)}")
+    if option is None:
+        head = f"{group} options (`{group}=OPTION`, * the default; `fedharness config {group} OPTION` shows one):"
+        shown, marked, what = options, schema.NONE, "what each does"
+    else:
+        head = f"{group} options (`{group}=OPTION`, * the one shown; `fedharness config {group}` shows every one):"
+        shown, marked, what = (option,), option, "what it does"
+    lines = [head, _options_line(group, marked, options), "",
+             f"{what}, and its keys (key = default  doc), set as {group}.KEY=value:"]
+    return "\n".join(lines + [line for name in shown for line in _option_block(group, name)])
+
+
+def _option_block(group: str, option: str) -> list[str]:
+    """`group=option: what it does`, then its keys (not `name`: that is chosen as group=option)."""
+    values = _option_values(group, option)
+    keys = schema.part_keys(group, option)
+    names = [*keys, *(k for k in values if k not in keys and k != "name")]  # a `**params` part's own config keys
+    return [f"{group}={option}: {_option_doc(group, option)}",
+            *(_line(f"{group}.{k}", values.get(k), keys[k].doc if k in keys else schema.UNDECLARED) for k in names)]
+
+
+def _option_values(group: str, option: str) -> dict[str, Any]:
+    """An option's defaults: its constructor's, overridden by its config (conf/<group>/<option>.yaml, or the
+    node a Python registration stored), which is what `group=option` composes."""
+    factory = schema.PART_GROUPS[group].get(option)
+    values = {} if factory is None else {p.name: p.default for p in key_parameters(factory)
+                                         if p.default is not inspect.Parameter.empty}
+    if option in group_options(group):
+        values.update(schema.defaults(group, option))
+    return values
+
+
+def _option_doc(group: str, option: str) -> str:
+    """An option's one-line doc: the first sentence of its constructor's own docstring."""
+    if option == schema.NONE:
+        return f"no {group} (the default: a run without `{group}=`)"
+    factory = schema.PART_GROUPS[group][option]
+    doc = getattr(factory, "func", factory).__doc__  # its own: a class's __doc__ is not inherited
+    if not doc:
+        return "(its constructor has no docstring)"
+    text = " ".join(doc.strip().split("\n\n")[0].split())
+    end = re.search(r"\.\s+(?=[A-Z])", text)  # a sentence ends at '. ' before a capital ("et al. 2019" goes on)
+    return text[:end.start() + 1] if end else text
 
 
 def declared_lines(cls: type, values: dict[str, Any], prefix: str) -> list[str]:

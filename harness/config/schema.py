@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from fedharness.algorithms.registry import algorithm_keys
+from fedharness.registry.binding import Registry, key_parameters, takes_extra
 from fedharness.core.ray_cluster import parse_address
-from fedharness.config.compose import MOVED, defaults, moved, own_section_defaults
+from fedharness.config.compose import GROUPS as COMPOSED_GROUPS, MOVED, defaults, moved, own_section_defaults
 from fedharness.errors import ConfigError, require
 
 
@@ -37,10 +38,6 @@ def _partitions() -> tuple[str, ...]:
     return ("auto", *PARTITIONERS)  # auto: natural where the data has owners, else iid
 
 
-def _attacks() -> tuple[str, ...]:
-    return ("none", *ATTACKS)  # none: every client honest
-
-
 # --- the keys ---------------------------------------------------------------------------------------------
 
 # The run-level keys and sections are declared once, as the fields of harness/settings.py's RunSettings.
@@ -52,7 +49,43 @@ SECTIONS: dict[str, dict[str, Key]] = {name: keys_of(cls) for name, cls in secti
 # model's beside it (problems/objectives.py, problems/nets.py), all kept by their registries
 # (fedharness.registry.groups); the algorithm's beside its parts (algorithms/*.py; a user's part declares its own
 # when registered): algorithms.registry.algorithm_keys() collects them.
-GROUPS = {"dataset": DATASETS, "partition": PARTITIONERS, "model": MODELS, "attack": ATTACKS}
+GROUPS = {"dataset": DATASETS, "partition": PARTITIONERS, "model": MODELS}  # attack: a part group, below
+
+# Part groups: a group whose options are a registry's parts, each built from the group's own section with the keys
+# its constructor's parameters name (fedharness.registry.binding: the signature is the schema), which a run may
+# leave out: absent, the group is its `none` option, which builds nothing (conf/<group>/none.yaml). The checks,
+# `fedharness config GROUP` and `run --help` read every part group alike, so a new stage group (compress, ...) is
+# one entry here, its registry and its none.yaml.
+PART_GROUPS: dict[str, Registry] = {"attack": ATTACKS}
+NONE = "none"
+UNDECLARED = "a parameter of its constructor (no declared doc)"
+
+
+def part_options(group: str) -> tuple[str, ...]:
+    """The options of a part group: `none`, then every registered part (a user's too), read when called."""
+    return (NONE, *PART_GROUPS[group])
+
+
+def part_keys(group: str, option: str) -> dict[str, Key]:
+    """The keys of an option of a part group besides `name`: the group's common keys, then those the option
+    declared, or else its constructor's parameters (an undeclared user's part: its signature is its schema)."""
+    registry = PART_GROUPS[group]
+    if option == NONE:
+        return dict(registry.common)
+    declared = registry.declared(option)
+    if declared is not None:
+        return declared
+    return {**registry.common, **{p.name: anything(UNDECLARED) for p in key_parameters(registry[option])}}
+
+
+def part_section_keys(group: str, option: str) -> dict[str, Key]:
+    """Every key of an option's section in a part group: `name`, then part_keys."""
+    return {"name": text(f"the {group}"), **part_keys(group, option)}
+
+
+def takes_any_key(group: str, option: str) -> bool:
+    """Whether an option of a part group takes keys beyond part_keys: a constructor with `**params`."""
+    return option != NONE and option in PART_GROUPS[group] and takes_extra(PART_GROUPS[group][option])
 
 
 def group_keys(group: str, option: str) -> dict[str, Key] | None:
@@ -63,8 +96,8 @@ def group_keys(group: str, option: str) -> dict[str, Key] | None:
         return {**name, **algorithm_keys()}
     if (group, option) == ("partition", "auto"):
         return name
-    if (group, option) == ("attack", "none"):
-        return {**name, **ATTACKS.common}
+    if group in PART_GROUPS:
+        return part_section_keys(group, option)
     keys = GROUPS[group].declared(option) if group in GROUPS else None
     return None if keys is None else {**name, **keys}
 
@@ -83,6 +116,12 @@ GROUP_NAMES: dict[str, Callable[[], tuple[str, ...]]] = {
 # --- checking ---------------------------------------------------------------------------------------------
 
 
+def settable(keys: Iterable[str], prefix: str) -> str:
+    """The keys an unknown key's message names: a group's `name` is chosen as GROUP=NAME, not set as a key."""
+    group = prefix.rstrip(".") in (*COMPOSED_GROUPS, *PART_GROUPS)
+    return ", ".join(k for k in keys if not (group and k == "name"))
+
+
 def _check_section(cfg: dict[str, Any], keys: dict[str, Key], prefix: str, extra_keys: bool = False) -> None:
     """`extra_keys`: a user's `_target_` section, whose other keys are its factory's parameters."""
     for key, value in cfg.items():
@@ -90,7 +129,7 @@ def _check_section(cfg: dict[str, Any], keys: dict[str, Key], prefix: str, extra
             where = f"'{prefix.rstrip('.')}'" if prefix else "the run"
             if prefix + key in MOVED:
                 raise ConfigError(prefix + key, value, moved(prefix + key))
-            raise ConfigError(prefix + key, value, f"no such key; keys of {where}: {', '.join(keys)}")
+            raise ConfigError(prefix + key, value, f"no such key; keys of {where}: {settable(keys, prefix)}")
     for key, spec in keys.items():
         if key in cfg:
             spec.require(prefix + key, cfg[key])
@@ -231,19 +270,27 @@ def per_client_steps(cfg: dict[str, Any]) -> None:
                 "a number > 0 with tau_eff=fixed")
 
 
+def part_groups_known(cfg: dict[str, Any]) -> None:
+    """Each part group the config has (absent: its `none`) names a registered option and sets only that option's
+    keys, each holding an allowed value (a user's `_target_` or `**params` part takes any other key too)."""
+    for group in PART_GROUPS:
+        section = cfg.get(group)
+        if section is None:
+            continue
+        require(isinstance(section, dict) and "name" in section, group, section, f"a {group} config with a name")
+        name, options = section["name"], part_options(group)
+        require(name in options, group, name, "one of: " + ", ".join(options))
+        extra = "_target_" in section or takes_any_key(group, name)
+        _check_section(section, part_section_keys(group, name), f"{group}.", extra_keys=extra)
+
+
 def attack_known(cfg: dict[str, Any]) -> None:
-    """The optional `attack` group (absent: no attack): a registered attack, its keys, and a fraction in [0, 0.5)
-    (a user's attack registered without declared keys too); attack=none has fraction 0."""
+    """A fraction in [0, 0.5) (a user's attack's too, whatever it declares); attack=none has fraction 0."""
     if cfg.get("attack") is None:
         return
     attack = cfg["attack"]
-    require(isinstance(attack, dict) and "name" in attack, "attack", attack, "an attack config with a name")
-    require(attack["name"] in _attacks(), "attack", attack["name"], "one of: " + ", ".join(_attacks()))
-    keys = group_keys("attack", attack["name"])
-    if keys is not None:
-        _check_section(attack, keys, "attack.", extra_keys="_target_" in attack)
     ATTACKS.common["fraction"].require("attack.fraction", attack.get("fraction"))
-    if attack["name"] == "none":
+    if attack["name"] == NONE:
         require(attack["fraction"] == 0, "attack.fraction", attack["fraction"],
                 f"0 with attack=none; name an attack for Byzantine clients: one of {', '.join(ATTACKS)}")
 
@@ -346,7 +393,8 @@ def check_data_clients(cfg: dict[str, Any], num_clients: int) -> None:
 RULES: tuple[Callable[[dict[str, Any]], None], ...] = (
     metrics_registered, model_fits_dataset, partition_fits_dataset, ray_keys_need_ray, shards_within_clients,
     sampled_within_clients,
-    ranges_ordered, per_client_steps, attack_known, stages_known, device_available, results_dir_writable,
+    ranges_ordered, per_client_steps, part_groups_known, attack_known, stages_known, device_available,
+    results_dir_writable,
     dp_covered,
 )
 

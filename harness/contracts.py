@@ -610,6 +610,7 @@ class UpdateChunk:
         vars(self).update({**state, "delta": torch.from_numpy(np.array(state["delta"]))})  # out of read-only memory
 
 
+@runtime_checkable
 class ClientWork(Protocol):
     """One update stage's work in the shards for one round, built at the driver (UpdateStage.client_work) and sent
     with the plan to every shard (pickled to a Ray shard: plain arrays and numbers). It may choose clients that
@@ -635,6 +636,7 @@ class ClientWork(Protocol):
         return delta, {}
 
 
+@runtime_checkable
 class UpdateStage(Protocol):
     """A step of what happens to the clients' updates between their training and the server optimizer
     (docs/architecture.md, "Update stages"): the run's stages, in the order of its `stages` key, each act on the

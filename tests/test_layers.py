@@ -292,3 +292,51 @@ def report() -> str:
 if __name__ == "__main__":
     print(report())
     sys.exit(0)
+
+
+# The engine and its backends run every update stage the same way (core/stages.py): none of them may know a
+# particular one. Words of the features that used to be wired in as flags (issue 37), matched in identifiers,
+# attribute names, imported modules and string constants, never in comments or docstrings.
+FEATURE_WORDS = ("privacy", "dp_", "clip", "noise", "attack", "byzantine", "adversary", "poison", "flip", "label",
+                 "compress", "sparsif", "quantiz")
+STAGE_FREE = ("fedharness.core", "fedharness.backends")
+
+
+def feature_names(source: str, where: str) -> list[str]:
+    """`where:line name` for each identifier, attribute, import or string constant of `source` (docstrings aside)
+    that names a feature."""
+    tree = ast.parse(source)
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.arg)):
+            names = [getattr(node, "name", None) or node.arg]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [getattr(node, "module", None) or "", *(a.name for a in node.names)]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            names = [node.value]
+        else:
+            continue
+        found += [f"{where}:{getattr(node, 'lineno', 0)} {n}" for n in names
+                  if any(w in n.lower() for w in FEATURE_WORDS)]
+    return found
+
+
+def test_the_engine_and_backends_name_no_update_feature():
+    modules = [m for m in MODULES if m.startswith(STAGE_FREE)]
+    assert len(modules) > 10
+    assert [hit for m in modules for hit in feature_names(MODULES[m].read_text(), m)] == []
+
+
+def test_the_feature_check_sees_a_flag_and_not_a_comment():
+    """The engine before issue 37, two of its lines: a branch on `self.privacy` and an import of the attacks."""
+    source = ('"""Mentions privacy in a docstring."""\nfrom fedharness.core.byzantine import forge_updates\n'
+              'if self.privacy is not None:  # a comment on clip norms\n    plan.clip_norm = 1\n')
+    assert feature_names(source, "engine") == ["engine:2 fedharness.core.byzantine", "engine:3 privacy",
+                                               "engine:4 clip_norm"]

@@ -34,7 +34,7 @@ from fedharness.core import ray_cluster
 from fedharness.errors import ConfigError, require
 from fedharness.core.executors import ClientShard, RoundPlan, ShardResult, balanced_ranges, shard_of
 from fedharness.assembly.build import algorithm_for, build_parts
-from fedharness.registry.plugins import Carried, install, snapshot
+from fedharness.registry.plugins import Carried, install, snapshot, travel_by_value
 from fedharness.problems.population import total_size
 from fedharness.base.runtime import apply_runtime
 from fedharness.settings import RunSettings
@@ -222,6 +222,7 @@ class RayExecutor:
 
     def local_updates(self, x: torch.Tensor, plan: RoundPlan) -> ShardResult:
         x_ref = ray.put(x.detach().cpu())  # once per round; every shard gets the reference
+        travel_by_value(plan.stages)  # a user's stage work from a module the shards cannot import
         plan_ref = ray.put(dataclasses.replace(plan, server_ctx={k: v.cpu() for k, v in plan.server_ctx.items()}))
         results = self._call_all("train", x_ref, plan_ref)
         total = ShardResult.zeros(x.detach().cpu(), plan, self.settings.sums == "exact")

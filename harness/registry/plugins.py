@@ -24,7 +24,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Iterable
 
 from fedharness.errors import ConfigError
 from fedharness.extend import restore, user_registrations
@@ -98,6 +98,20 @@ def install(carried: tuple[Carried, ...]) -> None:
                                   "package on every node") from None
             entry = cloudpickle.loads(item.by_value)
         restore(*entry)
+
+
+def travel_by_value(objects: Iterable[Any]) -> None:
+    """Have cloudpickle copy the classes of `objects` by value where their package is not installed (a user's
+    module beside a notebook, a test module), so a Ray worker that cannot import it still gets them: an update
+    stage's client work travels with each round's plan (contracts.ClientWork). Set once per module, in this
+    process."""
+    from ray import cloudpickle
+
+    for obj in objects:
+        module = sys.modules.get(type(obj).__module__.partition(".")[0])
+        if module is None or _installed(module) or module.__name__ in cloudpickle.list_registry_pickle_by_value():
+            continue
+        cloudpickle.register_pickle_by_value(module)
 
 
 def _by_value(entry: tuple) -> bytes | None:

@@ -71,7 +71,7 @@ class FedAvgWeights(UpdateAggregator):
 @part("aggregator", "mean")
 class WeightedMean(FedAvgWeights):
     """FedAvg's Delta = sum_k c_k Delta_k from the updates themselves, at the server: the baseline an attack that
-    forges updates at the server (core/byzantine.py) is compared with (fedavg reduces them on the shards)."""
+    forges updates at the server (algorithms/byzantine.py) is compared with (fedavg reduces them on the shards)."""
 
     def aggregate(self, updates: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         return self.aggregate_columns(UpdateColumns.whole(updates), weights)

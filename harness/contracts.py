@@ -522,7 +522,7 @@ class Algorithm:
 @runtime_checkable
 class Attack(Protocol):
     """What a round's Byzantine clients send in place of their updates (algorithms/attacks.py). Which clients are
-    Byzantine is the harness's draw (core/byzantine.py: `attack.fraction` of the clients that returned, from the
+    Byzantine is the harness's draw (algorithms/byzantine.py: `attack.fraction` of the clients that returned, from the
     streams), so it is the same at any shard count and on resume; the forged updates replace theirs before an
     aggregator that sees the updates (contracts.UpdateAggregator) makes the round's Delta."""
 

@@ -1,4 +1,4 @@
-"""Byzantine attacks (algorithms/attacks.py, core/byzantine.py): each attack against an independent numpy version on
+"""Byzantine attacks (algorithms/attacks.py, algorithms/byzantine.py): each attack against an independent numpy version on
 captured honest updates, the Byzantine set at any shard split, Ray against inline, bad input, a user's attack."""
 
 from __future__ import annotations

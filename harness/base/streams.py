@@ -22,7 +22,7 @@ DATA_SIZE, DATA_CLIENT, DATA_ROW = 7, 8, 9
 # Population metrics: the clients a train loss is estimated on (problems/estimate.py); the lazy quadratic
 # population's clients (problems/quadratic_lazy.py).
 EVAL_SAMPLE, POPULATION = 10, 11
-# Adversaries (core/byzantine.py): which sampled clients are Byzantine, what a noise attack sends, the buckets of
+# Adversaries (algorithms/byzantine.py): which sampled clients are Byzantine, what a noise attack sends, the buckets of
 # a bucketed robust rule.
 BYZANTINE, ATTACK_NOISE, BUCKETS = 12, 13, 14
 # Client-level DP (algorithms/privacy.py): the Gaussian noise on a round's sum and on adaptive clipping's count.

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer reproduce robustness mutants list clean
+.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages reproduce robustness mutants list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -33,6 +33,9 @@ bench: $(STAMP)  ## performance workloads (about 13 minutes); figures go to docs
 
 bench-cluster: $(STAMP)  ## a round on a 5-node Ray cluster on 127.0.0.1: ResNet-18 and 2NN replies, transfer vs compute (docs/performance.md)
 	$(BIN)/python benchmarks/bench_cluster.py $(CLUSTER_ARGS)
+
+bench-stages: $(STAMP)  ## a W1 round with no update stage against another checkout (BASELINE=its python; docs/performance.md)
+	$(BIN)/python benchmarks/bench_stages.py --baseline $(BASELINE) $(ARGS)
 
 bench-writer: $(STAMP)  ## a 20-run sweep over 2 Ray nodes: the driver as the writer vs direct writes (docs/performance.md)
 	$(BIN)/python benchmarks/bench_results_writer.py $(WRITER_ARGS)

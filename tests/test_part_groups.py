@@ -78,7 +78,7 @@ def test_config_names_the_groups_and_options_there_are(capsys):
                                                "label_flip, sign_flip, gaussian, scaling, alie, ipm)")
     assert main(["config", "nope"]) == 2
     assert capsys.readouterr().err.strip() == ("fedharness: error: invalid value for 'group': 'nope' (one of: "
-                                               "algorithm, attack, dataset, model, partition, sweep, tune)")
+                                               "algorithm, attack, dataset, model, partition, stages, sweep, tune)")
 
 
 def test_run_help_names_every_attacks_keys(capsys):

@@ -162,3 +162,18 @@ def test_a_dp_run_names_its_sampler_and_dp_fedavg_sets_it(tmp_path):
     settings = load_settings([*BASE, "algorithm=dp_fedavg", "dp.noise_multiplier=1"])
     assert settings.algorithm.sampler == "poisson" and settings.config["algorithm"]["sampler"] == "poisson"
     assert load_settings([*BASE]).algorithm.sampler == "scheme_i"  # nothing rewritten where DP is off
+
+
+def test_fedharness_config_stages_lists_the_stages_and_their_keys(capsys):
+    assert main(["config", "stages"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "update stages (`stages=[...]` in the order they run; the default: [attack,dp]):"
+    names = out[1].strip().split(", ")
+    assert names[:2] == ["attack", "dp"] and {"clip_each", "scale_by", "needs_updates"} <= set(names)
+    assert any(line.startswith("  dp.clip_norm = 1.0 ") for line in out)
+    assert main(["config", "stages", "clip_each"]) == 0
+    one = capsys.readouterr().out.splitlines()
+    assert one[3].startswith("clip_each: Clip each client's update to `norm` in the shards (no noise)")
+    assert one[4].split() == ["norm", "=", "1.0"]
+    assert main(["config", "stages", "nope"]) == 2
+    assert "invalid value for 'stages': 'nope' (one of: attack, dp, " in capsys.readouterr().err

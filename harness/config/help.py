@@ -11,10 +11,11 @@ from fedharness.algorithms.registry import user_keys
 from fedharness.config.compose import group_options
 from fedharness.config.overrides import format_value
 from fedharness.errors import ConfigError
-from fedharness.extend import register_targets
+from fedharness.extend import register_targets, stage_defaults
 from fedharness.registry.binding import key_parameters
+from fedharness.registry.groups import BUILTIN_STAGES, STAGES
 from fedharness.registry.plugins import load_entry_points
-from fedharness.settings import keys_of, sections_of
+from fedharness.settings import RunSettings, keys_of, sections_of
 
 HELP_GROUPS = ("dataset", "partition", "model", "algorithm")
 STUDY_GROUPS = ("tune", "sweep")  # described by fedharness.studies (fedharness.cli cmd_config)
@@ -63,8 +64,10 @@ def describe_group(group: str, option: str | None = None) -> str:
     """A group's options and the keys of one option (the default one unless named): `fedharness config GROUP`."""
     if group in schema.PART_GROUPS:
         return describe_part_group(group, option)
+    if group == "stages":
+        return describe_stages(option)
     if group not in HELP_GROUPS:
-        raise ConfigError("group", group, (*HELP_GROUPS, *schema.PART_GROUPS, *STUDY_GROUPS))
+        raise ConfigError("group", group, (*HELP_GROUPS, *schema.PART_GROUPS, "stages", *STUDY_GROUPS))
     load_entry_points()  # installed packages' options and keys are described too
     option = option or schema.defaults()[group]["name"]
     if option not in group_options(group):
@@ -80,6 +83,38 @@ def describe_group(group: str, option: str | None = None) -> str:
         lines += [_line(f"+{group}.{key}", default, f"{spec.doc} (a user's part)")
                   for key, (spec, default) in user_keys().items() if key not in values]
     return "\n".join(lines)
+
+
+def describe_stages(option: str | None = None) -> str:
+    """The update stages a run's `stages` list may name (`fedharness config stages [NAME]`): attack and dp, whose
+    keys are their own sections', and a user's registered stages with their keys (constructor parameters and
+    registered defaults)."""
+    load_entry_points()
+    names = (*BUILTIN_STAGES, *STAGES)
+    if option is not None and option not in names:
+        raise ConfigError("stages", option, f"one of: {', '.join(names)}")
+    default = schema.defaults()["stages"]
+    lines = [f"update stages (`stages=[...]` in the order they run; the default: {format_value(default)}):",
+             "  " + ", ".join(names), ""]
+    for name in (option,) if option else names:
+        lines += _stage_block(name)
+    return "\n".join(lines)
+
+
+def _stage_block(name: str) -> list[str]:
+    if name == "attack":
+        return ["attack: the Byzantine clients of the attack group (its keys: fedharness config attack)"]
+    if name == "dp":
+        dp = schema.defaults()["dp"]
+        keys = keys_of(sections_of(RunSettings)["dp"])
+        return ["dp: DP-FedAvg, on when dp.noise_multiplier or dp.target_epsilon is set (docs/privacy.md)",
+                *(_line(f"dp.{k}", v, keys[k].doc if k in keys else "") for k, v in dp.items())]
+    factory = STAGES[name]
+    values = {p.name: p.default for p in key_parameters(factory)}
+    values.update(stage_defaults(name))
+    doc = " ".join((getattr(factory, "func", factory).__doc__ or "(no docstring)").strip().split("\n\n")[0].split())
+    return [f"{name}: {doc} (keys: stages=[{{name: {name}, KEY: VALUE}}])",
+            *(_line(k, None if v is inspect.Parameter.empty else v, "") for k, v in values.items())]
 
 
 def describe_part_group(group: str, option: str | None = None) -> str:

@@ -340,3 +340,14 @@ def test_the_feature_check_sees_a_flag_and_not_a_comment():
               'if self.privacy is not None:  # a comment on clip norms\n    plan.clip_norm = 1\n')
     assert feature_names(source, "engine") == ["engine:2 fedharness.core.byzantine", "engine:3 privacy",
                                                "engine:4 clip_norm"]
+
+
+def test_the_contracts_name_nothing_above_base_not_even_for_annotations():
+    """contracts is the ground floor (issue 37): under `if TYPE_CHECKING:` too, it imports no project module but
+    the package itself and base/ (it used to name core's RoundPlan, ShardResult and RunOutcome there)."""
+    tree = ast.parse(MODULES["fedharness.contracts"].read_text())
+    named = {n.module if isinstance(n, ast.ImportFrom) else a.name
+             for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+             for a in n.names}
+    project = {m for m in named if m and m.startswith("fedharness")}
+    assert {m for m in project if not m.startswith("fedharness.base")} == set()

@@ -42,7 +42,8 @@ TARGETS: dict[str, Target] = {
         "or declares_with_replacement")),
     "attacks": Target(("algorithms/attacks.py", "harness/core/byzantine.py"), (
         "tests/test_attacks.py", "tests/test_mutation_kills.py", "-k", "equals_numpy or gaussian_noise or read_what "
-        "or byzantine_set or continued_from or label_flip or zero_strength or labels_alone or one_honest")),
+        "or byzantine_set or continued_from or label_flip or zero_strength or labels_alone or one_honest "
+        "or without_byzantine")),
     "exact_sum": Target(("harness/core/exact_sum.py",), (
         "tests/test_compact_sums.py", "tests/test_same_bits.py",
         "tests/test_mutation_kills.py::test_a_sum_converted_in_several_column_chunks_is_within_the_documented_precision",

@@ -14,7 +14,8 @@ import torch
 from fedharness.algorithms import accounting, attacks, privacy, robust, samplers
 from fedharness.base import streams
 from fedharness.core import exact_sum
-from fedharness.core.byzantine import Adversary
+from fedharness.core.byzantine import Adversary, byzantine_mask, forge_updates
+from fedharness.core.executors import RoundPlan, UpdateChunk
 
 
 def test_a_run_of_no_rounds_spends_nothing_in_a_composition_even_without_noise():
@@ -181,6 +182,23 @@ def test_an_update_attacks_adversary_leaves_the_training_labels_alone():
     assert adversary.flips_labels is False
     with pytest.raises(dataclasses.FrozenInstanceError):  # and nothing changes it during the run
         adversary.fraction = 0.0
+
+
+def test_a_replica_without_byzantine_clients_leaves_the_next_replicas_forged():
+    """Replica 0 has one returned client (floor(0.5 x 1) = 0 Byzantine), replica 1 two (one Byzantine): replica 1's
+    Byzantine row must still be forged (sign_flip: negated) and every other row left as sent. Kills `break` for
+    `continue` after a replica without Byzantine clients in forge_updates."""
+    plan = RoundPlan(round=3, seed=11, stream_replicas=np.array([0, 1]), clients=np.array([[3, 7], [2, 5]]),
+                     coef=np.array([[1.0, 0.0], [0.5, 0.5]]), tau=np.ones((2, 2), dtype=np.int64),
+                     lr_scale=np.ones((2, 2)), step_lrs=np.array([0.1]), send_updates=True)
+    sent = torch.tensor([[1.0, -2.0], [3.0, 4.0], [-5.0, 6.0]], dtype=torch.float64)
+    chunk = UpdateChunk(np.array([0, 1, 1]), np.array([3, 2, 5]), sent.clone())
+    bad = byzantine_mask(0.5, 11, 1, 3, np.array([2, 5]))  # replica 1's returned clients, ascending
+    assert bad.sum() == 1 and not byzantine_mask(0.5, 11, 0, 3, np.array([3])).any()
+    forge_updates(Adversary(attacks.SignFlip(), 0.5), plan, [chunk])
+    expected = sent.clone()
+    expected[1:][torch.as_tensor(bad)] *= -1.0  # by hand: the Byzantine row negated, the others as sent
+    assert torch.equal(chunk.delta, expected)
 
 
 def test_alie_with_one_honest_update_sends_that_update():

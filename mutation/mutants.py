@@ -19,7 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SESSIONS = ROOT / "mutation" / "sessions"
-BIN = Path(sys.executable).parent
+# cosmic-ray's commands as modules of this Python: a worktree's light venv has the packages but not their scripts
+COSMIC_RAY = [sys.executable, "-m", "cosmic_ray.cli"]
+FILTER_OPERATORS = [sys.executable, "-m", "cosmic_ray.tools.filters.operators_filter"]
 
 
 @dataclass(frozen=True)
@@ -132,17 +134,22 @@ def main(argv: list[str]) -> int:
 
 def run_module(name: str, target: Target) -> tuple:
     started = time.monotonic()
-    socket_path = SESSIONS / f"{name}.sock"
+    socket_path, log = SESSIONS / f"{name}.sock", SESSIONS / f"{name}.runs"
     socket_path.unlink(missing_ok=True)
-    server = subprocess.Popen([sys.executable, str(ROOT / "mutation" / "forkserver.py"), "serve", str(socket_path)],
-                              cwd=ROOT)
+    log.unlink(missing_ok=True)
+    options = ["-x", "-q", "-p", "no:cacheprovider", "-p", "pytest_timeout", "--assert=plain"]
+    config = SESSIONS / f"{name}.server.json"
+    config.write_text(json.dumps({"args": [*options, *target.tests], "options": len(options),
+                                  "paths": list(target.paths), "calls": str(SESSIONS / f"{name}.calls.json"),
+                                  "log": str(log)}))
+    server = subprocess.Popen([sys.executable, str(ROOT / "mutation" / "forkserver.py"), "serve", str(socket_path),
+                               str(config)], cwd=ROOT)
     try:
         while not socket_path.exists():
             if server.poll() is not None:
                 raise SystemExit(f"mutants: the fork server for {name} exited ({server.returncode})")
             time.sleep(0.2)
-        client = [sys.executable, str(ROOT / "mutation" / "forkserver.py"), "run", str(socket_path),
-                  "-x", "-q", "-p", "no:cacheprovider", "-p", "pytest_timeout", "--assert=plain", *target.tests]
+        client = [sys.executable, str(ROOT / "mutation" / "forkserver.py"), "run", str(socket_path)]
         baseline = _baseline(name, client)
         listed = _listed(name, client, baseline)
         results = _cosmic_ray(name, target, client, timeout=max(60.0, 5 * baseline))
@@ -158,11 +165,25 @@ def run_module(name: str, target: Target) -> tuple:
     killed = sum(r == "killed" for r in results.values())
     timeouts = sum(r == "timeout" for r in results.values())
     survived = [job for job, r in results.items() if r == "survived"]
+    print(f"{name}: {_where_time_went(log)}", flush=True)
     return (name, len(results), killed, timeouts, len(survived), listed, (time.monotonic() - started) / 60)
 
 
+def _where_time_went(log: Path) -> str:
+    """The fork server's runs summed by how each ended (forkserver.py: first stage, rest of the selection, the
+    whole selection at once, timeouts); the module's time beyond them is cosmic-ray's and the clients'."""
+    totals: dict[str, list[float]] = {}
+    for line in log.read_text().splitlines():
+        seconds, status, stage, _ = line.split()
+        kind = "timeout" if status == "-1" else f"{stage} {'killed' if status != '0' else 'passed'}"
+        totals.setdefault(kind, [0, 0.0])
+        totals[kind][0] += 1
+        totals[kind][1] += float(seconds)
+    return "; ".join(f"{kind}: {n} runs, {s:.0f} s" for kind, (n, s) in sorted(totals.items()))
+
+
 def _baseline(name: str, client: list[str]) -> float:
-    started = time.monotonic()
+    started = time.monotonic()  # the first run also records which tests call each function (forkserver.py)
     done = subprocess.run(client, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"mutants: {name}'s tests fail without a mutant:\n{done.stdout[-3000:]}")
@@ -203,21 +224,21 @@ def _cosmic_ray(name: str, target: Target, client: list[str], timeout: float) ->
         "[cosmic-ray.filters.operators-filter]\n"
         f"exclude-operators = {json.dumps(list(EXCLUDED_OPERATORS))}\n")
     session.unlink(missing_ok=True)
-    subprocess.run([BIN / "cosmic-ray", "init", config, session], cwd=ROOT, check=True)
-    subprocess.run([BIN / "cr-filter-operators", session, config], cwd=ROOT, check=True)
+    subprocess.run([*COSMIC_RAY, "init", config, session], cwd=ROOT, check=True)
+    subprocess.run([*FILTER_OPERATORS, session, config], cwd=ROOT, check=True)
     print(f"{name}: {_pending(session)} mutants, {timeout:.0f} s timeout each", flush=True)
-    subprocess.run([BIN / "cosmic-ray", "exec", config, session], cwd=ROOT, check=True)
+    subprocess.run([*COSMIC_RAY, "exec", config, session], cwd=ROOT, check=True)
     return _outcomes(name, session)
 
 
 def _pending(session: Path) -> int:
-    dump = subprocess.run([BIN / "cosmic-ray", "dump", session], cwd=ROOT, check=True, capture_output=True,
+    dump = subprocess.run([*COSMIC_RAY, "dump", session], cwd=ROOT, check=True, capture_output=True,
                           text=True).stdout
     return sum(json.loads(line)[1] is None for line in dump.splitlines())
 
 
 def _outcomes(name: str, session: Path) -> dict[str, str]:
-    dump = subprocess.run([BIN / "cosmic-ray", "dump", session], cwd=ROOT, check=True, capture_output=True,
+    dump = subprocess.run([*COSMIC_RAY, "dump", session], cwd=ROOT, check=True, capture_output=True,
                           text=True).stdout
     outcomes = {}
     for line in dump.splitlines():

@@ -59,8 +59,9 @@ TARGETS: dict[str, Target] = {
         "known_updates or multi_krum or budgeted_chunks or geometric_median or centered_clip or bucketing "
         "or degenerate_settings or buckets_of_one or krum_breaks_ties")),
     "optuna_parts": Target(("harness/studies/tuning/optuna_parts.py",), (
-        "tests/test_tune_samplers.py", "tests/test_tune_errors.py", "-k",
-        "next_batch or constant_liar or batched_tpe or cmaes or continuing_a_study_with_another_budget")),
+        "tests/test_tune_samplers.py", "tests/test_tune_errors.py", "tests/test_mutation_kills.py", "-k",
+        "next_batch or constant_liar or batched_tpe or cmaes or continuing_a_study_with_another_budget "
+        "or enqueued_trial_first or opens_only")),
 }
 
 # cosmic-ray's operators, less what would triple the budget for little: each binary and comparison operator is

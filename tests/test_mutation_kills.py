@@ -8,6 +8,7 @@ import pickle
 from types import SimpleNamespace
 
 import numpy as np
+import optuna
 import pytest
 import torch
 
@@ -16,6 +17,8 @@ from fedharness.base import streams
 from fedharness.core import exact_sum
 from fedharness.core.byzantine import Adversary, byzantine_mask, forge_updates
 from fedharness.core.executors import RoundPlan, UpdateChunk
+from fedharness.studies.tuning.optuna_parts import ask_trial, make_sampler, open_study
+from fedharness.studies.tuning.spec import build_spec
 
 
 def test_a_run_of_no_rounds_spends_nothing_in_a_composition_even_without_noise():
@@ -220,3 +223,43 @@ def test_each_sampler_declares_with_replacement_as_it_draws(cls):
     repeats = any(len(set(row)) < len(row) for row in clients.tolist())
     assert repeats == (cls in (samplers.SchemeI, samplers.YangStrategy1))
     assert cls.with_replacement == repeats
+
+
+TUNE = ["tune=default", "dataset=quadratic", "algorithm.clients_per_round=4", "dtype=float32", "tune.budget.total=40",
+        "tune.space.local_steps.high=4", "tune.plots=false", "tune.n_trials=20"]
+
+
+def test_ask_trial_runs_an_enqueued_trial_first_only_when_the_study_may_hold_some():
+    """queued=False skips Optuna's look for enqueued trials (a batch's cost); queued=True runs them first, with
+    their own number and parameters. Kills `not queued` in ask_trial."""
+    spec = build_spec(TUNE, probe=False)
+    study = optuna.create_study(direction="minimize")
+    study.enqueue_trial({"client_lr": 0.0123, "local_steps": 3})  # trial 0, waiting
+    assert ask_trial(spec, study, 0, queued=False).number == 1
+    enqueued = ask_trial(spec, study, 0, queued=True)
+    assert enqueued.number == 0
+    assert {p.name: p.suggest(enqueued) for p in spec.params} == {"client_lr": 0.0123, "local_steps": 3}
+
+
+def test_cmaes_without_batches_keeps_its_own_population_size_past_the_startup_trials():
+    """tune.batch=1 leaves CMA-ES its default population (4 + 3 ln n); a population of 1 fails on its first
+    model-based proposal (cmaes: "invalid learning rate for the rank-one update"). Kills `batch >= 1` for
+    `batch > 1` in make_sampler."""
+    spec = build_spec([*TUNE, "tune.sampler.name=cmaes"], probe=False)
+    assert spec.batch == 1 and spec.startup_trials < 14
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="minimize", sampler=make_sampler(spec, 0))
+    study.optimize(lambda t: (math.log10(t.suggest_float("client_lr", 1e-3, 1.0, log=True)) + 1) ** 2
+                   + t.suggest_int("local_steps", 1, 4), n_trials=14)
+    assert len(study.trials) == 14 and all(t.state.name == "COMPLETE" for t in study.trials)
+
+
+def test_a_worker_opens_only_a_study_that_exists(tmp_path):
+    """The driver creates the study and records its objective and budget (study.py, create=True); a worker or
+    --compare only loads it, so a worker started against a missing study fails instead of creating one. Kills
+    `create: bool = True` as open_study's default."""
+    spec = build_spec([*TUNE, f"results_dir={tmp_path}"], probe=False)
+    with pytest.raises(KeyError):
+        open_study(spec, 1)
+    created = open_study(spec, 0, create=True)
+    assert open_study(spec, 1).study_name == created.study_name

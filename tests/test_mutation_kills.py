@@ -247,7 +247,6 @@ def test_cmaes_without_batches_keeps_its_own_population_size_past_the_startup_tr
     `batch > 1` in make_sampler."""
     spec = build_spec([*TUNE, "tune.sampler.name=cmaes"], probe=False)
     assert spec.batch == 1 and spec.startup_trials < 14
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="minimize", sampler=make_sampler(spec, 0))
     study.optimize(lambda t: (math.log10(t.suggest_float("client_lr", 1e-3, 1.0, log=True)) + 1) ** 2
                    + t.suggest_int("local_steps", 1, 4), n_trials=14)

@@ -8,7 +8,7 @@ process group with it.
 
 Each mutant runs in two stages. The server's first run (mutants.py's baseline, unmutated) records which tests call
 each function of the mutated files. For a mutant, the server finds the changed line, the function around it, and
-first runs only the tests that called that function: most mutants fail there, in a fraction of the selection's
+first runs only the tests that called that function, the fastest first: most mutants fail there, in a fraction of the selection's
 time. If those pass, the rest of the selection runs (`--deselect` of the first stage's tests), so a mutant is
 reported alive only when every test of the selection passed, as with one stage. A mutant outside any function
 (run at import: a class body, a default, a constant) runs the whole selection at once.
@@ -50,6 +50,7 @@ class _Calls:
     def __init__(self, files: set[str]):
         self.files = files
         self.tests: dict[str, set[str]] = {}  # "path:qualname" -> node ids
+        self.seconds: dict[str, float] = {}  # node id -> its setup, call and teardown time
         self._item = ""
 
     def _profile(self, frame, event, arg) -> None:
@@ -62,6 +63,9 @@ class _Calls:
         self._item = nodeid                                           # calls of fixtures count too
         sys.setprofile(self._profile)
         threading.setprofile(self._profile)
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
 
     def pytest_runtest_logfinish(self, nodeid, location) -> None:
         sys.setprofile(None)
@@ -142,7 +146,8 @@ def _options(config: dict) -> list[str]:
 
 
 def _first_stage(files: dict[str, str], bodies: dict[str, dict[int, str]], calls: dict[str, list[str]]) -> list[str]:
-    """The node ids of the tests that called the function around the mutated line; [] for a line run at import
+    """The node ids of the tests that called the function around the mutated line (as recorded: the fastest
+    first); [] for a line run at import
     (or no file changed): the whole selection then runs at once."""
     for f, original in files.items():
         now = Path(f).read_text()
@@ -152,7 +157,7 @@ def _first_stage(files: dict[str, str], bodies: dict[str, dict[int, str]], calls
         line = next((i + 1 for i, (a, b) in enumerate(zip(old_lines, new_lines)) if a != b),
                     min(len(old_lines), len(new_lines)) + 1)
         function = bodies[f].get(line)
-        return sorted(calls.get(f"{f}:{function}", [])) if function else []
+        return calls.get(f"{f}:{function}", []) if function else []
     return []
 
 
@@ -170,7 +175,9 @@ def _pytest(server: socket.socket, conn: socket.socket, args: list[str], plugin:
         os.dup2(conn.fileno(), 2)
         status = int(pytest.main(args, plugins=[plugin] if plugin else []))
         if plugin is not None and status == 0:
-            Path(calls_path).write_text(json.dumps({k: sorted(v) for k, v in plugin.tests.items()}, indent=0))
+            # the fastest first: with -x a mutant stops at its first failing test
+            fastest = {k: sorted(v, key=lambda t: (plugin.seconds.get(t, 0.0), t)) for k, v in plugin.tests.items()}
+            Path(calls_path).write_text(json.dumps(fastest, indent=0))
         os._exit(status)
     status = _wait(pid, conn)
     _child = 0

@@ -84,6 +84,6 @@ def test_the_first_stage_is_the_tests_that_called_the_mutated_function(tmp_path)
     calls = {f"{path}:total": ["t.py::test_b", "t.py::test_a"], f"{path}:Grid.step": ["t.py::test_c"]}
     assert forkserver._first_stage(files, bodies, calls) == []  # no change: no first stage
     path.write_text(SOURCE.replace("sum(values) - 1", "sum(values) + 1"))
-    assert forkserver._first_stage(files, bodies, calls) == ["t.py::test_a", "t.py::test_b"]
+    assert forkserver._first_stage(files, bodies, calls) == ["t.py::test_b", "t.py::test_a"]  # as recorded
     path.write_text(SOURCE.replace("size = 2 + 1", "size = 2 - 1"))
     assert forkserver._first_stage(files, bodies, calls) == []  # a class body runs at import: every test

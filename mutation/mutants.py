@@ -35,8 +35,8 @@ TARGETS: dict[str, Target] = {
         "tests/test_privacy.py", "tests/test_mutation_kills.py", "-k", "poisson_sampling_takes or noise_std "
         "or adaptive_clipping or engine_adds or released_unclipped or final_epsilon or cannot_change")),
     "accounting": Target(("algorithms/accounting.py",), (
-        "tests/test_privacy.py", "tests/test_mutation_kills.py", "-k",
-        "rdp_and_pld or target_epsilon_is_reached or studys_trials_compose or spends_nothing")),
+        "tests/test_privacy.py", "tests/test_mutation_kills.py", "tests/test_privacy_defaults.py", "-k",
+        "rdp_and_pld or target_epsilon_is_reached or studys_trials_compose or spends_nothing or root_handler")),
     "samplers": Target(("algorithms/samplers.py",), (
         "tests/test_samplers.py", "tests/test_privacy.py", "tests/test_mutation_kills.py", "-k",
         "unbiased or original_scheme or scheme_ii_weights or yang_strategies or depend_only or dropout_rescales "

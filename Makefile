@@ -63,7 +63,7 @@ robustness: $(STAMP)  ## every aggregation rule against every attack on digits (
 	$(BIN)/fedharness sweep sweep=robustness $(ARGS)
 	$(BIN)/python -m fedharness.studies.robustness results/sweeps/robustness --out docs/robustness
 
-mutants: $(STAMP)  ## cosmic-ray over privacy, accounting, samplers, attacks, exact sums, robust rules, tuning samplers: about 65 min on this loaded 2-core machine, 3-17 min a module (MODULE=privacy: one; docs/mutation.md)
+mutants: $(STAMP)  ## cosmic-ray over privacy, accounting, samplers, attacks, exact sums, robust rules, tuning samplers: 2-11 min a module on this shared 2-core machine, about 31 min for all seven (summed per module, load 4-9) (MODULE=privacy: one; docs/mutation.md)
 	nice -n 10 $(BIN)/python mutation/mutants.py $(MODULE)
 
 list: $(STAMP)

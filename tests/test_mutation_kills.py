@@ -8,13 +8,17 @@ import pickle
 from types import SimpleNamespace
 
 import numpy as np
+import optuna
 import pytest
 import torch
 
 from fedharness.algorithms import accounting, attacks, privacy, robust, samplers
 from fedharness.base import streams
 from fedharness.core import exact_sum
-from fedharness.algorithms.byzantine import Adversary
+from fedharness.algorithms.byzantine import Adversary, byzantine_mask, forge_updates
+from fedharness.contracts import RoundPlan, UpdateChunk
+from fedharness.studies.tuning.optuna_parts import ask_trial, make_sampler, open_study
+from fedharness.studies.tuning.spec import build_spec
 
 
 def test_a_run_of_no_rounds_spends_nothing_in_a_composition_even_without_noise():
@@ -183,6 +187,23 @@ def test_an_update_attacks_adversary_leaves_the_training_labels_alone():
         adversary.fraction = 0.0
 
 
+def test_a_replica_without_byzantine_clients_leaves_the_next_replicas_forged():
+    """Replica 0 has one returned client (floor(0.5 x 1) = 0 Byzantine), replica 1 two (one Byzantine): replica 1's
+    Byzantine row must still be forged (sign_flip: negated) and every other row left as sent. Kills `break` for
+    `continue` after a replica without Byzantine clients in forge_updates."""
+    plan = RoundPlan(round=3, seed=11, stream_replicas=np.array([0, 1]), clients=np.array([[3, 7], [2, 5]]),
+                     coef=np.array([[1.0, 0.0], [0.5, 0.5]]), tau=np.ones((2, 2), dtype=np.int64),
+                     lr_scale=np.ones((2, 2)), step_lrs=np.array([0.1]), send_updates=True)
+    sent = torch.tensor([[1.0, -2.0], [3.0, 4.0], [-5.0, 6.0]], dtype=torch.float64)
+    chunk = UpdateChunk(np.array([0, 1, 1]), np.array([3, 2, 5]), sent.clone())
+    bad = byzantine_mask(0.5, 11, 1, 3, np.array([2, 5]))  # replica 1's returned clients, ascending
+    assert bad.sum() == 1 and not byzantine_mask(0.5, 11, 0, 3, np.array([3])).any()
+    forge_updates(Adversary(attacks.SignFlip(), 0.5), plan, [chunk])
+    expected = sent.clone()
+    expected[1:][torch.as_tensor(bad)] *= -1.0  # by hand: the Byzantine row negated, the others as sent
+    assert torch.equal(chunk.delta, expected)
+
+
 def test_alie_with_one_honest_update_sends_that_update():
     """One honest update has no spread (std 0), so ALIE sends it, not torch.std's NaN of one row. Kills `>= 1` for
     `> 1` in ALittleIsEnough.forge."""
@@ -202,3 +223,42 @@ def test_each_sampler_declares_with_replacement_as_it_draws(cls):
     repeats = any(len(set(row)) < len(row) for row in clients.tolist())
     assert repeats == (cls in (samplers.SchemeI, samplers.YangStrategy1))
     assert cls.with_replacement == repeats
+
+
+TUNE = ["tune=default", "dataset=quadratic", "algorithm.clients_per_round=4", "dtype=float32", "tune.budget.total=40",
+        "tune.space.local_steps.high=4", "tune.plots=false", "tune.n_trials=20"]
+
+
+def test_ask_trial_runs_an_enqueued_trial_first_only_when_the_study_may_hold_some():
+    """queued=False skips Optuna's look for enqueued trials (a batch's cost); queued=True runs them first, with
+    their own number and parameters. Kills `not queued` in ask_trial."""
+    spec = build_spec(TUNE, probe=False)
+    study = optuna.create_study(direction="minimize")
+    study.enqueue_trial({"client_lr": 0.0123, "local_steps": 3})  # trial 0, waiting
+    assert ask_trial(spec, study, 0, queued=False).number == 1
+    enqueued = ask_trial(spec, study, 0, queued=True)
+    assert enqueued.number == 0
+    assert {p.name: p.suggest(enqueued) for p in spec.params} == {"client_lr": 0.0123, "local_steps": 3}
+
+
+def test_cmaes_without_batches_keeps_its_own_population_size_past_the_startup_trials():
+    """tune.batch=1 leaves CMA-ES its default population (4 + 3 ln n); a population of 1 fails on its first
+    model-based proposal (cmaes: "invalid learning rate for the rank-one update"). Kills `batch >= 1` for
+    `batch > 1` in make_sampler."""
+    spec = build_spec([*TUNE, "tune.sampler.name=cmaes"], probe=False)
+    assert spec.batch == 1 and spec.startup_trials < 14
+    study = optuna.create_study(direction="minimize", sampler=make_sampler(spec, 0))
+    study.optimize(lambda t: (math.log10(t.suggest_float("client_lr", 1e-3, 1.0, log=True)) + 1) ** 2
+                   + t.suggest_int("local_steps", 1, 4), n_trials=14)
+    assert len(study.trials) == 14 and all(t.state.name == "COMPLETE" for t in study.trials)
+
+
+def test_a_worker_opens_only_a_study_that_exists(tmp_path):
+    """The driver creates the study and records its objective and budget (study.py, create=True); a worker or
+    --compare only loads it, so a worker started against a missing study fails instead of creating one. Kills
+    `create: bool = True` as open_study's default."""
+    spec = build_spec([*TUNE, f"results_dir={tmp_path}"], probe=False)
+    with pytest.raises(KeyError):
+        open_study(spec, 1)
+    created = open_study(spec, 0, create=True)
+    assert open_study(spec, 1).study_name == created.study_name

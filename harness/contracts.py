@@ -620,6 +620,7 @@ class ClientWork(Protocol):
     Subclass it for the defaults: nobody chosen, the update unchanged."""
 
     view: str | None = None  # the data view's name: the shard builds it once (`view_of`) and keeps it
+    kept: str | None = None  # per-client state's name (error feedback's residual): `transform` gets and returns it
 
     def view_of(self, problem: Problem) -> Problem:
         """The problem the chosen clients train on."""
@@ -629,10 +630,12 @@ class ClientWork(Protocol):
         """[m] bool: which of the shard's entries (replica row, client id) train on the view."""
         return np.zeros(len(clients), dtype=bool)
 
-    def transform(self, delta: torch.Tensor, replica: np.ndarray,
-                  clients: np.ndarray) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+    def transform(self, delta: torch.Tensor, replica: np.ndarray, clients: np.ndarray, *kept: list) -> tuple:
         """Each entry's update delta [m, dim] float64 as it leaves the client; and per-entry integers [m] by name,
-        which the shards add up per replica (ShardResult.counts: exact in any order) for the server side."""
+        which the shards add up per replica (ShardResult.counts: exact in any order) for the server side. With
+        `kept` set, also each entry's state as the shard kept it (a list of m tensors, None for a client's first
+        round) and, third, the new states [m, ...]: the shard that owns the client keeps them with its other
+        state (SCAFFOLD's c_i), checkpointed and resumed, so they follow the client at any shard count."""
         return delta, {}
 
 

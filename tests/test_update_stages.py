@@ -17,6 +17,8 @@ from fedharness.cli import main
 from fedharness.config.load import load_settings
 from fedharness.contracts import ClientWork, UpdateStage
 from fedharness.core.engine import Engine
+from fedharness.assembly.build import build_parts
+from fedharness.contracts import RoundPlan
 from fedharness.core.executors import InlineExecutor
 from fedharness.runs.execute import execute, prepare_run
 
@@ -59,6 +61,19 @@ class Scale(ClientWork):
 
     def transform(self, delta, replica, clients):
         return delta * self.factor, {}
+
+
+@dataclass(frozen=True)
+class HalfFeedback(ClientWork):
+    """Sends half of what it has (its update plus what it kept) and keeps the rest for the client's next round:
+    error feedback's bookkeeping with per-client state."""
+
+    kept = "half_residual"
+
+    def transform(self, delta, replica, clients, before):
+        total = delta + torch.stack([torch.zeros_like(delta[0]) if b is None else b for b in before])
+        sent = total * 0.5
+        return sent, {}, total - sent
 
 
 class NeedsUpdates(UpdateStage):
@@ -177,3 +192,32 @@ def test_fedharness_config_stages_lists_the_stages_and_their_keys(capsys):
     assert one[4].split() == ["norm", "=", "1.0"]
     assert main(["config", "stages", "nope"]) == 2
     assert "invalid value for 'stages': 'nope' (one of: attack, dp, " in capsys.readouterr().err
+
+
+def per_client(updates) -> dict[tuple[int, int], torch.Tensor]:
+    return {(int(r), int(k)): d.double() for c in updates for r, k, d in zip(c.replica, c.clients, c.delta)}
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_a_stages_per_client_state_stays_with_the_client(shards):
+    """Two rounds from the same model and plan (so each client's update d is the same twice): the first sends d/2
+    and keeps d/2, the second sends (d + d/2)/2 and keeps as much; what was sent plus what is kept is 2d, and the
+    shard that owns the client holds it under the work's name, at any shard count."""
+    settings = load_settings([*BASE])
+    problem, algorithm = build_parts(settings)
+    executor = InlineExecutor(problem, algorithm.solver, shards)
+    x = problem.init_params(2, 0)
+    sel = algorithm.sampler.select(0, np.arange(2), 0, problem.weights)
+    plan = RoundPlan(0, 0, np.arange(2), sel.clients, sel.weights, np.full(sel.clients.shape, 5), sel.lr_scale,
+                     np.full(5, 0.05), send_updates=True)
+    raw = per_client(executor.local_updates(x, plan).updates)
+    plan.stages = (HalfFeedback(),)
+    first = per_client(executor.local_updates(x, plan).updates)
+    second = per_client(executor.local_updates(x, plan).updates)
+    kept = {key: s["half_residual"] for key, s in executor.get_state().items()}
+    assert set(first) == set(second) == set(raw) == set(kept) and len(raw) > 10  # scheme_i draws with replacement
+    for key, d in raw.items():
+        assert torch.equal(first[key], d * 0.5)
+        scale = float(d.abs().max())
+        assert float((first[key] + second[key] + kept[key] - 2 * d).abs().max()) <= 8 * 2.2e-16 * scale
+        assert float((kept[key] - 0.75 * d).abs().max()) <= 4 * 2.2e-16 * scale

@@ -248,9 +248,11 @@ class ClientShard:
             new_state = {**new_state, BUFFERS_KEY: w[:, -b:]}
         if new_state:
             for i, (r, k) in enumerate(zip(e.replica, e.clients)):
-                self.client_state[(int(r), int(k))] = {name: v[i].clone() for name, v in new_state.items()}
+                key = (int(r), int(k))  # the stages' state of the client kept beside the solver's
+                self.client_state[key] = {**self.client_state.get(key, {}),
+                                          **{name: v[i].clone() for name, v in new_state.items()}}
         index = torch.as_tensor(e.replica, device=dev)
-        delta = transformed(plan, w - w0, e, result) if transforms(plan) else None
+        delta = self.transformed(plan, w - w0, e, result) if transforms(plan) else None
         if plan.send_updates:  # leaves the device batch by batch, so device memory stays within the budget
             sent = (w - w0) if delta is None else delta.to(w.dtype)
             result.updates.append(UpdateChunk(e.replica.copy(), e.clients.copy(), sent.cpu()))
@@ -260,6 +262,25 @@ class ClientShard:
             result.add_rows("delta", index, delta * coef)  # each product rounded on its own
         for name, per_client in extras.items():
             result.add_rows(name, index, per_client.double())
+
+    def transformed(self, plan: RoundPlan, delta: torch.Tensor, e: Entries, result: ShardResult) -> torch.Tensor:
+        """The entries' updates [m, dim] float64 through every stage's transform in order; their counts added to
+        the result per replica. A work with per-client state (`kept`: its name) gets each entry's, None for a
+        client it has not seen, and returns the new ones, kept with the client's state (checkpointed)."""
+        out = delta.double()
+        for work in plan.stages:
+            if work.kept is None:
+                out, counts = work.transform(out, e.replica, e.clients)
+            else:
+                keys = [(int(r), int(k)) for r, k in zip(e.replica, e.clients)]
+                before = [self.client_state.get(key, {}).get(work.kept) for key in keys]
+                out, counts, after = work.transform(out, e.replica, e.clients, before)
+                for i, key in enumerate(keys):
+                    self.client_state.setdefault(key, {})[work.kept] = after[i].clone()
+            for name, per_entry in counts.items():
+                per_replica = np.bincount(e.replica, weights=per_entry, minlength=result.shape[0]).astype(np.int64)
+                result.add_counts(name, per_replica)
+        return out
 
     def get_state(self) -> dict:
         return {k: {n: v.cpu() for n, v in s.items()} for k, s in self.client_state.items()}
@@ -271,18 +292,6 @@ class ClientShard:
 def transforms(plan: RoundPlan) -> bool:
     """Whether a stage transforms the updates this round (one that only chooses a view does not)."""
     return any(type(work).transform is not ClientWork.transform for work in plan.stages)
-
-
-def transformed(plan: RoundPlan, delta: torch.Tensor, e: Entries, result: ShardResult) -> torch.Tensor:
-    """The entries' updates [m, dim] float64 through every stage's transform in order; their counts added to the
-    result per replica."""
-    out = delta.double()
-    for work in plan.stages:
-        out, counts = work.transform(out, e.replica, e.clients)
-        for name, per_entry in counts.items():
-            per_replica = np.bincount(e.replica, weights=per_entry, minlength=result.shape[0]).astype(np.int64)
-            result.add_counts(name, per_replica)
-    return out
 
 
 def prefix_state(state: SolverState, n: int) -> SolverState:

@@ -33,7 +33,8 @@ class Target:
 TARGETS: dict[str, Target] = {
     "privacy": Target(("algorithms/privacy.py",), (
         "tests/test_privacy.py", "tests/test_mutation_kills.py", "-k", "poisson_sampling_takes or noise_std "
-        "or adaptive_clipping or engine_adds or released_unclipped or final_epsilon or cannot_change")),
+        "or adaptive_clipping or engine_adds or released_unclipped or final_epsilon or cannot_change "
+        "or clip_rows or shards_clip_each")),
     "accounting": Target(("algorithms/accounting.py",), (
         "tests/test_privacy.py", "tests/test_mutation_kills.py", "tests/test_privacy_defaults.py", "-k",
         "rdp_and_pld or target_epsilon_is_reached or studys_trials_compose or spends_nothing or root_handler")),

@@ -262,3 +262,21 @@ def test_a_worker_opens_only_a_study_that_exists(tmp_path):
         open_study(spec, 1)
     created = open_study(spec, 0, create=True)
     assert open_study(spec, 1).study_name == created.study_name
+
+
+def test_clip_rows_scales_down_to_the_bound_and_counts_a_norm_equal_to_it_as_within():
+    """DP's clipping (algorithms/privacy.py clip_rows, moved out of the shards with issue 37): a row of norm 10 is
+    scaled to the bound 5, a row of norm exactly 5 is left alone and counted within it (the adaptive clip norm's
+    quantile counts norm <= C). Kills `/` for `*` in the scaling, `*` for `/` in the scale, and `<` for `<=`."""
+    rows = torch.tensor([[3.0, 4.0], [6.0, 8.0], [0.3, 0.4]], dtype=torch.float64)
+    clipped, within = privacy.clip_rows(rows, np.array([5.0, 5.0, 5.0]))
+    assert torch.equal(clipped, torch.tensor([[3.0, 4.0], [3.0, 4.0], [0.3, 0.4]], dtype=torch.float64))
+    assert within.tolist() == [True, False, True]
+
+
+def test_a_rounds_clipping_work_cannot_change_on_its_way_to_the_shards():
+    """ClipUpdates travels with the round's plan to every shard: frozen, as the plan's other parts. Kills
+    frozen=False."""
+    work = privacy.ClipUpdates(np.array([1.0]))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        work.bound = np.array([2.0])

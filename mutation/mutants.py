@@ -46,7 +46,7 @@ TARGETS: dict[str, Target] = {
     "attacks": Target(("algorithms/attacks.py", "algorithms/byzantine.py"), (
         "tests/test_attacks.py", "tests/test_mutation_kills.py", "-k", "equals_numpy or gaussian_noise or read_what "
         "or byzantine_set or continued_from or label_flip or zero_strength or labels_alone or one_honest "
-        "or without_byzantine")),
+        "or without_byzantine or as_a_stage or poisoned_clients_work")),
     "exact_sum": Target(("harness/core/exact_sum.py",), (
         "tests/test_compact_sums.py", "tests/test_same_bits.py",
         "tests/test_mutation_kills.py::test_a_sum_converted_in_several_column_chunks_is_within_the_documented_precision",

@@ -280,3 +280,32 @@ def test_a_rounds_clipping_work_cannot_change_on_its_way_to_the_shards():
     work = privacy.ClipUpdates(np.array([1.0]))
     with pytest.raises(dataclasses.FrozenInstanceError):
         work.bound = np.array([2.0])
+
+
+def test_an_update_attack_as_a_stage_forges_and_label_flipping_passes_the_updates_on():
+    """The attack stage (algorithms/byzantine.py Adversary.on_updates, issue 37): sign_flip's Byzantine row comes
+    back negated; label_flip's updates come back as sent (its poison is in the training). Kills `not` added to
+    the flips_labels test in on_updates."""
+    plan = RoundPlan(round=3, seed=11, stream_replicas=np.array([0]), clients=np.array([[2, 5]]),
+                     coef=np.array([[0.5, 0.5]]), tau=np.ones((1, 2), dtype=np.int64), lr_scale=np.ones((1, 2)),
+                     step_lrs=np.array([0.1]), send_updates=True)
+    sent = torch.tensor([[1.0, -2.0], [3.0, 4.0]], dtype=torch.float64)
+    bad = byzantine_mask(0.5, 11, 0, 3, np.array([2, 5]))
+    assert bad.sum() == 1
+    forged = Adversary(attacks.SignFlip(), 0.5).on_updates(plan, [UpdateChunk(np.array([0, 0]), np.array([2, 5]),
+                                                                              sent.clone())])
+    expected = sent.clone()
+    expected[torch.as_tensor(bad)] *= -1.0
+    assert torch.equal(forged[0].delta, expected)
+    flipped = Adversary(attacks.LabelFlip(), 0.5).on_updates(plan, [UpdateChunk(np.array([0, 0]), np.array([2, 5]),
+                                                                                sent.clone())])
+    assert torch.equal(flipped[0].delta, sent)
+
+
+def test_the_poisoned_clients_work_cannot_change_on_its_way_to_the_shards():
+    """PoisonedClients travels with the round's plan to every shard: frozen. Kills frozen=False."""
+    from fedharness.algorithms.byzantine import PoisonedClients
+
+    work = PoisonedClients(np.zeros((1, 2), dtype=bool), np.array([[2, 5]]), attacks.LabelFlip())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        work.poisoned = np.ones((1, 2), dtype=bool)

@@ -112,8 +112,7 @@ def _stage_block(name: str) -> list[str]:
     factory = STAGES[name]
     values = {p.name: p.default for p in key_parameters(factory)}
     values.update(stage_defaults(name))
-    doc = " ".join((getattr(factory, "func", factory).__doc__ or "(no docstring)").strip().split("\n\n")[0].split())
-    return [f"{name}: {doc} (keys: stages=[{{name: {name}, KEY: VALUE}}])",
+    return [f"{name}: {_first_sentence(factory)} (keys: stages=[{{name: {name}, KEY: VALUE}}])",
             *(_line(k, None if v is inspect.Parameter.empty else v, "") for k, v in values.items())]
 
 
@@ -159,8 +158,12 @@ def _option_doc(group: str, option: str) -> str:
     """An option's one-line doc: the first sentence of its constructor's own docstring."""
     if option == schema.NONE:
         return f"no {group} (the default: a run without `{group}=`)"
-    factory = schema.PART_GROUPS[group][option]
-    doc = getattr(factory, "func", factory).__doc__  # its own: a class's __doc__ is not inherited
+    return _first_sentence(schema.PART_GROUPS[group][option])
+
+
+def _first_sentence(factory: Any) -> str:
+    """The first sentence of a factory's own docstring (a class's __doc__ is not inherited)."""
+    doc = getattr(factory, "func", factory).__doc__
     if not doc:
         return "(its constructor has no docstring)"
     text = " ".join(doc.strip().split("\n\n")[0].split())

@@ -103,15 +103,18 @@ def install(carried: tuple[Carried, ...]) -> None:
 def travel_by_value(objects: Iterable[Any]) -> None:
     """Have cloudpickle copy the classes of `objects` by value where their package is not installed (a user's
     module beside a notebook, a test module), so a Ray worker that cannot import it still gets them: an update
-    stage's client work travels with each round's plan (contracts.ClientWork). Set once per module, in this
-    process."""
+    stage's client work travels with each round's plan (contracts.ClientWork). Each class is looked at once per
+    process (this runs every round)."""
     from ray import cloudpickle
 
-    for obj in objects:
-        module = sys.modules.get(type(obj).__module__.partition(".")[0])
-        if module is None or _installed(module) or module.__name__ in cloudpickle.list_registry_pickle_by_value():
-            continue
-        cloudpickle.register_pickle_by_value(module)
+    for kind in {type(obj) for obj in objects} - _TRAVELLING:
+        _TRAVELLING.add(kind)
+        module = _uninstalled_package(kind.__module__)
+        if module is not None and module.__name__ not in cloudpickle.list_registry_pickle_by_value():
+            cloudpickle.register_pickle_by_value(module)
+
+
+_TRAVELLING: set[type] = set()  # the classes travel_by_value has looked at
 
 
 def _by_value(entry: tuple) -> bytes | None:
@@ -119,8 +122,8 @@ def _by_value(entry: tuple) -> bytes | None:
     worker), or a factory cloudpickle cannot copy (the by-reference copy must do)."""
     from ray import cloudpickle
 
-    module = sys.modules.get(_module_name(entry[2]).partition(".")[0])
-    if module is None or _installed(module):
+    module = _uninstalled_package(_module_name(entry[2]))
+    if module is None:
         return None
     already = module.__name__ in cloudpickle.list_registry_pickle_by_value()
     if not already:
@@ -132,6 +135,12 @@ def _by_value(entry: tuple) -> bytes | None:
     finally:
         if not already:
             cloudpickle.unregister_pickle_by_value(module)
+
+
+def _uninstalled_package(module_name: str) -> ModuleType | None:
+    """The top-level package of `module_name` where a worker could not import it (not installed), else None."""
+    module = sys.modules.get(module_name.partition(".")[0])
+    return None if module is None or _installed(module) else module
 
 
 def _module_name(factory: Any) -> str:

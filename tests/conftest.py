@@ -9,6 +9,9 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
+# The Ray clusters the tests start with `ray start` (and their workers) inherit this: Ray's default nice 15 leaves
+# the shards ~3% of a core beside the other pytest worker, and a 5-round Ray test took 100 s instead of 11.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 
 @pytest.fixture(scope="session", autouse=True)

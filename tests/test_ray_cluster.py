@@ -194,3 +194,22 @@ def test_losing_the_second_node_mid_run_keeps_parquet_exact(two_nodes, tmp_path)
     assert result.status == "ok" and removed
     assert not [n for n in ray.nodes() if n["NodeID"] == second.node_id and n["Alive"]]
     assert_rows_match(read_rounds(tmp_path / "ray", "lost-node"), read_rounds(tmp_path / "inline", "inline"))
+
+
+_NICENESS = """
+import os, ray
+from fedharness.core import ray_cluster
+conn = ray_cluster.start_local(num_cpus=1)
+print(ray.get(ray.remote(lambda: os.nice(0)).remote()))
+conn.close()
+"""
+
+
+@pytest.mark.slow
+def test_the_embedded_rays_workers_run_at_the_drivers_priority():
+    """Ray's default nice 15 for workers starves the shards beside any other work (ray_cluster.start_local)."""
+    env = {k: v for k, v in ONE_THREAD.items() if k != "RAY_worker_niceness"}
+    out = subprocess.run([sys.executable, "-c", _NICENESS], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == str(os.nice(0))

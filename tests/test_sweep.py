@@ -177,9 +177,27 @@ def test_every_shipped_study_config_parses(tmp_path):
 
 @pytest.mark.slow
 def test_every_shipped_study_config_composes(tmp_path):
+    """expand composes every point (a ConfigError otherwise), the points that share their group choices once: the
+    first and the last point of each study composed as Hydra composes them whole give the same config."""
+    from fedharness.config.compose import choices_and_values
+
     for name, s in _shipped(tmp_path):
         jobs = expand(s)
-        assert all(load_config(j.overrides)["study"] == name for j in jobs)
+        for job in (jobs[0], jobs[-1]):
+            choices, values = choices_and_values(job.overrides)
+            whole = load_config(job.overrides)
+            assert whole["study"] == name and load_config(choices, values=values) == whole
+
+
+def test_choices_and_values_splits_as_hydra_applies_them():
+    from fedharness.config.compose import choices_and_values
+
+    ovs = ["attack=alie", "algorithm.client_lr=0.1", "dataset=digits", "rounds=3", "model=2nn"]
+    assert choices_and_values(ovs) == (["attack=alie", "dataset=digits", "model=2nn"],
+                                       ["algorithm.client_lr=0.1", "rounds=3"])
+    assert choices_and_values(["rounds=3", "~attack", "seed=1"]) == (["rounds=3", "~attack", "seed=1"], [])
+    choices, values = choices_and_values(ovs)
+    assert load_config(choices, values=values) == load_config(ovs)
 
 
 ZIPPED = {"grid": {"algorithm.clients_per_round": [1, 2, 4], "rounds": [40, 20, 10], "eval_every": [4, 2, 1]},

@@ -18,6 +18,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException, Ove
 from omegaconf import AnyNode, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from fedharness.config.overrides import override_key
 from fedharness.errors import ConfigError, require
 
 
@@ -154,6 +155,18 @@ def compose_values(overrides: list[str], values: list[str], config_name: str = "
     except (_NotValues, ConfigCompositionException, MissingConfigException, OverrideParseException,
             OmegaConfBaseException):
         return compose_raw([*overrides, *values], config_name)
+
+
+def choices_and_values(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(the group choices, the value overrides) of one command: Hydra composes the defaults from the choices, then
+    applies the values in order, so compose_values(*this) is compose_raw(overrides) (a sweep's jobs share their
+    choices: composed once). An override that adds or deletes (`+key=`, `~key`) keeps every override a choice,
+    as its order among the values matters."""
+    if any(o.startswith(("+", "~")) for o in overrides):
+        return list(overrides), []
+    values = [o for o in overrides if "=" in o and override_key(o) not in GROUPS and "/" not in override_key(o)
+              and "@" not in override_key(o) and not o.startswith("hydra.")]
+    return [o for o in overrides if o not in values], values
 
 
 @lru_cache(maxsize=8)

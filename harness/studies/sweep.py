@@ -29,7 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 from fedharness.algorithms.step_sizes import yang_two_sided
 from fedharness.backends import results_writer
 from fedharness.core import ray_cluster
-from fedharness.config.compose import CONF_DIR, group_options
+from fedharness.config.compose import CONF_DIR, choices_and_values, group_options
 from fedharness.config.help import describe_declared
 from fedharness.config.load import load_config, load_settings
 from fedharness.base.mappings import merged
@@ -385,7 +385,8 @@ def expand(spec: SweepSpec, new_id: Callable[[], str] | None = None) -> list[Job
             keys = spec.protocol.get("keys")
             overrides += [o for o in tuned if keys is None or override_key(o) in keys]
         overrides += [f"{k}={v}" for k, v in point.items()] + forced
-        cfg = load_config(overrides)
+        choices, values = choices_and_values(overrides)
+        cfg = load_config(choices, values=values)  # points that share their choices are composed once
         if spec.protocol["name"] == "theory":
             client_lr, server_lr = theory_step_sizes(cfg, spec.protocol["c1"], spec.protocol["c2"],
                                                      spec.protocol.get("T"))

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 from fedharness.algorithms import (aggregators, local_work, local_work_fixed, robust, samplers, schedules, server,
                                    solvers)
 from fedharness.algorithms import attacks  # noqa: F401  (the attacks register themselves)
+from fedharness.algorithms import compression  # noqa: F401  (and the compressors)
 from fedharness.algorithms import series
 from fedharness.contracts import Algorithm, Problem
 from fedharness.errors import ConfigError

@@ -534,6 +534,22 @@ class Attack(Protocol):
 
 
 @runtime_checkable
+class Compressor(Protocol):
+    """What a client sends in place of its update (algorithms/compression.py; `compress=NAME`): an encoding of
+    fixed size, decoded here at once, as the server would decode it. Its random draws (random-k's coordinates,
+    QSGD's rounding) come from one stream key per client, so the same bits come out at any shard count. Error
+    feedback is the stage's (compress.error_feedback), around any compressor."""
+
+    def compress(self, v: torch.Tensor, keys: np.ndarray) -> torch.Tensor:
+        """[m, dim] float64: each row of `v` [m, dim] float64 as the server decodes what the client sends; `keys`
+        [m] uint64, each row's stream key (base/streams.py: uniform(keys, n) draws [m, n])."""
+
+    def encoded_bytes(self, dim: int, value_bytes: int) -> int:
+        """The bytes one client's update of `dim` coordinates takes as sent (`value_bytes`: a float's, 4 in
+        float32): what bytes_up counts."""
+
+
+@runtime_checkable
 class DataPoisoning(Protocol):
     """An attack whose Byzantine clients train on a view of the data instead of forging their updates
     (algorithms/attacks.py label_flip): the shards train them on `view_of(problem)`, and the run needs what the
@@ -675,6 +691,11 @@ class UpdateStage(Protocol):
     def row_values(self, rounds: int) -> dict[str, float | None]:
         """Values for the rounds/ rows after `rounds` rounds (DP's epsilon)."""
         return {}
+
+    def upload_bytes(self, dim: int, value_bytes: int) -> int | None:
+        """The bytes one client's update takes as sent where this stage encodes it (a compressor's size); None:
+        the stage leaves its size as it found it."""
+        return None
 
 
 @dataclass

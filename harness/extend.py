@@ -24,12 +24,13 @@ from fedharness.contracts import ROUND_COLUMNS, Metric
 from fedharness.errors import ConfigError, require
 from fedharness.keys import Key
 from fedharness.registry.binding import Registry
-from fedharness.registry.groups import ATTACKS, BUILTIN_STAGES, DATASETS, METRICS, MODELS, PARTITIONERS, PARTS, STAGES
+from fedharness.registry.groups import (ATTACKS, BUILTIN_STAGES, COMPRESSORS, DATASETS, METRICS, MODELS, PARTITIONERS,
+                                       PARTS, STAGES)
 
 GROUPS: dict[str, Registry] = {"model": MODELS, "dataset": DATASETS, "partition": PARTITIONERS, "attack": ATTACKS,
-                               "stage": STAGES}
+                               "compress": COMPRESSORS, "stage": STAGES}
 _BUILTIN = {"model": set(MODELS), "dataset": set(DATASETS), "partition": {"auto", *PARTITIONERS},
-            "attack": {"none", *ATTACKS}, "stage": {*BUILTIN_STAGES, *STAGES},
+            "attack": {"none", *ATTACKS}, "compress": {"none", *COMPRESSORS}, "stage": {*BUILTIN_STAGES, *STAGES},
             **{kind: set(reg) for kind, reg in PARTS.items()}}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _NODES: dict[tuple[str, str], dict[str, Any]] = {}  # (group, name) -> the config defaults of a Python registration
@@ -84,6 +85,16 @@ def register_attack(name: str, factory: Callable[..., Any], fraction: float = 0.
     is the share of Byzantine clients, `defaults` its params, settable as `attack.KEY=V` (docs/robustness.md)."""
     _add("attack", name, factory)
     _store("attack", name, {"fraction": fraction, **defaults})
+
+
+def register_compressor(name: str, factory: Callable[..., Any], error_feedback: bool = False,
+                        **defaults: Any) -> None:
+    """`factory(**params)` -> an object with `compress(v, keys) -> [m, dim]` (each row as the server decodes what
+    its client sends) and `encoded_bytes(dim, value_bytes) -> int` (fedharness.contracts.Compressor: the size
+    bytes_up counts); `compress=name` selects it, `compress.error_feedback` (default `error_feedback`) wraps it in
+    error feedback, `defaults` are its params, settable as `compress.KEY=V` (docs/compression.md)."""
+    _add("compress", name, factory)
+    _store("compress", name, {"error_feedback": error_feedback, **defaults})
 
 
 def register_stage(name: str, factory: Callable[..., Any], **defaults: Any) -> None:

@@ -247,7 +247,8 @@ class RunSettings:
                                       "KEY: VALUE} mappings for a stage's keys",
                                       "what happens to each client's update between its training and the server "
                                       "optimizer, in order (docs/architecture.md): attack (the attack group), dp "
-                                      "(the dp section), and your own (fedharness.register_stage)"))
+                                      "(the dp section), compress (the compress group) and your own "
+                                      "(fedharness.register_stage)"))
     threads: int | None = key(integer("torch threads; null: from the work of one local step, dim x clients per "
                                       "round x batch x replicas: one thread per 2^20 of it, at least 1, at most "
                                       "torch's default", lo=1, null="automatic"))
@@ -283,6 +284,7 @@ class RunSettings:
     algorithm: PartSettings = part()
     trial: int | None = field()  # not a config key: the tuning trial this run is (set by fedharness tune)
     attack: PartSettings | None = field()  # attack=NAME (algorithms/attacks.py), an optional group; None: no attack
+    compress: PartSettings | None = field()  # compress=NAME (algorithms/compression.py), optional; None: dense updates
     config: dict[str, Any] = field(repr=False, compare=False)  # the plain validated config; read it, never change it
 
     @property
@@ -300,8 +302,9 @@ class RunSettings:
         values: dict[str, Any] = {name: _frozen(config.get(name)) for name in keys_of(cls)}
         values.update({name: _section(kind, config[name]) for name, kind in sections_of(cls).items()})
         values.update({name: PartSettings.of(config[name]) for name in parts_of(cls)})
-        attack = PartSettings.of(config["attack"]) if config.get("attack") is not None else None
-        return cls(**values, trial=config.get("trial"), attack=attack, config=config)
+        attack, compress = (PartSettings.of(config[g]) if config.get(g) is not None else None
+                            for g in ("attack", "compress"))
+        return cls(**values, trial=config.get("trial"), attack=attack, compress=compress, config=config)
 
     def replace(self, **changes: Any) -> RunSettings:
         """New settings with `changes` (fields: values, sections and parts as their settings objects); `.config`

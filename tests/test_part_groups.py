@@ -78,7 +78,8 @@ def test_config_names_the_groups_and_options_there_are(capsys):
                                                "label_flip, sign_flip, gaussian, scaling, alie, ipm)")
     assert main(["config", "nope"]) == 2
     assert capsys.readouterr().err.strip() == ("fedharness: error: invalid value for 'group': 'nope' (one of: "
-                                               "algorithm, attack, dataset, model, partition, stages, sweep, tune)")
+                                               "algorithm, attack, compress, dataset, model, partition, stages, sweep, "
+                                               "tune)")
 
 
 def test_run_help_names_every_attacks_keys(capsys):
@@ -167,20 +168,20 @@ class TopK:
 
 
 def test_a_new_part_group_is_described_and_checked_by_the_same_code(monkeypatch):
-    compress = Registry("compress")
-    compress.add("topk", TopK, {"ratio": number("the share of coordinates kept", lo=0, hi=1)})
-    monkeypatch.setitem(schema.PART_GROUPS, "compress", compress)
-    assert describe_group("compress").splitlines() == [
-        "compress options (`compress=OPTION`, * the default; `fedharness config compress OPTION` shows one):",
-        "  compress   none*, topk", "",
-        "what each does, and its keys (key = default  doc), set as compress.KEY=value:",
-        "compress=none: no compress (the default: a run without `compress=`)",
-        "compress=topk: Keep the largest `ratio` of each update's coordinates.",
-        _line("  compress.ratio = 0.1", "the share of coordinates kept")]
-    with pytest.raises(ConfigError, match=r"^invalid value for 'compress.nope': 1 \(no such key; keys of "
-                                          r"'compress': ratio\)$"):
-        schema.part_groups_known({"compress": {"name": "topk", "ratio": 0.2, "nope": 1}})
-    with pytest.raises(ConfigError, match=r"'compress.ratio': 2 \(a finite number in \[0, 1\]\)"):
-        schema.part_groups_known({"compress": {"name": "topk", "ratio": 2}})
-    with pytest.raises(ConfigError, match=r"'compress': 'nope' \(one of: none, topk\)"):
-        schema.part_groups_known({"compress": {"name": "nope"}})
+    prune = Registry("prune")
+    prune.add("topk", TopK, {"ratio": number("the share of coordinates kept", lo=0, hi=1)})
+    monkeypatch.setitem(schema.PART_GROUPS, "prune", prune)
+    assert describe_group("prune").splitlines() == [
+        "prune options (`prune=OPTION`, * the default; `fedharness config prune OPTION` shows one):",
+        "  prune      none*, topk", "",
+        "what each does, and its keys (key = default  doc), set as prune.KEY=value:",
+        "prune=none: no prune (the default: a run without `prune=`)",
+        "prune=topk: Keep the largest `ratio` of each update's coordinates.",
+        _line("  prune.ratio = 0.1", "the share of coordinates kept")]
+    with pytest.raises(ConfigError, match=r"^invalid value for 'prune.nope': 1 \(no such key; keys of "
+                                          r"'prune': ratio\)$"):
+        schema.part_groups_known({"prune": {"name": "topk", "ratio": 0.2, "nope": 1}})
+    with pytest.raises(ConfigError, match=r"'prune.ratio': 2 \(a finite number in \[0, 1\]\)"):
+        schema.part_groups_known({"prune": {"name": "topk", "ratio": 2}})
+    with pytest.raises(ConfigError, match=r"'prune': 'nope' \(one of: none, topk\)"):
+        schema.part_groups_known({"prune": {"name": "nope"}})

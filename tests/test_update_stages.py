@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow.dataset as ds
 import pytest
 import torch
 
@@ -20,7 +19,8 @@ from fedharness.core.engine import Engine
 from fedharness.assembly.build import build_parts
 from fedharness.contracts import RoundPlan
 from fedharness.core.executors import InlineExecutor
-from fedharness.runs.execute import execute, prepare_run
+from fedharness.runs.execute import prepare_run
+from round_rows import rows, run_rows
 
 NORM = 0.05  # below most clients' update norms on digits after 5 local steps: the stage changes the run
 
@@ -89,18 +89,10 @@ fedharness.register_stage("scale_by", ScaleBy, factor=1.0)
 BASE = ["dataset=digits", "rounds=4", "eval_every=2", "progress=false", "threads=1", "reference=off",
         "heterogeneity=false", "dtype=float64", "replicas=2", "algorithm.local_steps=5", "dataset.data_seed=0"]
 STAGE = f"stages=[{{name:clip_each,norm:{NORM}}}]"
-COLUMNS = ["replica", "round", "train_loss", "grad_norm_sq", "test_loss", "test_acc", "local_steps", "bytes_up"]
-
-
-def rows(results_dir, run_id: str) -> list[tuple]:
-    table = ds.dataset(results_dir / "rounds" / f"run_id={run_id}", format="parquet").to_table(
-        columns=COLUMNS).to_pylist()
-    return sorted(tuple(r[c] for c in COLUMNS) for r in table)
 
 
 def run(tmp_path, run_id: str, *extra: str) -> list[tuple]:
-    assert execute(load_settings([*BASE, f"results_dir={tmp_path}", *extra]), run_id=run_id).status == "ok"
-    return rows(tmp_path, run_id)
+    return run_rows(BASE, tmp_path, run_id, *extra)
 
 
 def one_round_moves(*extra: str) -> torch.Tensor:
@@ -182,9 +174,9 @@ def test_a_dp_run_names_its_sampler_and_dp_fedavg_sets_it(tmp_path):
 def test_fedharness_config_stages_lists_the_stages_and_their_keys(capsys):
     assert main(["config", "stages"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "update stages (`stages=[...]` in the order they run; the default: [attack,dp]):"
+    assert out[0] == "update stages (`stages=[...]` in the order they run; the default: [attack,dp,compress]):"
     names = out[1].strip().split(", ")
-    assert names[:2] == ["attack", "dp"] and {"clip_each", "scale_by", "needs_updates"} <= set(names)
+    assert names[:3] == ["attack", "dp", "compress"] and {"clip_each", "scale_by", "needs_updates"} <= set(names)
     assert any(line.startswith("  dp.clip_norm = 1.0 ") for line in out)
     assert main(["config", "stages", "clip_each"]) == 0
     one = capsys.readouterr().out.splitlines()

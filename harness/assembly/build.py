@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from fedharness.algorithms.byzantine import Adversary
+from fedharness.algorithms.compression import Compression, residual_bytes
 from fedharness.algorithms.registry import build_algorithm
 from fedharness.assembly.privacy import privacy_for
 from fedharness.config.schema import check_data_clients, stage_name
-from fedharness.contracts import Attack, IndependentInclusion, Labelled, UpdateAggregator, UpdateStage
+from fedharness.contracts import Attack, Compressor, IndependentInclusion, Labelled, UpdateAggregator, UpdateStage
+from fedharness.core.buffers import buffer_dim
 from fedharness.core.executors import require_fits_budget
 from fedharness.core.stages import Stages
 from fedharness.errors import ConfigError, require
 from fedharness.extend import register_targets, stage_defaults
 from fedharness.registry.plugins import load_entry_points
 from fedharness.problems import build_problem
-from fedharness.registry.groups import ATTACKS, PARTS, STAGES
+from fedharness.registry.groups import ATTACKS, COMPRESSORS, PARTS, STAGES
 from fedharness.settings import RunSettings
 
 
@@ -46,6 +48,37 @@ def adversary_for(settings: RunSettings, algorithm, problem) -> Adversary | None
     return adversary
 
 
+def compression_for(settings: RunSettings, problem) -> Compression | None:
+    """The run's compressed updates as an update stage (None: compress=none); refused on a model with buffers
+    (their running statistics are averaged, not sent as an update) and where error feedback's residuals could
+    outgrow the memory budget."""
+    compress = settings.compress
+    if compress is None or compress.name == "none":
+        return None
+    built = COMPRESSORS.build(compress.name, compress.as_dict(), {})
+    require(isinstance(built, Compressor), "compress", compress.name, "its factory must build an object with "
+            "compress(v, keys) and encoded_bytes(dim, value_bytes) (fedharness.contracts.Compressor)")
+    require(buffer_dim(problem) == 0, "compress", compress.name, f"a model without buffers: model "
+            f"{settings.model.name}'s {buffer_dim(problem)} running statistics (BatchNorm) are averaged as they "
+            "are, not sent as a compressed update")
+    if compress.error_feedback and problem.memory_budget is not None:
+        check_residuals(settings, problem)
+    return Compression(built, bool(compress.error_feedback))
+
+
+def check_residuals(settings: RunSettings, problem) -> None:
+    """ConfigError naming compress.error_feedback unless the residuals of every client that may take part fit
+    the memory budget (a lazy population of 10^8 clients keeps one only for each client that has trained)."""
+    alg = settings.algorithm
+    per_round = problem.num_clients if alg.sampler == "full" else alg.clients_per_round
+    need = residual_bytes(settings.replicas, problem.num_clients, settings.rounds, per_round, problem.dim)
+    clients = min(problem.num_clients, settings.rounds * per_round)
+    require(need <= problem.memory_budget, "compress.error_feedback", True,
+            f"false here, or a smaller run: error feedback keeps a float64 residual for each client that takes "
+            f"part, up to {need / 1e9:.3g} GB ({settings.replicas} replicas x {clients} clients x {problem.dim} "
+            f"coordinates), above the memory budget of {problem.memory_budget / 1e9:.3g} GB (memory_budget_gb)")
+
+
 def stages_for(settings: RunSettings, algorithm, problem) -> Stages:
     """The run's update stages in the order of its `stages` key: attack and dp from their own sections (left out
     when off), a user's from the registry with its entry's keys; each one's needs checked before the run starts."""
@@ -56,6 +89,8 @@ def stages_for(settings: RunSettings, algorithm, problem) -> Stages:
             stage = adversary_for(settings, algorithm, problem)
         elif name == "dp":
             stage = privacy_for(settings, problem)
+        elif name == "compress":
+            stage = compression_for(settings, problem)
         else:
             keys = {} if isinstance(entry, str) else {k: v for k, v in entry.items() if k != "name"}
             stage = STAGES.build(name, {**stage_defaults(name), **keys}, {"problem": problem})

@@ -27,6 +27,8 @@ EVAL_SAMPLE, POPULATION = 10, 11
 BYZANTINE, ATTACK_NOISE, BUCKETS = 12, 13, 14
 # Client-level DP (algorithms/privacy.py): the Gaussian noise on a round's sum and on adaptive clipping's count.
 DP_NOISE = 20
+# Compressed updates (algorithms/compression.py): random-k's coordinates, QSGD's stochastic rounding.
+COMPRESS = 21
 
 
 def _u64(x) -> np.ndarray:

@@ -30,7 +30,7 @@ def _conf_dir() -> Path:
 
 
 CONF_DIR = _conf_dir()
-GROUPS = ("dataset", "partition", "model", "algorithm", "attack", "experiment", "tune", "sweep")
+GROUPS = ("dataset", "partition", "model", "algorithm", "attack", "compress", "experiment", "tune", "sweep")
 
 # `${div:a,b}` = max(1, a // b) in configs, e.g. a budget of local steps: rounds: ${div:10000,${algorithm.local_steps}}
 if not OmegaConf.has_resolver("div"):

@@ -86,8 +86,8 @@ def describe_group(group: str, option: str | None = None) -> str:
 
 
 def describe_stages(option: str | None = None) -> str:
-    """The update stages a run's `stages` list may name (`fedharness config stages [NAME]`): attack and dp, whose
-    keys are their own sections', and a user's registered stages with their keys (constructor parameters and
+    """The update stages a run's `stages` list may name (`fedharness config stages [NAME]`): attack, dp and
+    compress, whose keys are their own sections', and a user's registered stages with their keys (constructor parameters and
     registered defaults)."""
     load_entry_points()
     names = (*BUILTIN_STAGES, *STAGES)
@@ -102,8 +102,9 @@ def describe_stages(option: str | None = None) -> str:
 
 
 def _stage_block(name: str) -> list[str]:
-    if name == "attack":
-        return ["attack: the Byzantine clients of the attack group (its keys: fedharness config attack)"]
+    if name in schema.PART_GROUPS:
+        what = {"attack": "the Byzantine clients", "compress": "the compressed client updates"}.get(name, "the parts")
+        return [f"{name}: {what} of the {name} group (its keys: fedharness config {name})"]
     if name == "dp":
         dp = schema.defaults()["dp"]
         keys = keys_of(sections_of(RunSettings)["dp"])

@@ -20,7 +20,7 @@ def load_config(overrides: list[str], config_name: str = "config", values: list[
     load_entry_points()  # installed packages' parts, so that the config can name them
     values = None if values is None else list(values)
     plain = compose_raw(overrides, config_name) if values is None else compose_values(overrides, values, config_name)
-    if any("_target_" in (plain.get(s) or {}) for s in ("dataset", "partition", "model", "algorithm", "attack")):
+    if any("_target_" in (plain.get(s) or {}) for s in ("dataset", "partition", "model", "algorithm", "attack", "compress")):
         register_targets(plain)  # a user's own parts, before validation names them
     validate(plain)
     chosen = _auto_model(plain)

@@ -27,7 +27,8 @@ from fedharness.keys import Key, _is_int, _is_list, _is_real, anything, boolean,
 from fedharness.config.memory import check_memory
 import fedharness.partitions  # noqa: F401  (the built-in partitioners register themselves)
 import fedharness.problems  # noqa: F401  (the built-in data sets and models)
-from fedharness.registry.groups import ATTACKS, BUILTIN_STAGES, DATASETS, METRICS, MODELS, PARTITIONERS, STAGES
+from fedharness.registry.groups import (ATTACKS, BUILTIN_STAGES, COMPRESSORS, DATASETS, METRICS, MODELS, PARTITIONERS,
+                                       STAGES)
 from fedharness.settings import RunSettings, _frozen, keys_of, sections_of
 from fedharness.results.store import open_store
 
@@ -56,7 +57,7 @@ GROUPS = {"dataset": DATASETS, "partition": PARTITIONERS, "model": MODELS}  # at
 # leave out: absent, the group is its `none` option, which builds nothing (conf/<group>/none.yaml). The checks,
 # `fedharness config GROUP` and `run --help` read every part group alike, so a new stage group (compress, ...) is
 # one entry here, its registry and its none.yaml.
-PART_GROUPS: dict[str, Registry] = {"attack": ATTACKS}
+PART_GROUPS: dict[str, Registry] = {"attack": ATTACKS, "compress": COMPRESSORS}
 NONE = "none"
 UNDECLARED = "a parameter of its constructor (no declared doc)"
 
@@ -149,7 +150,7 @@ def _check_group(cfg: dict[str, Any], group: str) -> None:
 def check_keys(cfg: dict[str, Any]) -> None:
     """Every key is known and holds an allowed value."""
     structure = {**TOP, **{s: anything("") for s in SECTIONS}, **{g: anything("") for g in (*GROUP_NAMES,
-                                                                                            "algorithm", "attack")}}
+                                                                                            "algorithm", *PART_GROUPS)}}
     _check_section(cfg, structure, "")
     for section, keys in SECTIONS.items():
         if section in cfg:
@@ -359,6 +360,10 @@ def stages_known(cfg: dict[str, Any]) -> None:
     if dp.get("noise_multiplier") is not None or dp.get("target_epsilon") is not None:
         require("dp" in names, "stages", names, "a list with dp in it: dp.noise_multiplier or dp.target_epsilon "
                 "runs as the stage 'dp' (e.g. stages=[attack,dp])")
+    compress = cfg.get("compress")
+    if compress is not None and compress.get("name") != NONE:
+        require("compress" in names, "stages", names, f"a list with compress in it: compress={compress['name']} runs "
+                "as the stage 'compress' (e.g. stages=[attack,dp,compress])")
 
 
 def dp_covered(cfg: dict[str, Any]) -> None:

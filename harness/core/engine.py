@@ -99,6 +99,7 @@ class Engine:
         self.hooks = dict(zip(slots.ids, hooks))
         self.round_hooks = {i: [h for h in hs if _acts_at_round_end(h)] for i, hs in self.hooks.items()}
         self.bytes_per_param = torch.finfo(problem.dtype).bits // 8
+        self._client_bytes = self.client_bytes()
         self._last_lr = np.full(len(layout), np.nan)
         self._last_diag: Coefficients | None = None
         self.rows: dict[int, list[dict]] = {i: [] for i in slots.ids}  # each slot's evaluated rows
@@ -134,15 +135,22 @@ class Engine:
                          send_updates=self.send_updates)  # else shards reduce in place
         return plan, coefs
 
+    def client_bytes(self) -> tuple[int, int]:
+        """(bytes down, bytes up) of one sampled client a round: the model (and a solver's control variates,
+        comm_factor) down; the update as its stages encode it (a compressor's size) and the rest dense, up."""
+        dense = self.problem.dim * self.bytes_per_param
+        extra = dense * (self.alg.solver.comm_factor - 1)
+        return dense + extra, self.stages.upload_bytes(self.problem.dim, self.bytes_per_param) + extra
+
     def _count(self, state: RunState, plan: RoundPlan) -> None:
         c = state.counters
         distinct, work = trained_clients(plan.clients, plan.coef, plan.tau)
         c["local_steps"] += np.where(distinct > 0, plan.tau.max(1), 0)
         c["grad_evals"] += work * self.alg.batch_size
-        model_bytes = self.problem.dim * self.bytes_per_param * self.alg.solver.comm_factor
-        c["bytes_down"] += distinct * model_bytes
-        c["bytes_up"] += distinct * model_bytes
-        c["sim_s"] += self.network.round_seconds(2 * model_bytes, plan.tau.max(1))
+        down, up = self._client_bytes
+        c["bytes_down"] += distinct * down
+        c["bytes_up"] += distinct * up
+        c["sim_s"] += self.network.round_seconds(down + up, plan.tau.max(1))
 
     def step(self, state: RunState) -> RunState:
         plan, coefs = self.plan_round(state.round)

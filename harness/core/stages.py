@@ -46,6 +46,15 @@ class Stages:
             delta = stage.on_aggregate(plan, delta, counts, counters)
         return delta
 
+    def upload_bytes(self, dim: int, value_bytes: int) -> int:
+        """The bytes one client's update takes as sent: the last stage that encodes it says (a compressor), else
+        the dense update's dim x value_bytes."""
+        size = dim * value_bytes
+        for stage in self.stages:
+            encoded = stage.upload_bytes(dim, value_bytes)
+            size = size if encoded is None else int(encoded)
+        return size
+
     def row_values(self, rounds: int) -> dict[str, float | None]:
         out: dict[str, float | None] = {}
         for stage in self.stages:

@@ -7,6 +7,7 @@
 * `DATASETS`, `MODELS`, `PARTITIONERS`: the options of `dataset=`, `model=` and `partition=`, each called with
   its own section's keys and the context its builder offers (fedharness.problems.build_problem).
 * `ATTACKS`: the options of `attack=` (the Byzantine clients' updates), each called with its own keys.
+* `COMPRESSORS`: the options of `compress=` (what each client sends), each called with its own keys.
 * `STAGES`: a user's update stages by name (fedharness.register_stage), the entries of the `stages` key.
 * `METRICS`: a user's metrics by name (fedharness.register_metric).
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from fedharness.contracts import (Aggregator, LocalSolver, LocalWork, Metric, Sampler, Schedule, ServerOptimizer)
-from fedharness.keys import integer, number
+from fedharness.keys import boolean, integer, number
 from fedharness.registry.binding import Registry
 
 PROTOCOLS: dict[str, type] = {"sampler": Sampler, "local_work": LocalWork, "lr_schedule": Schedule,
@@ -36,10 +37,16 @@ ATTACKS = Registry("attack", common={"fraction": number("the share of each round
                                                         "Byzantine (floor(fraction n), drawn from the streams)",
                                                         lo=0, hi=0.5, hi_open=True)})
 
+# `compress=NAME` (algorithms/compression.py): what each client sends in place of its update (contracts.Compressor);
+# `compress.error_feedback` is every compressor's.
+COMPRESSORS = Registry("compress", common={"error_feedback": boolean(
+    "error feedback: each client adds what its last compressions left out to its next update and keeps what this "
+    "one leaves out (its residual, kept with its state)")})
+
 # `stages: [..., NAME]` (contracts.UpdateStage): a user's update stages (fedharness.register_stage), each called
-# with its entry's keys. `attack` and `dp` are the built-in stages, built from their own sections.
+# with its entry's keys. `attack`, `dp` and `compress` are the built-in stages, built from their own sections.
 STAGES = Registry("stage", section="stages")
-BUILTIN_STAGES = ("attack", "dp")
+BUILTIN_STAGES = ("attack", "dp", "compress")
 
 METRICS: dict[str, Metric] = {}  # name -> Metric, filled by fedharness.register_metric
 

@@ -103,11 +103,14 @@ def install(carried: tuple[Carried, ...]) -> None:
 def travel_by_value(objects: Iterable[Any]) -> None:
     """Have cloudpickle copy the classes of `objects` by value where their package is not installed (a user's
     module beside a notebook, a test module), so a Ray worker that cannot import it still gets them: an update
-    stage's client work travels with each round's plan (contracts.ClientWork). Each class is looked at once per
-    process (this runs every round)."""
+    stage's client work travels with each round's plan (contracts.ClientWork), with the parts it holds (a user's
+    compressor in the compress stage's work): the objects' classes and their attributes'. Each class is looked at
+    once per process (this runs every round)."""
     from ray import cloudpickle
 
-    for kind in {type(obj) for obj in objects} - _TRAVELLING:
+    objects = list(objects)
+    held = [value for obj in objects for value in getattr(obj, "__dict__", {}).values()]
+    for kind in {type(obj) for obj in (*objects, *held)} - _TRAVELLING:
         _TRAVELLING.add(kind)
         module = _uninstalled_package(kind.__module__)
         if module is not None and module.__name__ not in cloudpickle.list_registry_pickle_by_value():

@@ -279,6 +279,8 @@ def test_the_inline_bits_on_2_and_3_ray_shards(local_ray, tmp_path):
     (["compress=topk", "compress.nope=1"], "compress.nope", "keys of 'compress': error_feedback, ratio"),
     (["compress=zip"], "compress", "one of: none, "),
     (["compress=topk", "stages=[attack,dp]"], "stages", "compress=topk runs as the stage 'compress'"),
+    (["compress=topk", "stages=[attack,dp,compress]", "algorithm=dp_fedavg", "dp.noise_multiplier=1"], "stages",
+     "compress before dp"),
     (["compress=topk", "model=resnet18_bn", "kernel=loop"], "compress", "a model without buffers"),
     (["dataset=quadratic_lazy", "dataset.num_clients=100000000", "dataset.dim=1000", "rounds=100000",
       "algorithm.clients_per_round=100", "memory_budget_gb=1", "compress=topk"], "compress.error_feedback",
@@ -301,3 +303,17 @@ def test_error_feedback_on_a_lazy_population_within_the_budget_keeps_residuals_o
     assert execute(settings, run_id="lazy", callbacks=[StopAt(3)]).status == "stopped"
     kept = kept_state(settings, "lazy")
     assert len(kept) == 2 * 3 * 4 and all(s["ef_residual"].shape == (50,) for s in kept.values())
+
+
+def test_with_dp_each_compressed_update_is_clipped_last(tmp_path):
+    """stages=[compress, dp]: QSGD's output (norm above the update's) and error feedback's residual are clipped to
+    dp.clip_norm before the sum, so DP-FedAvg's sensitivity bound holds."""
+    for part in CAPTURED.values():
+        part.clear()
+    settings = load_settings([*BASE, f"results_dir={tmp_path}", "algorithm=dp_fedavg", "algorithm.sampler=poisson",
+                              "dp.noise_multiplier=0.5",
+                              "dp.clip_norm=0.05", "compress=qsgd", "compress.levels=1", "compress.error_feedback=true",
+                              "stages=[compress,dp,capture_out]"])
+    assert execute(settings).status == "ok"
+    norms = np.array([float(d.norm()) for _, _, _, d in CAPTURED["out"]])
+    assert len(norms) > 10 and norms.max() <= 0.05 * (1 + 1e-12) and (norms > 0.05 * (1 - 1e-9)).any()

@@ -176,7 +176,7 @@ def test_report_counts_runs_that_diverged_before_their_first_evaluation_as_censo
     cells = pd.read_csv(results / "report" / "tables" / "to_target_subopt_le_0.5.csv")
     fednova = cells[cells["algorithm"] == "fednova"]
     assert list(fednova["n"]) == [2.0, 4.0] and (fednova["censored"] == 2).all() and (fednova["reached"] == 0).all()
-    for png in ("collapse_subopt", "convergence_subopt", "speedup_subopt_le_0.5"):
+    for png in ("collapse_subopt", "convergence_subopt", "communication_subopt", "speedup_subopt_le_0.5"):
         assert (results / "report" / "figures" / f"{png}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -257,3 +257,34 @@ def test_speedup_figure_draws_censored_cells_at_the_top_edge_not_at_a_made_up_he
     assert marks.get_transform() == ax.get_xaxis_transform()
     assert ax.get_ylim()[1] < 60
     assert "subopt<=0.001" in marks.get_label() or "subopt<=1e-3" in marks.get_label()
+
+
+def test_report_puts_the_mb_sent_on_the_x_axis_of_a_communication_plot(run_config, tmp_path):
+    """Compressed and dense runs: each curve's x is the mean over replicas of (bytes_up + bytes_down) / 1e6 by that
+    round, as the rows recorded it (top-k sends a fraction of the dense bytes up)."""
+    from fedharness.runs.execute import execute
+    from fedharness.studies.reports import analysis
+    from fedharness.studies.reports.data import load_results
+    from fedharness.studies.reports.report import build_report
+
+    for option in ("compress=none", "compress=topk"):
+        execute(run_config("dataset=synthetic", "dataset.num_clients=8", "rounds=4", "eval_every=2", "replicas=2",
+                           "algorithm.clients_per_round=4", option))
+    results = load_results(tmp_path / "results")
+    report = build_report(results, targets=[], scale_key="algorithm.clients_per_round", out_dir=tmp_path / "report",
+                          bootstrap=10)
+    labels, _ = analysis.run_labels(results, "algorithm.clients_per_round")
+    curves = analysis.curves(results, labels, "train_loss")
+    rounds = pd.read_parquet(tmp_path / "results" / "rounds")
+    rounds["mb"] = (rounds["bytes_up"] + rounds["bytes_down"]) / 1e6
+    names = {r.run_id: (json.loads(r.config_json).get("compress") or {}).get("name", "none")
+             for r in pd.read_parquet(tmp_path / "results" / "runs").itertuples()}
+    rounds["compress"] = rounds["run_id"].astype(str).map(names)
+    want = rounds.groupby(["compress", "round"])["mb"].mean()
+    assert sorted(curves["group"].unique()) == ["compress.name=none", "compress.name=topk"]
+    for row in curves.itertuples():
+        assert row.mb == pytest.approx(want[(row.group.split("=")[1], row.round)], rel=1e-12)
+    final = curves[curves["round"] == 4].set_index("group")["mb"]
+    assert final["compress.name=topk"] < 0.6 * final["compress.name=none"]  # down stays dense: up shrinks 50x
+    assert report.figures["communication_train_loss"].stat().st_size > 1000
+    assert "![communication_train_loss]" in (tmp_path / "report" / "report.md").read_text()

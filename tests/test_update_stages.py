@@ -174,7 +174,7 @@ def test_a_dp_run_names_its_sampler_and_dp_fedavg_sets_it(tmp_path):
 def test_fedharness_config_stages_lists_the_stages_and_their_keys(capsys):
     assert main(["config", "stages"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == "update stages (`stages=[...]` in the order they run; the default: [attack,dp,compress]):"
+    assert out[0] == "update stages (`stages=[...]` in the order they run; the default: [attack,compress,dp]):"
     names = out[1].strip().split(", ")
     assert names[:3] == ["attack", "dp", "compress"] and {"clip_each", "scale_by", "needs_updates"} <= set(names)
     assert any(line.startswith("  dp.clip_norm = 1.0 ") for line in out)

@@ -253,13 +253,16 @@ def fit_table(ttt: pd.DataFrame, labels: pd.DataFrame, cells: pd.DataFrame, reps
 
 
 def curves(results: Results, labels: pd.DataFrame, metric: str, series: str = "iterate") -> pd.DataFrame:
-    """Mean and standard deviation over replicas (all seeds of a cell) per (group, n, round)."""
+    """Mean and standard deviation over replicas (all seeds of a cell) per (group, n, round), with the mean local
+    steps and MB communicated (up + down, all clients) by then."""
     if not len(results.rounds) or metric not in results.rounds.columns:
-        return pd.DataFrame(columns=["group", "n", "round", "mean", "std", "count", "local_steps"])
+        return pd.DataFrame(columns=["group", "n", "round", "mean", "std", "count", "local_steps", "mb"])
     r = results.rounds[results.rounds["series"] == series].merge(labels, on="run_id")
     r = r[r[metric].notna()]
+    r = r.assign(mb=(r["bytes_up"].astype(float) + r["bytes_down"].astype(float)) / 1e6)
     agg = r.groupby(["group", "n", "round"]).agg(mean=(metric, "mean"), std=(metric, "std"),
-                                                 count=(metric, "size"), local_steps=("local_steps", "mean"))
+                                                 count=(metric, "size"), local_steps=("local_steps", "mean"),
+                                                 mb=("mb", "mean"))
     return agg.reset_index()
 
 

@@ -52,23 +52,31 @@ def _panels(curves: pd.DataFrame):
     return fig, panels, colors
 
 
-def convergence(curves: pd.DataFrame, metric: str, scale_key: str, target: Target | None, path: Path) -> Path:
-    """Mean over replicas with a +-1 std band, one panel per group, one line per n."""
+X_AXES = {"round": "round", "mb": "MB communicated (up + down, all clients)"}
+
+
+def convergence(curves: pd.DataFrame, metric: str, scale_key: str, target: Target | None, path: Path,
+                x: str = "round") -> Path:
+    """Mean over replicas with a +-1 std band, one panel per group, one line per n; against the round, or with
+    x="mb" against the MB communicated by then (where compressed updates pay off: the same accuracy for fewer
+    bytes)."""
     fig, panels, colors = _panels(curves)
     for ax, group, g in panels:
         for n, c in g.groupby("n"):
-            ax.plot(c["round"], c["mean"], color=colors[n], label=f"n={n:g}")
+            ax.plot(c[x], c["mean"], color=colors[n], label=f"n={n:g}")
             std = c["std"].fillna(0)
             lo = c["mean"] - std
             if _positive(curves["mean"]):
                 lo = lo.clip(lower=c["mean"] * 1e-3)
-            ax.fill_between(c["round"], lo, c["mean"] + std, color=colors[n], alpha=0.2, linewidth=0)
+            ax.fill_between(c[x], lo, c["mean"] + std, color=colors[n], alpha=0.2, linewidth=0)
         if target is not None and target.metric == metric:
             ax.axhline(target.value, color="k", linestyle="--", linewidth=0.8, label=target.label)
         if _positive(curves["mean"]):
             ax.set_yscale("log")
+        if x == "mb" and (g["mb"] > 0).any():
+            ax.set_xscale("log")
         ax.set_title(group, fontsize=9)
-        ax.set_xlabel("round")
+        ax.set_xlabel(X_AXES[x])
         ax.set_ylabel(metric)
         ax.legend(fontsize=7, title=scale_key, title_fontsize=7)
     return _save(fig, path)

@@ -117,6 +117,8 @@ def _write_report(results: Results, targets: list[Target], scale_key: str, out: 
             curves, metric, scale_key, target, out / "figures" / f"convergence_{metric}.png")
         report.figures[f"collapse_{metric}"] = plots.collapse(
             curves, metric, target, out / "figures" / f"collapse_{metric}.png")
+        report.figures[f"communication_{metric}"] = plots.convergence(
+            curves, metric, scale_key, target, out / "figures" / f"communication_{metric}.png", x="mb")
     spread = analysis.client_spread(results, labels, series)
     if len(spread):  # eval.per_client: how accuracy is spread over the clients
         report.tables["client_acc"] = spread
@@ -200,9 +202,10 @@ def render_markdown(report: Report, results: Results, level: float) -> str:
     for t in report.targets:
         md += _target_section(report, t, level)
     md += ["## Convergence", "", "Mean over replicas with a one-standard-deviation band; the collapse plot puts "
-           "n K T on the x axis, where the curves of all n coincide under linear speedup.", ""]
+           "n K T on the x axis, where the curves of all n coincide under linear speedup; the communication plot "
+           "puts the MB sent by then (bytes_up + bytes_down: compressed updates count as encoded).", ""]
     for name in report.figures:
-        if name.startswith(("convergence_", "collapse_")):
+        if name.startswith(("convergence_", "collapse_", "communication_")):
             md.append(_fig(report, name))
     if "client_acc" in report.tables:
         last = report.tables["client_acc"].sort_values("round").groupby(["group", "n"]).tail(1)

@@ -151,8 +151,8 @@ def with_residuals(delta: torch.Tensor, residuals: list) -> torch.Tensor:
     """delta [m, dim] float64 plus each entry's kept residual (None: a client's first round, nothing kept)."""
     if all(r is None for r in residuals):
         return delta
-    kept = torch.stack([torch.zeros(delta.shape[1], dtype=delta.dtype) if r is None else r for r in residuals])
-    return delta + kept.to(delta.device)
+    zero = torch.zeros(delta.shape[1], dtype=delta.dtype, device=delta.device)
+    return delta + torch.stack([zero if r is None else r.to(delta.device) for r in residuals])
 
 
 @dataclass(frozen=True)

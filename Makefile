@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages reproduce robustness mutants list clean
+.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages bench-compression reproduce robustness compression mutants list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -37,6 +37,9 @@ bench-cluster: $(STAMP)  ## a round on a 5-node Ray cluster on 127.0.0.1: ResNet
 bench-stages: $(STAMP)  ## a W1 round with no update stage against another checkout (BASELINE=its python; docs/performance.md)
 	$(BIN)/python benchmarks/bench_stages.py --baseline $(BASELINE) $(ARGS)
 
+bench-compression: $(STAMP)  ## the 2NN on digits, top-k 1% with error feedback against none: ms/round and bytes_up, paired (docs/performance.md)
+	$(BIN)/python benchmarks/bench_compression.py $(ARGS)
+
 bench-writer: $(STAMP)  ## a 20-run sweep over 2 Ray nodes: the driver as the writer vs direct writes (docs/performance.md)
 	$(BIN)/python benchmarks/bench_results_writer.py $(WRITER_ARGS)
 
@@ -62,6 +65,10 @@ reproduce: $(STAMP)  ## every paper claim at smoke scale over 5 data draws: docs
 robustness: $(STAMP)  ## every aggregation rule against every attack on digits (260 runs): docs/robustness/ table and figure
 	$(BIN)/fedharness sweep sweep=robustness $(ARGS)
 	$(BIN)/python -m fedharness.studies.robustness results/sweeps/robustness --out docs/robustness
+
+compression: $(STAMP)  ## every compressor at two ratios or levels, with and without error feedback, on W1 and the 2NN on digits (30 runs of 5 seeds): docs/compression/ table and figure
+	$(BIN)/fedharness sweep sweep=compression $(ARGS)
+	$(BIN)/python -m fedharness.studies.compression results/sweeps/compression --out docs/compression
 
 mutants: $(STAMP)  ## cosmic-ray over privacy, accounting, samplers, attacks, exact sums, robust rules, tuning samplers: 2-11 min a module on this shared 2-core machine, about 31 min for all seven (summed per module, load 4-9) (MODULE=privacy: one; docs/mutation.md)
 	nice -n 10 $(BIN)/python mutation/mutants.py $(MODULE)

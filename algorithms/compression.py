@@ -148,11 +148,16 @@ class CompressUpdates(ClientWork):
 
 
 def with_residuals(delta: torch.Tensor, residuals: list) -> torch.Tensor:
-    """delta [m, dim] float64 plus each entry's kept residual (None: a client's first round, nothing kept)."""
+    """delta [m, dim] float64 plus each entry's kept residual (None: a client's first round, nothing kept), added
+    row by row into one copy: a stacked [m, dim] temporary cost more than the additions (the allocator returns
+    and pages in its megabytes every round)."""
     if all(r is None for r in residuals):
         return delta
-    zero = torch.zeros(delta.shape[1], dtype=delta.dtype, device=delta.device)
-    return delta + torch.stack([zero if r is None else r.to(delta.device) for r in residuals])
+    v = delta.clone()
+    for row, r in zip(v, residuals):
+        if r is not None:
+            row.add_(r.to(delta.device))
+    return v
 
 
 @dataclass(frozen=True)

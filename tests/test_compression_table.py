@@ -1,0 +1,100 @@
+"""The compression table (harness/studies/compression.py, docs/compression.md) on a tiny sweep: its numbers against
+the Parquet rows read independently (first round meeting the target, MB by then, final accuracy, bytes a client
+sends a round), censored seeds counted and left out of the means, and the files it writes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow.dataset as ds
+
+from fedharness.studies import compression
+from fedharness.studies.reports.data import load_results
+from fedharness.studies.sweep import run_sweep, spec_from_dict
+
+K, ROUNDS, REPLICAS, DIM = 5, 6, 2, 65 * 10  # digits with logistic regression: 64 features + bias, 10 classes
+TARGET = 0.8
+
+
+def sweep(tmp_path) -> str:
+    res = str(tmp_path / "res")
+    data = {"results_dir": res, "runner": "local",
+            "base": {"dataset": "digits", "dataset.num_clients": 10, "dataset.data_seed": 0, "heterogeneity": False,
+                     "reference": "off", "threads": 1, "algorithm.sampler": "scheme_ii",
+                     "algorithm.clients_per_round": K, "algorithm.local_steps": 5, "rounds": ROUNDS,
+                     "eval_every": 1, "replicas": REPLICAS, "eval.grad_norm": False},
+            "grid": [{"compress": ["none"]},
+                     {"compress": ["topk"], "compress.ratio": [0.1], "compress.error_feedback": [True]}]}
+    result = run_sweep(spec_from_dict(data, "tiny"), echo=lambda line: None)
+    assert result.counts() == {"ok": 2}
+    return res
+
+
+def independent(res: str) -> pd.DataFrame:
+    """Per (compressor, replica), from the Parquet files alone."""
+    runs = ds.dataset(f"{res}/runs", format="parquet", partitioning="hive").to_table().to_pandas()
+    rounds = ds.dataset(f"{res}/rounds", format="parquet", partitioning="hive").to_table().to_pandas()
+    rounds = rounds[rounds["series"] == "iterate"].sort_values("round")
+    out = []
+    for run in runs.itertuples():
+        name = (json.loads(run.config_json).get("compress") or {}).get("name", "none")
+        for rep, r in rounds[rounds["run_id"] == run.run_id].groupby("replica"):
+            hit = r[r["test_acc"] >= TARGET]
+            first = hit.iloc[0] if len(hit) else None
+            last = r.iloc[-1]
+            out.append({"compressor": name, "replica": rep, "reached": first is not None,
+                        "round": first["round"] if first is not None else np.nan,
+                        "mb": (first["bytes_up"] + first["bytes_down"]) / 1e6 if first is not None else np.nan,
+                        "acc": last["test_acc"], "last_round": last["round"],
+                        "up": last["bytes_up"] / (last["round"] * K)})  # scheme_ii: K distinct clients a round
+    return pd.DataFrame(out)
+
+
+def test_the_table_matches_the_parquet_rows(tmp_path):
+    res = sweep(tmp_path)
+    mine = independent(res)
+    assert len(mine) == 2 * REPLICAS and (mine["last_round"] == ROUNDS).all()
+    seeds = compression.seed_rows(load_results(res), {"digits": f"test_acc>={TARGET}"})
+    table = compression.summary(seeds)
+    assert list(table["compressor"]) == ["none", "topk"] and list(table["ef"]) == [False, True]
+    for row in table.itertuples():
+        m = mine[mine["compressor"] == row.compressor]
+        hit = m[m["reached"]]
+        assert row.seeds == REPLICAS and row.reached == len(hit) and row.last_round == ROUNDS
+        if len(hit):
+            assert row.rounds_mean == hit["round"].mean()
+            assert row.mb_mean == hit["mb"].mean()
+            if len(hit) > 1:
+                assert np.isclose(row.rounds_std, hit["round"].std()) and np.isclose(row.mb_std, hit["mb"].std())
+        else:
+            assert np.isnan(row.rounds_mean) and np.isnan(row.mb_mean)
+        assert np.isclose(row.acc_mean, 100 * m["acc"].mean()) and np.isclose(row.acc_std, 100 * m["acc"].std())
+        assert (m["up"] == row.up_bytes).all()  # the same bytes in every seed and round
+    up = dict(zip(table["compressor"], table["up_bytes"]))
+    assert up == {"none": DIM * 4, "topk": 65 * (4 + 4)}  # dense float32; k = 0.1 d int32 indices and values
+    assert table["reached"].sum() > 0  # the target is met somewhere: the comparison above is not vacuous
+
+    out = tmp_path / "docs"
+    assert compression.main([res, "--out", str(out), "--target", f"digits=test_acc>={TARGET}"]) == 0
+    text = (out / "table.md").read_text()
+    assert (out / "accuracy_vs_mb.png").stat().st_size > 0
+    assert f"target test_acc>={TARGET:g}, {REPLICAS} seeds, {ROUNDS} rounds" in text
+    for row in table.itertuples():
+        cell = (f"{row.rounds_mean:.1f}" if row.reached else f"not reached (> {ROUNDS})")
+        assert cell in text and f"{row.reached}/{REPLICAS}" in text and f"{row.acc_mean:.1f}" in text
+
+
+def test_censored_seeds_are_counted_and_shown(tmp_path):
+    seeds = pd.DataFrame({"problem": "digits", "target": "test_acc>=0.9", "compressor": "sign", "param": np.nan,
+                          "ef": False, "run_id": "r", "status": "ok", "replica": [0, 1, 2],
+                          "reached": [True, False, False],
+                          "round": [4.0, np.nan, np.nan], "mb": [1.5, np.nan, np.nan], "last_round": 10,
+                          "test_acc": [0.9, 0.5, 0.6], "up_per_client": 90.0, "dense_bytes": 2600})
+    row = compression.summary(seeds).iloc[0]
+    assert (row["seeds"], row["reached"], row["rounds_mean"], row["mb_mean"]) == (3, 1, 4.0, 1.5)
+    text = compression.markdown(compression.summary(seeds))
+    assert "| sign | – | no | 1/3 | 4.0 | 1.50 | 90 (3.46%) | 66.7 ± 20.8 |" in text
+    none = compression.markdown(compression.summary(seeds.assign(reached=False, round=np.nan, mb=np.nan)))
+    assert "| 0/3 | not reached (> 10) | not reached (> 10) |" in none

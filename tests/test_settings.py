@@ -116,7 +116,7 @@ def test_settings_travel_as_their_config(settings):
 def test_the_schema_top_keys_and_sections_are_the_dataclass_fields():
     assert schema.TOP == keys_of(RunSettings)
     assert schema.SECTIONS == {name: keys_of(cls) for name, cls in sections_of(RunSettings).items()}
-    groups = {"dataset", "partition", "model", "algorithm", "attack"}  # attack: an optional group (null by default)
+    groups = {"dataset", "partition", "model", "algorithm", "attack", "compress"}  # attack, compress: optional groups
     assert {f.name for f in dataclasses.fields(RunSettings)} == set(schema.TOP) | set(schema.SECTIONS) | groups | \
         {"trial", "config"}
     for name, cls in sections_of(RunSettings).items():

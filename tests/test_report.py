@@ -101,7 +101,8 @@ def test_report_from_a_sweep_in_a_subprocess_matches_the_parquet_rows(tmp_path):
     assert f"{censored} of 36 replicas censored" in rep.stdout
     for png in (results / "report" / "figures").glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
-    assert len(list((results / "report" / "figures").glob("*.png"))) == 4
+    assert sorted(p.stem for p in (results / "report" / "figures").glob("*.png")) == [
+        "collapse_subopt", "communication_subopt", "convergence_subopt", "cost_subopt_le_0.1", "speedup_subopt_le_0.1"]
     assert "![speedup_subopt_le_0.1](figures/speedup_subopt_le_0.1.png)" in md
 
 

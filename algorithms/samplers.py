@@ -17,13 +17,19 @@ the new model w = sum_k q_k w_k becomes weights on the deltas:
   yang_s1       K uniform draws with replacement, q_k = 1/K
   yang_s2       K uniform without replacement, q_k = 1/K
   poisson       each client with probability K/N, q_k = 1/K (fixed denominator; a sample of random size)
+
+With the systems clock (harness/core/clock.py) a sampler may take `online`, who is online at the round's start,
+and prefer them: the built-in partial samplers draw as before and take the online clients first, in the order
+drawn (uniformly among the online ones); when fewer than K are online among MAX_DRAWS_PER_CLIENT K draws, the rest
+of the sample is offline clients, who drop out. Poisson takes only online clients; full participation takes every
+client, the offline ones dropping out.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from fedharness.contracts import Sampler, Selection
+from fedharness.contracts import Online, Sampler, Selection
 from fedharness.registry.groups import part, part_names
 from fedharness.base import streams
 from fedharness.keys import Key, choice, integer, number
@@ -40,22 +46,51 @@ KEYS: dict[str, Key] = {
 # historical draw, kept so small runs keep their trajectories); above it, the first K distinct of a stream of
 # uniform draws (O(K) a round: a uniformly random K-subset in random order either way).
 SHUFFLE_MAX_CLIENTS = 1 << 16
+# A sampler that prefers online clients draws at most this many times K before it settles for those it found.
+MAX_DRAWS_PER_CLIENT = 64
 
 
 def _uniforms(seed: int, replicas: np.ndarray, rnd: int, count: int) -> np.ndarray:
     return streams.uniform(streams.stream_key(seed, streams.SAMPLE, replicas, rnd, 0), count)
 
 
-def _distinct_uniform(seed: int, replica: int, rnd: int, K: int, N: int) -> np.ndarray:
+def _distinct_uniform(seed: int, replica: int, rnd: int, K: int, N: int, online: Online | None = None) -> np.ndarray:
     """The first K distinct clients of a stream of uniform draws from 0..N-1 (counter-based, so drawing more
-    only extends the same sequence; 2K draws nearly always suffice when K << N)."""
+    only extends the same sequence; 2K draws nearly always suffice when K << N). `online` (one row): the first K
+    distinct online ones, then offline ones if too few are online."""
     key = streams.stream_key(seed, streams.SAMPLE, replica, rnd, 1)
     count = 2 * K
     while True:
         draws = streams.integers(key, count, N)
         _, first = np.unique(draws, return_index=True)
-        if len(first) >= K:
+        if len(first) >= K and online is None:
             return draws[np.sort(first)[:K]]
+        if len(first) >= K or len(first) == N:
+            distinct = draws[np.sort(first)]
+            found = online.mask(distinct[None, :])[0]
+            if found.sum() >= K or count >= MAX_DRAWS_PER_CLIENT * K or len(first) == N:
+                return np.concatenate([distinct[found], distinct[~found]])[:K]
+        count *= 2
+
+
+def _online_first(candidates: np.ndarray, online: Online | None, K: int) -> np.ndarray:
+    """[R, K]: each row's first K candidates, the online ones first (each group in the candidates' order)."""
+    if online is None:
+        return candidates[:, :K]
+    order = np.argsort(~online.mask(candidates), axis=1, kind="stable")[:, :K]
+    return np.take_along_axis(candidates, order, axis=1)
+
+
+def _online_draws(draw, online: Online | None, K: int) -> np.ndarray:
+    """[R, K] draws with replacement, `draw(count)` [R, count] extending one stream: the first K online ones of
+    each row (drawing up to MAX_DRAWS_PER_CLIENT K), then offline ones."""
+    if online is None:
+        return draw(K)
+    count = 2 * K
+    while True:
+        drawn = draw(count)
+        if (online.mask(drawn).sum(axis=1) >= K).all() or count >= MAX_DRAWS_PER_CLIENT * K:
+            return _online_first(drawn, online, K)
         count *= 2
 
 
@@ -78,18 +113,22 @@ class _PartialSampler(Sampler):
     def __init__(self, num_clients: int, clients_per_round: int):
         self.num_clients, self.K = num_clients, clients_per_round
 
-    def _without_replacement(self, seed: int, replicas: np.ndarray, rnd: int) -> np.ndarray:
+    def _without_replacement(self, seed: int, replicas: np.ndarray, rnd: int, online: Online | None) -> np.ndarray:
         if self.num_clients > SHUFFLE_MAX_CLIENTS:
-            return np.stack([_distinct_uniform(seed, r, rnd, self.K, self.num_clients) for r in replicas])
+            return np.stack([_distinct_uniform(seed, r, rnd, self.K, self.num_clients,
+                                               None if online is None else online.rows([i]))
+                             for i, r in enumerate(replicas)])
         u = _uniforms(seed, replicas, rnd, self.num_clients)
-        return np.argsort(u, axis=1, kind="stable")[:, : self.K]
+        return _online_first(np.argsort(u, axis=1, kind="stable"), online, self.K)
 
-    def _with_replacement(self, seed: int, replicas: np.ndarray, rnd: int, probs) -> np.ndarray:
-        return draw_by_weight(probs, _uniforms(seed, replicas, rnd, self.K))
+    def _with_replacement(self, seed: int, replicas: np.ndarray, rnd: int, probs, online: Online | None) -> np.ndarray:
+        return _online_draws(lambda count: draw_by_weight(probs, _uniforms(seed, replicas, rnd, count)), online, self.K)
 
-    def _uniform_with_replacement(self, seed: int, replicas: np.ndarray, rnd: int) -> np.ndarray:
-        u = _uniforms(seed, replicas, rnd, self.K)
-        return np.minimum(np.floor(u * self.num_clients).astype(np.int64), self.num_clients - 1)
+    def _uniform_with_replacement(self, seed: int, replicas: np.ndarray, rnd: int, online: Online | None) -> np.ndarray:
+        def draw(count: int) -> np.ndarray:
+            u = _uniforms(seed, replicas, rnd, count)
+            return np.minimum(np.floor(u * self.num_clients).astype(np.int64), self.num_clients - 1)
+        return _online_draws(draw, online, self.K)
 
     def _equal(self, clients: np.ndarray) -> np.ndarray:
         return np.full(clients.shape, 1.0 / self.K)
@@ -101,8 +140,9 @@ class SchemeI(_PartialSampler):
 
     with_replacement = True
 
-    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
-        clients = self._with_replacement(seed, replicas, rnd, p)
+    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray,
+               online: Online | None = None) -> Selection:
+        clients = self._with_replacement(seed, replicas, rnd, p, online)
         return Selection(clients, self._equal(clients), np.ones(clients.shape))
 
 
@@ -110,8 +150,9 @@ class SchemeI(_PartialSampler):
 class SchemeII(_PartialSampler):
     """Li et al. scheme II: K uniform without replacement, q_k = p_k N / K, NOT renormalised."""
 
-    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
-        clients = self._without_replacement(seed, replicas, rnd)
+    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray,
+               online: Online | None = None) -> Selection:
+        clients = self._without_replacement(seed, replicas, rnd, online)
         return Selection(clients, p[clients] * self.num_clients / self.K, np.ones(clients.shape))
 
 
@@ -123,8 +164,9 @@ class TransformedSchemeII(_PartialSampler):
     balanced data (p_k = 1/N) it is scheme II exactly.
     """
 
-    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
-        clients = self._without_replacement(seed, replicas, rnd)
+    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray,
+               online: Online | None = None) -> Selection:
+        clients = self._without_replacement(seed, replicas, rnd, online)
         return Selection(clients, self._equal(clients), p[clients] * self.num_clients)
 
 
@@ -136,8 +178,9 @@ class OriginalScheme(_PartialSampler):
     Its expectation is (K/N) sum_k p_k Delta_k: biased towards the old model unless K = N.
     """
 
-    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
-        clients = self._without_replacement(seed, replicas, rnd)
+    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray,
+               online: Online | None = None) -> Selection:
+        clients = self._without_replacement(seed, replicas, rnd, online)
         return Selection(clients, p[clients].astype(np.float64), np.ones(clients.shape))
 
 
@@ -147,8 +190,9 @@ class YangStrategy1(_PartialSampler):
 
     with_replacement = True
 
-    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
-        clients = self._uniform_with_replacement(seed, replicas, rnd)
+    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray,
+               online: Online | None = None) -> Selection:
+        clients = self._uniform_with_replacement(seed, replicas, rnd, online)
         return Selection(clients, self._equal(clients), np.ones(clients.shape))
 
 
@@ -156,8 +200,9 @@ class YangStrategy1(_PartialSampler):
 class YangStrategy2(_PartialSampler):
     """Yang et al. strategy 2: K uniform without replacement, weights 1/K."""
 
-    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
-        clients = self._without_replacement(seed, replicas, rnd)
+    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray,
+               online: Online | None = None) -> Selection:
+        clients = self._without_replacement(seed, replicas, rnd, online)
         return Selection(clients, self._equal(clients), np.ones(clients.shape))
 
 
@@ -173,8 +218,11 @@ class PoissonSampling(_PartialSampler):
         """q = K/N (contracts.IndependentInclusion: the sampling DP's accountant charges)."""
         return self.K / self.num_clients
 
-    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
+    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray,
+               online: Online | None = None) -> Selection:
         taken = _uniforms(seed, replicas, rnd, self.num_clients) < self.inclusion_rate()
+        if online is not None:  # only online clients can be taken (an inclusion rate of at most q: DP still holds)
+            taken &= online.mask(np.broadcast_to(np.arange(self.num_clients), taken.shape))
         counts = taken.sum(axis=1)
         width = max(1, int(counts.max()))
         clients = np.zeros((len(replicas), width), dtype=np.int64)
@@ -213,8 +261,9 @@ class Dropout(Sampler):
         key = streams.stream_key(seed, streams.DROPOUT, np.asarray(replicas)[:, None], rnd, clients)
         return streams.uniform(key, 1)[..., 0] >= self.rate
 
-    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
-        sel = self.sampler.select(seed, replicas, rnd, p)
+    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray,
+               online: Online | None = None) -> Selection:
+        sel = self.sampler.select(seed, replicas, rnd, p, **({} if online is None else {"online": online}))
         if self.rate == 0.0:
             return sel
         return apply_dropout(sel, self.returned(seed, replicas, rnd, sel.clients))

@@ -386,9 +386,56 @@ class Reference(Protocol):
 # --- the parts --------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Links:
+    """A systems profile's per (row, client) [R, K] values (algorithms/systems.py): seconds per local step,
+    downlink and uplink in MB/s (10^6 bytes a second)."""
+
+    step_s: np.ndarray
+    down_MB_per_s: np.ndarray
+    up_MB_per_s: np.ndarray
+    same_links: bool = True  # up == down everywhere: a transfer is (down + up bytes) / bandwidth, as one link
+
+
+class Speeds(Protocol):
+    """Each client's step time and links (systems.speed): a pure function of (seed, replica, client)."""
+
+    def links(self, seeds: np.ndarray, replicas: np.ndarray, clients: np.ndarray) -> Links:
+        """Seeds and replicas [R], clients [R, K]."""
+        ...
+
+
+class Availability(Protocol):
+    """When each client is online (systems.availability): a pure function of (seed, replica, client, time)."""
+
+    def online(self, seeds: np.ndarray, replicas: np.ndarray, t: np.ndarray, clients: np.ndarray) -> np.ndarray:
+        """[R, K] bool: whether each row's clients are online at that row's time t [R] (seconds)."""
+        ...
+
+
+@dataclass(frozen=True)
+class Online:
+    """Who is online at each row's round start t [R] (harness/core/clock.py): what a sampler that prefers online
+    clients asks, by `mask`."""
+
+    availability: Availability
+    seeds: np.ndarray
+    replicas: np.ndarray
+    t: np.ndarray
+
+    def mask(self, clients: np.ndarray) -> np.ndarray:
+        """[R, M] bool for clients [R, M]."""
+        return self.availability.online(self.seeds, self.replicas, self.t, clients)
+
+    def rows(self, index) -> "Online":
+        return Online(self.availability, self.seeds[index], self.replicas[index], self.t[index])
+
+
 @runtime_checkable
 class Sampler(Protocol):
-    """Who takes part in a round and with which aggregation weight q_k (algorithms/samplers.py)."""
+    """Who takes part in a round and with which aggregation weight q_k (algorithms/samplers.py). A sampler whose
+    `select` also takes `online` (an Online, on a run with the systems clock) can prefer the online clients; any
+    other's offline picks drop out."""
 
     with_replacement: bool = False  # a client may be drawn twice in a round (each draw counts)
 
@@ -726,7 +773,7 @@ class RunOutcome:
 # --- a user's metrics and callbacks -------------------------------------------------------------------------
 
 ROUND_COLUMNS = ("run_id", "replica", "series", "round", "local_steps", "grad_evals", "bytes_up", "bytes_down",
-                 "wall_s", "sim_s", "train_loss", "train_loss_se", "subopt", "dist_to_opt", "grad_norm_sq",
+                 "wall_s", "sim_s", "participants", "train_loss", "train_loss_se", "subopt", "dist_to_opt", "grad_norm_sq",
                  "test_loss", "test_acc", "lr", "server_lr", "tau_eff", "chi2",
                  "slowdown", "epsilon", "dp_clip_norm", *CLIENT_COLUMNS)  # the rounds/ table's own (sinks/parquet.py)
 

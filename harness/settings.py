@@ -96,6 +96,50 @@ class NetworkSettings:
     bandwidth_MB_per_s: float = key(number("each client's up- and downlink in MB/s (simulated sim_s)", lo=0,
                                            lo_open=True))
     compute_s_per_step: float = key(number("simulated seconds per local step", lo=0))
+    upload_MB_per_s: float | None = key(number("each client's uplink in MB/s", lo=0, lo_open=True,
+                                               null="network.bandwidth_MB_per_s, one link both ways"))
+
+
+@dataclass(frozen=True, slots=True)
+class SystemsSettings:
+    """Clients that are slow and absent (harness/core/clock.py, docs/systems.md): each client's speed and
+    availability on the simulated clock (sim_s), round deadlines and over-selection. Every speed and bandwidth is
+    relative to the `network` section's (their median, for lognormal)."""
+
+    speed: str = key(choice("each client's step time and bandwidth: equal (the network section's) | lognormal "
+                            "(median the network's, log-spread speed_sigma and bandwidth_sigma) | slow_tail "
+                            "(a share slow_fraction of clients slow_factor times slower steps) | trace (a FedScale "
+                            "device trace, systems.device_trace)", ("equal", "lognormal", "slow_tail", "trace")))
+    speed_sigma: float = key(number("lognormal: sigma of a client's log step time", lo=0))
+    bandwidth_sigma: float = key(number("lognormal: sigma of a client's log bandwidth", lo=0))
+    slow_fraction: float = key(number("slow_tail: the share of clients that are slow", lo=0, hi=1))
+    slow_factor: float = key(number("slow_tail: how many times longer a slow client's step takes", lo=1))
+    device_trace: str | None = key(text("speed=trace: FedScale's client_device_capacity (a pickle, read without "
+                                        "running code, or its JSON form)", null="none"))
+    availability: str = key(choice("when each client is online: always | duty_cycle (online a share duty_cycle "
+                                   "of every period_s, from its own phase) | trace (a FedScale availability "
+                                   "trace, systems.availability_trace)", ("always", "duty_cycle", "trace")))
+    duty_cycle: float = key(number("duty_cycle: the share of each period a client is online", lo=0, hi=1,
+                                   lo_open=True))
+    period_s: float = key(number("duty_cycle: the period of a client's on/off cycle (s)", lo=0, lo_open=True))
+    availability_trace: str | None = key(text("availability=trace: FedScale's client_behave_trace (a pickle, read "
+                                              "without running code, or its JSON form)", null="none"))
+    trace_batch_size: int | None = key(integer("speed=trace: samples per local step, for the trace's ms per sample",
+                                               lo=1, null="algorithm.batch_size"))
+    deadline_s: float | None = key(number("a round's deadline (s): a client not done by then is dropped (or, with "
+                                          "late_work=partial, sends the steps it finished)", lo=0, lo_open=True,
+                                          null="no deadline: the round waits for every kept client"))
+    over_selection: float = key(number("sample ceil(over_selection K) clients, keep the first K to finish", lo=1))
+    late_work: str = key(choice("a client the deadline cuts off: drop (its update is lost) | partial (it sends the "
+                                "local steps it finished in time, as FedNova's tau_i)", ("drop", "partial")))
+    retry_s: float = key(number("how long a round lasts in which no client takes part and no deadline is set (s)",
+                                lo=0, lo_open=True))
+
+    @property
+    def on(self) -> bool:
+        """Whether any client differs from today's uniform, always-online, deadline-free world."""
+        return (self.speed != "equal" or self.availability != "always" or self.deadline_s is not None
+                or self.over_selection != 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +319,7 @@ class RunSettings:
     tune: Any = key(anything("a tuning study's settings (tune=NAME; checked by fedharness tune)"))
     ray: RaySettings = section(RaySettings)
     network: NetworkSettings = section(NetworkSettings)
+    systems: SystemsSettings = section(SystemsSettings)
     wandb: WandbSettings = section(WandbSettings)
     dp: DPSettings = section(DPSettings)
     eval: EvalSettings = section(EvalSettings)

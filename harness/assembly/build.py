@@ -6,6 +6,7 @@ from fedharness.algorithms.byzantine import Adversary
 from fedharness.algorithms.compression import Compression, residual_bytes
 from fedharness.algorithms.registry import build_algorithm
 from fedharness.assembly.privacy import privacy_for
+from fedharness.assembly.systems import sampled_per_round
 from fedharness.config.schema import check_data_clients, stage_name
 from fedharness.contracts import Attack, Compressor, IndependentInclusion, Labelled, UpdateAggregator, UpdateStage
 from fedharness.core.buffers import buffer_dim
@@ -20,7 +21,11 @@ from fedharness.settings import RunSettings
 
 
 def algorithm_for(settings: RunSettings, problem):
-    return build_algorithm({**settings.algorithm.as_dict(), "rounds": settings.rounds}, problem)  # schedules: rounds
+    """The algorithm's parts; its sampler draws ceil(over_selection K) clients where systems over-select."""
+    keys = {**settings.algorithm.as_dict(), "rounds": settings.rounds}  # schedules: rounds
+    if settings.systems.over_selection != 1 and keys.get("clients_per_round") is not None:
+        keys["clients_per_round"] = sampled_per_round(settings)
+    return build_algorithm(keys, problem)
 
 
 def build_parts(settings: RunSettings):

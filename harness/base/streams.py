@@ -29,6 +29,9 @@ BYZANTINE, ATTACK_NOISE, BUCKETS = 12, 13, 14
 DP_NOISE = 20
 # Compressed updates (algorithms/compression.py): random-k's coordinates, QSGD's stochastic rounding.
 COMPRESS = 21
+# Clients' systems profiles (algorithms/systems.py): a client's speed and bandwidth, its availability phase, the
+# trace entry it maps to.
+SYSTEMS = 22
 
 
 def _u64(x) -> np.ndarray:

@@ -18,9 +18,10 @@ import torch
 
 from fedharness.contracts import (Algorithm, Callback, ClientScores, Coefficients, LocalSolver, Metric, Problem,
                                   ReplicaLayout, RoundContext, RoundPlan, RunOutcome, RunState, SeriesHook,
-                                  UpdateAggregator)
+                                  Selection, UpdateAggregator)
 from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, average_into, buffer_dim, local_buffers
-from fedharness.core.slots import SlotSet, slot_algorithm
+from fedharness.core.clock import SystemsClock, rescaled
+from fedharness.core.slots import SlotSet, slot_algorithm, takes_online
 from fedharness.core.stages import Stages
 from fedharness.core.updates import aggregate_updates
 
@@ -73,17 +74,19 @@ class Engine:
                  hooks: Sequence[Callback] = (), **options):
         """A solo run: one slot with `algorithm`'s own parts, its replica `layout` (Richardson-Romberg couples
         replicas) and `series` (extra recorded iterates: Polyak averages, RR extrapolation). `options`:
-        reference, network, metrics, end_status, stages, client_eval, grad_norm."""
+        reference, network, clock, metrics, end_status, stages, client_eval, grad_norm."""
         layout = layout or ReplicaLayout.seeds(replicas)
         slots = SlotSet.solo(algorithm, seed, len(layout), rounds, eval_every)
         self._start(problem, slots, algorithm, executor, layout, series or [], [list(hooks)], **options)
 
     def _start(self, problem: Problem, slots: SlotSet, algorithm: Algorithm, executor, layout: ReplicaLayout,
                series: list[SeriesHook], hooks: list[list[Callback]], *, trainer: LocalSolver | None = None,
-               reference=None, network: NetworkModel | None = None, metrics: Sequence[Metric] = (),
-               end_status: Callable[[BaseException], str] = _failed, stages: Stages | None = None,
-               client_eval: np.ndarray | None = None, grad_norm: bool = True) -> None:
-        """`stages` (the `stages` key): what happens to the updates between training and the server optimizer
+               reference=None, network: NetworkModel | None = None, clock: SystemsClock | None = None,
+               metrics: Sequence[Metric] = (), end_status: Callable[[BaseException], str] = _failed,
+               stages: Stages | None = None, client_eval: np.ndarray | None = None, grad_norm: bool = True) -> None:
+        """`clock` (the systems section, core/clock.py): clients' own speeds and availability, deadlines and
+        over-selection on each replica's sim_s; None: every client the `network`'s, always online, no deadline.
+        `stages` (the `stages` key): what happens to the updates between training and the server optimizer
         (core/stages.py). `client_eval` (eval.per_client): the clients each evaluation scores on their own
         held-out data (the problem is a contracts.ClientEvaluation); None: none. `grad_norm` (eval.grad_norm):
         whether evaluations compute grad_norm_sq (else null)."""
@@ -95,6 +98,9 @@ class Engine:
         self.layout, self.stream_replicas, self.series = layout, layout.stream_ids, series
         self.rounds, self.seed = int(slots.rounds.max()), int(slots.seeds[0])
         self.network = network or NetworkModel()
+        self.clock = clock
+        self._sampler_online = clock is not None and takes_online(algorithm.sampler)
+        self._sim_seconds: np.ndarray | None = None  # the planned round's length [R] on the systems clock
         self.metrics, self.end_status = tuple(metrics), end_status  # metrics: a user's extra columns
         self.hooks = dict(zip(slots.ids, hooks))
         self.round_hooks = {i: [h for h in hs if _acts_at_round_end(h)] for i, hs in self.hooks.items()}
@@ -115,17 +121,28 @@ class Engine:
         return self._state_at_start(x)
 
     def _state_at_start(self, x: torch.Tensor) -> RunState:
-        zeros = {k: np.zeros(len(x), dtype=np.int64) for k in ("local_steps", "grad_evals", "bytes_up", "bytes_down")}
+        zeros = {k: np.zeros(len(x), dtype=np.int64)
+                 for k in ("local_steps", "grad_evals", "bytes_up", "bytes_down", "participants")}
         zeros["sim_s"] = np.zeros(len(x))  # simulated seconds (NetworkModel), float
         zeros.update(self.stages.init_counters(len(x)))  # the stages' per-replica state (DP's clip norm)
         ctx = self.alg.solver.init_server_ctx(x)
         return RunState(0, x, self.alg.server.init_state(x), zeros, ctx, [h.init_state(x) for h in self.series])
 
-    def plan_round(self, rnd: int) -> tuple[RoundPlan, Coefficients]:
+    def row_seeds(self) -> np.ndarray:
+        """[R] each replica's seed (a run alone: its seed on every replica)."""
+        return np.full(len(self.layout), self.seed)
+
+    def plan_round(self, rnd: int, clock: np.ndarray | None = None) -> tuple[RoundPlan, Coefficients]:
+        """Round `rnd`'s plan; `clock` [R]: each replica's sim_s at its start (the systems clock; None: 0)."""
         alg, p = self.alg, self.problem
-        sel = alg.sampler.select(self.seed, self.stream_replicas, rnd, p.weights)
+        online = {}
+        if self._sampler_online:  # the sampler prefers the clients online at the round's start
+            online["online"] = self.clock.online(self.row_seeds(), self.stream_replicas, self._start_times(clock))
+        sel = alg.sampler.select(self.seed, self.stream_replicas, rnd, p.weights, **online)
         tau = alg.local_work.steps(self.seed, self.stream_replicas, rnd, sel.clients, p.sizes, alg.batch_size)
         tau = tau * self.layout.tau_factor[:, None]
+        if self.clock is not None:
+            sel, tau = self._settle(sel, tau, self._start_times(clock))
         lrs = alg.solver.step_lrs(alg.schedule.step_lrs(rnd, int(tau.max())))
         lr_scale = sel.lr_scale * self.layout.lr_factor[:, None]
         coefs = alg.aggregator.coefficients(sel.weights, alg.solver.weight_stats(tau, lrs, lr_scale), tau)
@@ -135,25 +152,40 @@ class Engine:
                          send_updates=self.send_updates)  # else shards reduce in place
         return plan, coefs
 
+    def _start_times(self, clock: np.ndarray | None) -> np.ndarray:
+        return np.zeros(len(self.layout)) if clock is None else np.asarray(clock, dtype=np.float64)
+
+    def _settle(self, sel: Selection, tau: np.ndarray, t: np.ndarray) -> tuple[Selection, np.ndarray]:
+        """The selection and local steps after the systems clock's round (who is online, in time, first to
+        finish); the round's length goes to _sim_seconds."""
+        trains = sel.weights != 0
+        if sel.active is not None:
+            trains &= sel.active[:, None]
+        settled = self.clock.settle(self.row_seeds(), self.stream_replicas, t, sel.clients, trains, tau,
+                                    *self._client_bytes)
+        self._sim_seconds = settled.seconds
+        active = settled.returned.any(axis=1)
+        return Selection(sel.clients, rescaled(sel.weights, settled.returned), sel.lr_scale, active), settled.tau
+
     def client_bytes(self) -> tuple[int, int]:
-        """(bytes down, bytes up) of one sampled client a round: the model (and a solver's control variates,
-        comm_factor) down; the update as its stages encode it (a compressor's size) and the rest dense, up."""
-        dense = self.problem.dim * self.bytes_per_param
-        extra = dense * (self.alg.solver.comm_factor - 1)
-        return dense + extra, self.stages.upload_bytes(self.problem.dim, self.bytes_per_param) + extra
+        return client_bytes(self.problem, self.alg.solver, self.stages)
 
     def _count(self, state: RunState, plan: RoundPlan) -> None:
         c = state.counters
         distinct, work = trained_clients(plan.clients, plan.coef, plan.tau)
-        c["local_steps"] += np.where(distinct > 0, plan.tau.max(1), 0)
+        c["local_steps"] += np.where(distinct > 0, np.where(plan.coef != 0, plan.tau, 0).max(1), 0)
         c["grad_evals"] += work * self.alg.batch_size
         down, up = self._client_bytes
         c["bytes_down"] += distinct * down
         c["bytes_up"] += distinct * up
-        c["sim_s"] += self.network.round_seconds(down + up, plan.tau.max(1))
+        if self.clock is None:
+            c["sim_s"] += self.network.round_seconds(down + up, plan.tau.max(1))
+        else:
+            c["sim_s"] += self._sim_seconds
+        c["participants"] = distinct  # the clients that took part in the round just done (not cumulative)
 
     def step(self, state: RunState) -> RunState:
-        plan, coefs = self.plan_round(state.round)
+        plan, coefs = self.plan_round(state.round, state.counters["sim_s"])
         plan.server_ctx = state.server_ctx
         plan.stages = self.stages.client_work(plan, state.counters)
         result = self.executor.local_updates(state.x, plan)
@@ -367,8 +399,11 @@ class BatchedEngine(Engine):
         return self._state_at_start(torch.cat([self.problem.init_params(int(r), int(seed))
                                                for r, seed in zip(s.replicas, s.seeds)]))
 
-    def plan_round(self, rnd: int) -> tuple[RoundPlan, Coefficients]:
-        plan, coefs = super().plan_round(rnd)
+    def row_seeds(self) -> np.ndarray:
+        return self.slots.per_row(self.slots.seeds)
+
+    def plan_round(self, rnd: int, clock: np.ndarray | None = None) -> tuple[RoundPlan, Coefficients]:
+        plan, coefs = super().plan_round(rnd, clock)
         plan.seed = self.slots.per_row(self.slots.seeds)  # each replica's own streams
         return plan, coefs
 
@@ -439,6 +474,15 @@ class BatchedEngine(Engine):
             new_row = {int(old): new for new, old in enumerate(rows)}
             self.executor.set_state({(new_row[r], k): v for (r, k), v in client_state.items() if r in new_row})
 
+
+
+def client_bytes(problem: Problem, solver: LocalSolver, stages: Stages) -> tuple[int, int]:
+    """(bytes down, bytes up) of one sampled client a round: the model (and a solver's control variates,
+    comm_factor) down; the update as its stages encode it (a compressor's size) and the rest dense, up."""
+    bytes_per_param = torch.finfo(problem.dtype).bits // 8
+    dense = problem.dim * bytes_per_param
+    extra = dense * (solver.comm_factor - 1)
+    return dense + extra, stages.upload_bytes(problem.dim, bytes_per_param) + extra
 
 
 def trained_clients(clients: np.ndarray, coef: np.ndarray, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -14,12 +14,14 @@ rows are cut out of every per-replica array, and the others go on as before.
 
 from __future__ import annotations
 
+import inspect
+
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from fedharness.contracts import (Aggregator, Algorithm, Coefficients, LocalSolver, LocalWork, ReplicaLayout,
+from fedharness.contracts import (Aggregator, Online, Algorithm, Coefficients, LocalSolver, LocalWork, ReplicaLayout,
                                   Sampler, Schedule, Selection, ServerOptimizer, UpdateAggregator, WeightStats)
 
 
@@ -137,6 +139,15 @@ def _selection_rows(sel: Selection, rows: slice) -> Selection:
                      None if sel.active is None else sel.active[rows])
 
 
+def takes_online(sampler: Sampler) -> bool:
+    """Whether the sampler's select takes `online` (contracts.Sampler): it can prefer the online clients."""
+    return "online" in inspect.signature(sampler.select).parameters
+
+
+def _online(online: Online | None) -> dict:
+    return {} if online is None else {"online": online}
+
+
 class SlotSampler(Sampler):
     """Each slot's sampler on its rows; slots that draw alike (_sharing_groups) in one call, since a call costs
     about the same for one replica as for a hundred."""
@@ -145,15 +156,20 @@ class SlotSampler(Sampler):
         self.slots = slots
         self.with_replacement = slots.algorithms[0].sampler.with_replacement
         self.groups = _sharing_groups(slots)
+        self.takes_online = all(takes_online(a.sampler) for a in slots.algorithms)
 
-    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
+    def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray,
+               online: Online | None = None) -> Selection:
         s = self.slots
+        online = online if self.takes_online else None
         if len(self.groups) == 1:  # every slot draws alike (a study's trials): their rows are the one call's
-            return s.algorithms[0].sampler.select(int(s.seeds[0]), replicas, rnd, p)
+            return s.algorithms[0].sampler.select(int(s.seeds[0]), replicas, rnd, p, **_online(online))
         sels: list[Selection | None] = [None] * len(s.algorithms)
         for group in self.groups:
             first = s.algorithms[group[0]].sampler
-            drawn = first.select(int(s.seeds[group[0]]), np.concatenate([replicas[s.rows(i)] for i in group]), rnd, p)
+            rows = np.concatenate([np.arange(len(replicas))[s.rows(i)] for i in group])
+            drawn = first.select(int(s.seeds[group[0]]), replicas[rows], rnd, p,
+                                 **_online(None if online is None else online.rows(rows)))
             start = 0
             for i in group:
                 sels[i] = _selection_rows(drawn, slice(start, start + int(s.replicas[i])))

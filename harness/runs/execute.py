@@ -16,10 +16,11 @@ from fedharness.references.closed_forms import heterogeneity
 from fedharness.contracts import Callback
 from fedharness.registry.groups import METRICS
 from fedharness.core.checkpoint import checkpointed, load_resume
-from fedharness.core.engine import BatchedEngine, Engine, NetworkModel
+from fedharness.core.engine import BatchedEngine, Engine, NetworkModel, client_bytes
 from fedharness.core.executors import InlineExecutor, LoopExecutor
 from fedharness.core.kernels import resolve_kernel
 from fedharness.core.slots import SlotSet
+from fedharness.core.stages import Stages
 from fedharness.algorithms.series import build_series
 from fedharness.problems.client_eval import evaluated_clients
 from fedharness.base.extras import require_extra
@@ -28,6 +29,7 @@ from fedharness.runs.lifecycle import (EvalFunction, RunInterrupted, RunRecord, 
                                        interrupts_raised)
 from fedharness.assembly.build import algorithm_for, build_parts, stages_for
 from fedharness.assembly.privacy import calibrated
+from fedharness.assembly.systems import clock_for
 from fedharness.base.runtime import apply_runtime, auto_threads, step_work, use_threads
 from fedharness.assembly.reference_policy import run_client_minima, run_reference
 from fedharness.errors import require
@@ -71,6 +73,7 @@ class Prepared:
     layout: Any
     series: list
     stages: Any = None  # the update stages (core/stages.py Stages: attack, dp, a user's), in their order
+    clock: Any = None  # the systems clock (core/clock.py SystemsClock); None: every client the network's
 
 
 def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Prepared:
@@ -83,8 +86,10 @@ def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Pre
     settings = calibrated(settings)  # dp.target_epsilon: the noise multiplier, before the run starts
     layout, series = build_series(settings.replicas, **settings.algorithm.params)  # rr=H needs a fixed H
     stages = stages_for(settings, algorithm, problem)  # before the reference solve: a refused stage costs nothing
+    clock = clock_for(settings, algorithm, problem.num_clients,
+                      client_bytes(problem, algorithm.solver, stages or Stages()))
     reference = run_reference(settings, problem)  # per `reference: auto | on | off`
-    return Prepared(settings, problem, algorithm, reference, layout, series, stages)
+    return Prepared(settings, problem, algorithm, reference, layout, series, stages, clock)
 
 
 def prepare(settings: RunSettings):
@@ -130,7 +135,7 @@ def build_engine(run: Prepared, executor, hooks: Sequence[Sequence[Callback]] = 
                  slots: SlotSet | None = None) -> Engine:
     """The engine of a prepared run: alone (its own parts, replica layout and series), or the batch `slots` (several
     runs, trained with the prepared run's solver); `hooks[i]`: slot i's."""
-    options = dict(reference=run.reference, network=NetworkModel.of(run.settings.network),
+    options = dict(reference=run.reference, network=NetworkModel.of(run.settings.network), clock=run.clock,
                    metrics=[METRICS[name] for name in run.settings.metrics], end_status=end_status,
                    stages=run.stages, client_eval=clients_to_evaluate(run.settings, run.problem),
                    grad_norm=run.settings.eval.grad_norm or not skips_grad_norm(run.problem))

@@ -17,6 +17,7 @@ ROUND_SCHEMA = pa.schema([
     ("replica", pa.int64()), ("series", pa.string()), ("round", pa.int64()),
     ("local_steps", pa.int64()), ("grad_evals", pa.int64()),
     ("bytes_up", pa.int64()), ("bytes_down", pa.int64()), ("wall_s", pa.float64()), ("sim_s", pa.float64()),
+    ("participants", pa.int64()),  # the clients that took part in the round just done (0: nobody; the model held)
     ("train_loss", pa.float64()), ("train_loss_se", pa.float64()),  # se: null where train_loss is exact
     ("subopt", pa.float64()), ("dist_to_opt", pa.float64()),
     ("grad_norm_sq", pa.float64()), ("test_loss", pa.float64()), ("test_acc", pa.float64()),

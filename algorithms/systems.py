@@ -1,0 +1,134 @@
+"""Clients' systems profiles: how long a client's local step takes, how fast its links are, when it is online.
+
+A profile is a pure function of (seed, replica stream, client) on the counter-based streams (base/streams.py, tag
+SYSTEMS), so a population of 10^8 clients costs nothing to set up, holds no per-client array, and a client has the
+same profile in any shard, batch of seeds or resume. Replicas are independent worlds: each draws its own
+population (coupled Richardson-Romberg replicas share a stream, hence a world).
+
+Speeds (systems.speed), relative to the `network` section's step time and bandwidth:
+  equal      every client the network section's
+  lognormal  step time and bandwidth each times exp(sigma z), z standard normal per client (FedScale's fallback
+             when it has no device trace): the network section's values are the medians
+  slow_tail  a share slow_fraction of the clients (a uniform per client below it) take slow_factor times longer
+             per step; bandwidth unchanged
+  trace      FedScale's device trace: step = ms per sample x samples per step / 1000, both links its kbit/s / 8000
+             (MB/s; FedScale's one "communication" number serves both ways). FedScale also multiplies compute by
+             an augmentation factor of 3; this does not.
+Availability (systems.availability):
+  always     online at every time
+  duty_cycle online a share d of every period P: at t iff (t + phase) mod P < d P, phase uniform on [0, P) per client
+  trace      FedScale's behaviour trace: online during its [active, inactive] intervals, repeating every
+             finish_time (problems/device_traces.py)
+A run's client k reads trace entry floor(u M) of the trace's M entries in their sorted order, u a uniform of the
+stream (seed, SYSTEMS, replica, DEVICE_ENTRY or AVAILABILITY_ENTRY, k): clients map onto entries at random with
+replacement, independently for the two traces, the same map for the same seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import numpy as np
+
+from fedharness.base import streams
+from fedharness.contracts import Links
+
+# The `round` slot of a client's SYSTEMS stream: one sub-stream per purpose, so no two share numbers.
+SPEED, PHASE, DEVICE_ENTRY, AVAILABILITY_ENTRY = 0, 1, 2, 3
+
+
+def _key(seeds: np.ndarray, replicas: np.ndarray, purpose: int, clients: np.ndarray) -> np.ndarray:
+    """Each (row, client)'s stream key: seeds and replicas [R], clients [R, K]."""
+    return streams.stream_key(np.asarray(seeds)[:, None], streams.SYSTEMS, np.asarray(replicas)[:, None], purpose,
+                              clients)
+
+
+@dataclass(frozen=True)
+class EqualSpeeds:
+    """Every client the network section's step time and links."""
+
+    step_s: float
+    down_MB_per_s: float
+    up_MB_per_s: float | None = None  # None: one link both ways
+
+    def scaled(self, clients: np.ndarray, step: np.ndarray | float = 1.0, link: np.ndarray | float = 1.0) -> Links:
+        shape = np.shape(clients)
+        down = np.broadcast_to(self.down_MB_per_s * link, shape)
+        up = down if self.up_MB_per_s is None else np.broadcast_to(self.up_MB_per_s * link, shape)
+        return Links(np.broadcast_to(self.step_s * step, shape), down, up, self.up_MB_per_s is None)
+
+    def links(self, seeds: np.ndarray, replicas: np.ndarray, clients: np.ndarray) -> Links:
+        return self.scaled(clients)
+
+
+@dataclass(frozen=True)
+class LognormalSpeeds:
+    """Step time and bandwidth each the base's times exp(sigma z), z standard normal per client."""
+
+    base: EqualSpeeds
+    speed_sigma: float
+    bandwidth_sigma: float
+
+    def links(self, seeds: np.ndarray, replicas: np.ndarray, clients: np.ndarray) -> Links:
+        z = streams.normal(_key(seeds, replicas, SPEED, clients), 2)
+        return self.base.scaled(clients, np.exp(self.speed_sigma * z[..., 0]), np.exp(self.bandwidth_sigma * z[..., 1]))
+
+
+@dataclass(frozen=True)
+class SlowTailSpeeds:
+    """A share `slow_fraction` of the clients take `slow_factor` times longer per step."""
+
+    base: EqualSpeeds
+    slow_fraction: float
+    slow_factor: float
+
+    def links(self, seeds: np.ndarray, replicas: np.ndarray, clients: np.ndarray) -> Links:
+        slow = streams.uniform(_key(seeds, replicas, SPEED, clients), 1)[..., 0] < self.slow_fraction
+        return self.base.scaled(clients, np.where(slow, self.slow_factor, 1.0))
+
+
+def trace_entry(seeds: np.ndarray, replicas: np.ndarray, purpose: int, clients: np.ndarray, entries: int) -> np.ndarray:
+    """[R, K] the trace entry (0..entries-1, in the trace's sorted order) each client maps onto."""
+    u = streams.uniform(_key(seeds, replicas, purpose, clients), 1)[..., 0]
+    return np.minimum((u * entries).astype(np.int64), entries - 1)
+
+
+@dataclass(frozen=True)
+class TraceSpeeds:
+    """FedScale's device trace: ms per sample and kbit/s per entry (problems/device_traces.py DeviceTrace)."""
+
+    ms_per_sample: np.ndarray
+    kbit_per_s: np.ndarray
+    samples_per_step: int
+
+    def links(self, seeds: np.ndarray, replicas: np.ndarray, clients: np.ndarray) -> Links:
+        entry = trace_entry(seeds, replicas, DEVICE_ENTRY, clients, len(self.ms_per_sample))
+        bandwidth = self.kbit_per_s[entry] / 8000.0  # kbit/s -> MB/s (10^6 bytes)
+        return Links(self.ms_per_sample[entry] * self.samples_per_step / 1000.0, bandwidth, bandwidth)
+
+
+class AlwaysOnline:
+    def online(self, seeds: np.ndarray, replicas: np.ndarray, t: np.ndarray, clients: np.ndarray) -> np.ndarray:
+        return np.ones(np.shape(clients), dtype=bool)
+
+
+@dataclass(frozen=True)
+class DutyCycle:
+    """Online a share `duty_cycle` of every `period_s`, from the client's own phase."""
+
+    duty_cycle: float
+    period_s: float
+
+    def online(self, seeds: np.ndarray, replicas: np.ndarray, t: np.ndarray, clients: np.ndarray) -> np.ndarray:
+        phase = streams.uniform(_key(seeds, replicas, PHASE, clients), 1)[..., 0] * self.period_s
+        return np.mod(np.asarray(t, dtype=np.float64)[:, None] + phase, self.period_s) < self.duty_cycle * self.period_s
+
+
+@dataclass(frozen=True)
+class TraceAvailability:
+    """FedScale's behaviour trace (problems/device_traces.py AvailabilityTrace): each client maps onto an entry."""
+
+    trace: object  # AvailabilityTrace: len() and online(entry, t)
+
+    def online(self, seeds: np.ndarray, replicas: np.ndarray, t: np.ndarray, clients: np.ndarray) -> np.ndarray:
+        entry = trace_entry(seeds, replicas, AVAILABILITY_ENTRY, clients, len(self.trace))
+        return self.trace.online(entry, np.asarray(t, dtype=np.float64)[:, None])

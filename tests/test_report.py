@@ -102,7 +102,8 @@ def test_report_from_a_sweep_in_a_subprocess_matches_the_parquet_rows(tmp_path):
     for png in (results / "report" / "figures").glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     assert sorted(p.stem for p in (results / "report" / "figures").glob("*.png")) == [
-        "collapse_subopt", "communication_subopt", "convergence_subopt", "cost_subopt_le_0.1", "speedup_subopt_le_0.1"]
+        "collapse_subopt", "communication_subopt", "convergence_subopt", "cost_subopt_le_0.1",
+        "speedup_sim_s_subopt_le_0.1", "speedup_subopt_le_0.1"]
     assert "![speedup_subopt_le_0.1](figures/speedup_subopt_le_0.1.png)" in md
 
 
@@ -289,3 +290,36 @@ def test_report_puts_the_mb_sent_on_the_x_axis_of_a_communication_plot(run_confi
     assert final["compress.name=topk"] < 0.6 * final["compress.name=none"]  # down stays dense: up shrinks 50x
     assert report.figures["communication_train_loss"].stat().st_size > 1000
     assert "![communication_train_loss]" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_report_fits_the_speedup_in_simulated_seconds_from_each_replicas_clock(run_config, tmp_path):
+    """With slow clients, T in seconds is each replica's sim_s when it first met the target; the speedup table and
+    the fit on sim_s follow from the Parquet rows, computed here independently."""
+    from fedharness.runs.execute import execute
+    from fedharness.studies.reports.analysis import fit_power_law, parse_target
+    from fedharness.studies.reports.data import load_results
+    from fedharness.studies.reports.report import build_report
+
+    for K in (2, 4, 8):
+        execute(run_config("dataset=synthetic", "dataset.num_clients=16", "dataset.samples_per_client=50",
+                           "eval_every=2", "rounds=30", "replicas=3", "reference=off", "heterogeneity=false",
+                           "algorithm.sampler=yang_s2", f"algorithm.clients_per_round={K}",
+                           "network.compute_s_per_step=0.1", "systems.speed=slow_tail", "systems.slow_fraction=0.3"))
+    target = parse_target("train_loss<=1.0")
+    report = build_report(load_results(tmp_path / "results"), targets=[target],
+                          scale_key="algorithm.clients_per_round", out_dir=tmp_path / "report", bootstrap=20)
+    rounds = pd.read_parquet(tmp_path / "results" / "rounds").sort_values("round")
+    runs = pd.read_parquet(tmp_path / "results" / "runs")
+    K_of = {r.run_id: json.loads(r.config_json)["algorithm"]["clients_per_round"] for r in runs.itertuples()}
+    first = rounds[rounds["train_loss"] <= 1.0].groupby(["run_id", "replica"]).head(1)
+    seconds = first.assign(n=first["run_id"].astype(str).map(K_of)).groupby("n")["sim_s"].median()
+    assert len(seconds) == 3 and (first.groupby("run_id").size() == 3).all()  # every replica met it
+    table = report.tables[f"speedup_sim_s_{target.slug}"].set_index("n")
+    np.testing.assert_allclose(table["sim_s"], seconds.loc[table.index], rtol=1e-12)
+    np.testing.assert_allclose(table["speedup"], seconds.iloc[0] / seconds.loc[table.index], rtol=1e-12)
+    a, b = fit_power_law(seconds.index.to_numpy(float), seconds.to_numpy())
+    fit = report.tables[f"fit_sim_s_{target.slug}"].iloc[0]
+    assert fit["b"] == pytest.approx(b, rel=1e-12) and fit["a"] == pytest.approx(a, rel=1e-12)
+    assert report.tables[f"fit_{target.slug}"].iloc[0]["b"] != pytest.approx(b, rel=1e-3)  # not the rounds' fit
+    assert "### In simulated seconds" in (tmp_path / "report" / "report.md").read_text()
+    assert report.figures[f"speedup_sim_s_{target.slug}"].stat().st_size > 5000

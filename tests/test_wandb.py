@@ -110,6 +110,8 @@ def _expected_steps(parquet: list[dict], per_replica: bool) -> list[dict]:
                     step[pre + col + "_std"] = float(np.std([r[col] for r in have]))
                     if per_replica:
                         step.update({f"{pre}{col}/replica_{r['replica']}": r[col] for r in have})
+        # the time-to-accuracy curves: the iterate's means again, on the sim_s axis
+        step.update({f"by_sim_s/{c}": step[c] for c in ("train_loss", "subopt", "test_loss", "test_acc") if c in step})
         steps.append(step)
     return steps
 
@@ -135,6 +137,11 @@ def test_offline_history_is_one_step_per_round_with_replica_mean_and_std(run_con
     assert len(got) == 4  # not 12: one step per evaluated round
     _assert_steps_equal(got, _expected_steps(parquet, per_replica=False))
     assert got[-1]["subopt_std"] > 0 and not any("/replica_" in k for k in got[-1])
+
+    axes = {m.glob_name or m.name: m.step_metric for m in (r.metric for r in records
+                                                            if r.WhichOneof("record_type") == "metric")}
+    assert axes == {"round": "", "sim_s": "", "by_sim_s/*": "sim_s", "*": "round"}  # sim_s: time-to-accuracy's x
+    assert "by_sim_s/subopt" in got[-1] and "by_sim_s/test_acc" not in got[-1]  # a quadratic has no test_acc
 
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
     config = _items(run.config.update)

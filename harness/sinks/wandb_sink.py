@@ -129,6 +129,12 @@ def client_histograms(scores: ClientScores) -> dict[str, Any]:
             "client_loss_hist": wandb.Histogram(scores.loss[:, has].reshape(-1))}
 
 
+# Time-to-accuracy in W&B: these columns' replica means are logged again under by_sim_s/, whose x axis is sim_s
+# (every other metric's is the round).
+BY_SIM_S = "by_sim_s"
+SIM_S_CURVES = ("train_loss", "subopt", "test_loss", "test_acc")
+
+
 class WandbSink(Callback):
     """One W&B run per harness run: a hook of the run that logs each evaluation's rows and, when the run ends, its
     summary and its Parquet objects in `store` (the run's results store)."""
@@ -141,6 +147,8 @@ class WandbSink(Callback):
             self.mode, project=w.project, entity=w.entity, group=w.group or settings.study, tags=list(w.tags),
             name=run_id, job_type="run", config={**settings.config, "run_id": run_id})
         self.run.define_metric("round")
+        self.run.define_metric("sim_s")  # simulated seconds (the systems clock, docs/systems.md): the other x axis
+        self.run.define_metric(f"{BY_SIM_S}/*", step_metric="sim_s")
         self.run.define_metric("*", step_metric="round")
         self.per_replica = w.per_replica
         self.metrics = settings.metrics  # the user's own metric columns, summarised like the built-in ones
@@ -150,6 +158,7 @@ class WandbSink(Callback):
         the round's per-client distribution when there is one."""
         for rnd in sorted({r["round"] for r in rows}):
             step = round_step([r for r in rows if r["round"] == rnd], self.per_replica)
+            step.update({f"{BY_SIM_S}/{name}": step[name] for name in SIM_S_CURVES if name in step})
             if clients is not None:
                 step.update(client_histograms(clients))
             self.run.log(step)

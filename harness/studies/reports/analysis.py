@@ -174,18 +174,24 @@ def cell_table(ttt: pd.DataFrame, labels: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def speedup_table(cells: pd.DataFrame) -> pd.DataFrame:
-    """S(n) = T(n0) / T(n) and efficiency S(n) n0 / n, n0 the smallest n of the group with a finite T."""
+# What a time to target T can be measured in: the cells' column (cell_table) and the replicas' (time_to_target).
+TIMES = {"rounds": "round", "sim_s": "sim_s"}
+
+
+def speedup_table(cells: pd.DataFrame, time: str = "rounds") -> pd.DataFrame:
+    """S(n) = T(n0) / T(n) and efficiency S(n) n0 / n, n0 the smallest n of the group with a finite T; T in
+    rounds or in simulated seconds (`time`: a key of TIMES)."""
     out = []
     for group, g in cells.groupby("group", sort=False):
         g = g.sort_values("n")
-        finite = g[fittable(g["rounds"])]
+        finite = g[fittable(g[time])]
         if len(finite):
-            n0, t0 = float(finite["n"].iloc[0]), float(finite["rounds"].iloc[0])
+            n0, t0 = float(finite["n"].iloc[0]), float(finite[time].iloc[0])
         for row in g.itertuples():
-            ok = len(finite) and np.isfinite(row.rounds) and row.rounds > 0
-            s = t0 / row.rounds if ok else np.nan
-            out.append({"group": group, "n": row.n, "rounds": row.rounds, "speedup": s,
+            t = getattr(row, time)
+            ok = len(finite) and np.isfinite(t) and t > 0
+            s = t0 / t if ok else np.nan
+            out.append({"group": group, "n": row.n, time: t, "speedup": s,
                         "efficiency": s * n0 / row.n if ok else np.nan, "censored": row.censored,
                         "replicas": row.replicas})
     return pd.DataFrame(out)
@@ -197,9 +203,9 @@ def fittable(rounds: pd.Series) -> pd.Series:
     return np.isfinite(rounds) & (rounds > 0)
 
 
-def _left_out(g: pd.DataFrame) -> str:
-    why = [f"{r.n:g} ({'censored' if not np.isfinite(r.rounds) else 'met at round 0'})"
-           for r in g.itertuples() if not (np.isfinite(r.rounds) and r.rounds > 0)]
+def _left_out(g: pd.DataFrame, time: str = "rounds") -> str:
+    why = [f"{n:g} ({'censored' if not np.isfinite(t) else 'met at round 0'})"
+           for n, t in zip(g["n"], g[time]) if not (np.isfinite(t) and t > 0)]
     return ", ".join(why)
 
 
@@ -230,19 +236,20 @@ def bootstrap_exponent(samples: list[np.ndarray], n: np.ndarray, reps: int = 100
 
 
 def fit_table(ttt: pd.DataFrame, labels: pd.DataFrame, cells: pd.DataFrame, reps: int = 1000,
-              level: float = 0.95) -> pd.DataFrame:
-    """Per group: T = a n^-b over the cells with a finite median, b's bootstrap interval over seeds."""
+              level: float = 0.95, time: str = "rounds") -> pd.DataFrame:
+    """Per group: T = a n^-b over the cells with a finite median, b's bootstrap interval over seeds; T in rounds
+    or in simulated seconds (`time`: a key of TIMES)."""
     df = ttt.merge(labels, on="run_id")
     out = []
     for group, g in cells.groupby("group", sort=False):
-        use = g[fittable(g["rounds"])].sort_values("n")
-        row = {"group": group, "points": len(use), "left_out": _left_out(g)}
+        use = g[fittable(g[time])].sort_values("n")
+        row = {"group": group, "points": len(use), "left_out": _left_out(g, time)}
         if len(use) >= 2:
             n = use["n"].to_numpy(dtype=float)
-            a, b = fit_power_law(n, use["rounds"].to_numpy(dtype=float))
+            a, b = fit_power_law(n, use[time].to_numpy(dtype=float))
             samples = []
             for nv in n:
-                vals = df[(df["group"] == group) & (df["n"] == nv)]["round"].to_numpy(dtype=float)
+                vals = df[(df["group"] == group) & (df["n"] == nv)][TIMES[time]].to_numpy(dtype=float)
                 samples.append(np.where(np.isnan(vals), np.inf, vals))
             lo, hi, used = bootstrap_exponent(samples, n, reps, level)
             row.update(a=a, b=b, b_lo=lo, b_hi=hi, level=level, bootstrap=used, bootstrap_asked=reps)

@@ -107,8 +107,14 @@ def collapse(curves: pd.DataFrame, metric: str, target: Target | None, path: Pat
     return _save(fig, path)
 
 
-def speedup(cells: pd.DataFrame, fits: pd.DataFrame, target: Target, scale_key: str, path: Path) -> Path:
-    """Left: T(n) on log-log axes with the fit and the ideal slope -1; right: S(n) against ideal n / n0."""
+TIME_LABELS = {"rounds": "rounds", "sim_s": "simulated seconds"}
+
+
+def speedup(cells: pd.DataFrame, fits: pd.DataFrame, target: Target, scale_key: str, path: Path,
+            time: str = "rounds") -> Path:
+    """Left: T(n) on log-log axes with the fit and the ideal slope -1; right: S(n) against ideal n / n0. T in
+    rounds or simulated seconds (`time`, a cells column)."""
+    cells = cells.assign(rounds=cells[time])  # the column drawn, whichever time it is
     fig = Figure(figsize=(10, 4))
     ax1, ax2 = fig.subplots(1, 2)
     markers = "osD^v<>p*h"
@@ -148,7 +154,7 @@ def speedup(cells: pd.DataFrame, fits: pd.DataFrame, target: Target, scale_key: 
         if not len(usable):
             ax.set_yticks([])  # no cell has a number of rounds: no scale to read one from
         ax.set_xlabel(f"n ({scale_key})")
-    ax1.set_ylabel(f"rounds to {target.label} (median)")
+    ax1.set_ylabel(f"{TIME_LABELS[time]} to {target.label} (median)")
     ax2.set_ylabel("speedup S(n) = T(n0) / T(n)")
     return _save(fig, path)
 

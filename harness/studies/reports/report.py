@@ -132,6 +132,14 @@ def _write_report(results: Results, targets: list[Target], scale_key: str, out: 
         report.tables[f"to_target_{target.slug}"] = cells
         report.tables[f"speedup_{target.slug}"] = analysis.speedup_table(cells)
         report.tables[f"fit_{target.slug}"] = fits
+        if on_the_clock(results):  # the systems clock or a compute model ran: time to target in seconds too
+            report.tables[f"speedup_sim_s_{target.slug}"] = analysis.speedup_table(cells, "sim_s")
+            report.tables[f"fit_sim_s_{target.slug}"] = analysis.fit_table(ttt, labels, cells, bootstrap, level,
+                                                                           "sim_s")
+            if len(cells) and figures:
+                report.figures[f"speedup_sim_s_{target.slug}"] = plots.speedup(
+                    cells, report.tables[f"fit_sim_s_{target.slug}"], target, scale_key,
+                    out / "figures" / f"speedup_sim_s_{target.slug}.png", time="sim_s")
         if len(cells) and figures:
             report.figures[f"speedup_{target.slug}"] = plots.speedup(
                 cells, fits, target, scale_key, out / "figures" / f"speedup_{target.slug}.png")
@@ -141,6 +149,12 @@ def _write_report(results: Results, targets: list[Target], scale_key: str, out: 
         df.to_csv(out / "tables" / f"{name}.csv", index=False)
     report.markdown.write_text(render_markdown(report, results, level))
     return report
+
+
+def on_the_clock(results: Results) -> bool:
+    """Whether the runs' simulated clock moved (sim_s > 0 somewhere): a speedup in seconds then means something."""
+    r = results.rounds
+    return bool(len(r)) and "sim_s" in r.columns and bool((r["sim_s"].astype(float) > 0).any())
 
 
 def _fig(report: Report, name: str) -> str:
@@ -169,7 +183,23 @@ def _target_section(report: Report, t, level: float) -> list[str]:
                           {"left_out": "n not fitted", "b_lo": "b low", "b_hi": "b high",
                            "bootstrap": "usable resamples"}), "",
            "b = 1 is linear speedup; a resample is unusable when a cell's median becomes censored.", "",
-           _fig(report, f"speedup_{t.slug}"), _fig(report, f"cost_{t.slug}")]
+           _fig(report, f"speedup_{t.slug}"), _fig(report, f"cost_{t.slug}"), *_seconds_section(report, t, level)]
+
+
+def _seconds_section(report: Report, t, level: float) -> list[str]:
+    """The speedup and fit with T in simulated seconds (sim_s), where the clock moved."""
+    sp, fits = report.tables.get(f"speedup_sim_s_{t.slug}"), report.tables.get(f"fit_sim_s_{t.slug}")
+    if sp is None:
+        return []
+    return ["### In simulated seconds: speedup and fit T = a n^-b on sim_s", "",
+            markdown.table(sp, ["group", "n", "sim_s", "speedup", "efficiency", "censored"],
+                           {"sim_s": "seconds (sim)"}), "",
+            markdown.table(fits, ["group", "points", "left_out", "a", "b", "b_lo", "b_hi", "bootstrap"],
+                           {"left_out": "n not fitted", "b_lo": "b low", "b_hi": "b high",
+                            "bootstrap": "usable resamples"}), "",
+            f"({level:.0%} bootstrap interval over seeds.) Seconds are each replica's own clock when it first met "
+            "the target: with slow and absent clients (docs/systems.md) more clients a round can cost more seconds "
+            "a round, so b in seconds may fall below b in rounds.", "", _fig(report, f"speedup_sim_s_{t.slug}")]
 
 
 def render_markdown(report: Report, results: Results, level: float) -> str:
@@ -188,7 +218,8 @@ def render_markdown(report: Report, results: Results, level: float) -> str:
           "threshold (a loss) or at or above it (an accuracy). A replica that never gets there is **censored**; "
           "it counts as +infinity, so a cell's median is finite only while fewer than half of its replicas are "
           "censored. MB are the run's own byte counters (up + down, all sampled clients); seconds are the "
-          "simulated wall-clock `sim_s` (bandwidth and compute model, `network.*`).", ""]
+          "simulated wall-clock `sim_s` (bandwidth and compute model, `network.*`, and each client's speed and "
+          "availability, `systems.*`).", ""]
     md += ["## Groups", "", markdown.table(report.tables["groups"]), ""]
     failed = runs[runs["status"] != "ok"]
     md += ["## Runs", "", f"{len(runs)} runs; not ok: {len(failed)}.", ""]

@@ -76,6 +76,24 @@ def test_other_budgets_match_the_engine_counters(tmp_path, kind, column):
     assert Budget(kind, budget.total).used(execute(cfg).rows) > budget.total
 
 
+@pytest.mark.parametrize("kind", ["local_steps", "bytes"])
+def test_a_budget_with_slow_and_absent_clients_follows_the_clock(tmp_path, kind):
+    """With a deadline, partial work, availability and top-k, who takes part and their steps follow each replica's
+    clock: the replayed plans (on the clock, with the encoded upload's size) give the run's exact rounds."""
+    cfg = load_config(["dataset=quadratic", "dataset.num_clients=20", "algorithm.sampler=yang_s2",
+                       "algorithm.clients_per_round=5", "algorithm.local_steps=6", "algorithm.aggregator=fednova",
+                       "network.compute_s_per_step=1.0", "systems.speed=lognormal", "systems.deadline_s=5.0",
+                       "systems.late_work=partial", "systems.availability=duty_cycle", "systems.period_s=40",
+                       "compress=topk", "compress.ratio=0.2", f"results_dir={tmp_path}", "progress=false"])
+    budget = Budget(kind, 400 if kind == "local_steps" else 20_000)
+    cfg["rounds"] = budget.rounds_for(cfg)
+    rows = execute(cfg).rows
+    assert max(r["round"] for r in rows) == cfg["rounds"] and budget.used(rows) <= budget.total
+    assert any(r["local_steps"] % 6 for r in rows)  # partial work: not E steps a round
+    cfg["rounds"] += 1  # one more round would overspend
+    assert Budget(kind, budget.total).used(execute(cfg).rows) > budget.total
+
+
 def test_rounds_budget_is_the_rounds():
     cfg = load_config(QUAD)
     assert Budget("rounds", 37).rounds_for(cfg) == 37

@@ -28,9 +28,11 @@ import numpy as np
 
 from fedharness.algorithms.aggregators import WeightedAverage
 from fedharness.algorithms.local_work import FixedSteps
-from fedharness.algorithms.registry import build_algorithm
 from fedharness.contracts import Algorithm, ReplicaLayout
-from fedharness.core.engine import Engine, NetworkModel
+from fedharness.assembly.build import algorithm_for, compression_for
+from fedharness.assembly.systems import clock_for
+from fedharness.core.engine import Engine, NetworkModel, client_bytes
+from fedharness.core.stages import Stages
 from fedharness.algorithms.series import build_series
 from fedharness.registry.binding import key_parameters
 from fedharness.registry.groups import PARTS
@@ -87,13 +89,13 @@ class Budget:
 # arguments. Nothing else (results_dir, eval, wandb, ...) changes a replay, so studies in one process that differ
 # only there (another results_dir) share their replays.
 PROBLEM_KEYS = ("dataset", "partition", "model", "seed", "dtype", "device")
-REPLAY_KEYS = (*PROBLEM_KEYS, "algorithm", "rounds", "replicas", "network")
+REPLAY_KEYS = (*PROBLEM_KEYS, "algorithm", "rounds", "replicas", "network", "systems", "compress")
 
 
 def cost_key(cfg: dict[str, Any]) -> str:
     """What a replay of the config's rounds' costs depends on: REPLAY_KEYS, the algorithm less COST_FREE."""
     algorithm = {k: v for k, v in cfg["algorithm"].items() if k not in COST_FREE}
-    return json.dumps({**{k: cfg[k] for k in REPLAY_KEYS}, "algorithm": algorithm}, sort_keys=True, default=str)
+    return json.dumps({**{k: cfg.get(k) for k in REPLAY_KEYS}, "algorithm": algorithm}, sort_keys=True, default=str)
 
 
 _PROBLEMS: dict[str, Any] = {}
@@ -113,16 +115,19 @@ def _cumulative_cost(cfg: dict[str, Any], kind: str, total: int) -> np.ndarray:
     """Cost after rounds 1, 2, ... (max over replicas), replayed until it passes `total`; where the costs scale with
     the local steps E (_scales_with_steps), E times those of E = 1 (bytes: the same), from one replay per study."""
     problem = problem_for(cfg)
-    algorithm = build_algorithm({**cfg["algorithm"], "rounds": cfg["rounds"]}, problem)
+    settings = RunSettings.from_config(cfg)
+    algorithm = algorithm_for(settings, problem)
     layout, _ = build_series(cfg["replicas"], **cfg["algorithm"])
+    if settings.systems.on:  # who takes part, and their steps, follow the clock: replay it, E's own
+        return _replay(settings, problem, algorithm, layout, kind, total)
     steps = cfg["algorithm"].get("local_steps")
     if steps != 1 and _scales_with_steps(cfg, algorithm, layout):
         try:
             unit = _unit_cost(cfg, kind, total)
         except ConfigError:  # E = 1 needs more than MAX_ROUNDS: E's own replay may not
-            return _replay(cfg, problem, algorithm, layout, kind, total)
+            return _replay(settings, problem, algorithm, layout, kind, total)
         return unit if kind == "bytes" else steps * unit
-    return _replay(cfg, problem, algorithm, layout, kind, total)
+    return _replay(settings, problem, algorithm, layout, kind, total)
 
 
 _UNIT: dict[tuple, np.ndarray] = {}  # (kind, total, cost key at E = 1) -> that config's cumulative costs
@@ -168,15 +173,20 @@ def _scales_with_steps(cfg: dict[str, Any], algorithm: Algorithm, layout: Replic
                                                  (unit.lr_factor, layout.lr_factor), (unit.init_ids, layout.init_ids)))
 
 
-def _replay(cfg: dict[str, Any], problem, algorithm: Algorithm, layout: ReplicaLayout, kind: str,
+def _replay(settings: RunSettings, problem, algorithm: Algorithm, layout: ReplicaLayout, kind: str,
             total: int) -> np.ndarray:
-    """The engine's own round plans and counters, without training, until the cost passes `total`."""
-    engine = Engine(problem, algorithm, None, rounds=cfg["rounds"], seed=cfg["seed"], replicas=cfg["replicas"],
-                    eval_every=1, layout=layout, network=NetworkModel(**cfg["network"]))
+    """The engine's own round plans and counters, without training, until the cost passes `total`: on the run's
+    systems clock, with its compressed updates' size."""
+    compression = compression_for(settings, problem)
+    stages = Stages([] if compression is None else [compression])
+    clock = clock_for(settings, algorithm, problem.num_clients, client_bytes(problem, algorithm.solver, stages))
+    engine = Engine(problem, algorithm, None, rounds=settings.rounds, seed=settings.seed, replicas=settings.replicas,
+                    eval_every=1, layout=layout, network=NetworkModel.of(settings.network), stages=stages,
+                    clock=clock)
     state = engine.initial_state()
     spent: list[int] = []
     for rnd in range(MAX_ROUNDS):
-        plan, _ = engine.plan_round(rnd)
+        plan, _ = engine.plan_round(rnd, state.counters["sim_s"])
         engine._count(state, plan)  # the engine's own accounting, so Parquet agrees with the plan
         c = state.counters
         cost = c["bytes_up"] + c["bytes_down"] if kind == "bytes" else c[kind]

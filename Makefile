@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages bench-compression reproduce robustness compression mutants list clean
+.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages bench-compression bench-systems reproduce robustness compression systems mutants list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -40,6 +40,9 @@ bench-stages: $(STAMP)  ## a W1 round with no update stage against another check
 bench-compression: $(STAMP)  ## the 2NN on digits, top-k 1% with error feedback against none: ms/round and bytes_up, paired (docs/performance.md)
 	$(BIN)/python benchmarks/bench_compression.py $(ARGS)
 
+bench-systems: $(STAMP)  ## the systems clock: quadratic_lazy at N = 10^8 against 10^3 (set-up, peak memory, ms/round), W1 with every client on time against none, paired (about 2 min; docs/performance.md)
+	$(BIN)/python benchmarks/bench_systems.py $(ARGS)
+
 bench-writer: $(STAMP)  ## a 20-run sweep over 2 Ray nodes: the driver as the writer vs direct writes (docs/performance.md)
 	$(BIN)/python benchmarks/bench_results_writer.py $(WRITER_ARGS)
 
@@ -69,6 +72,10 @@ robustness: $(STAMP)  ## every aggregation rule against every attack on digits (
 compression: $(STAMP)  ## every compressor at two ratios or levels, with and without error feedback, on W1 and the 2NN on digits (30 runs of 5 seeds): docs/compression/ table and figure
 	$(BIN)/fedharness sweep sweep=compression $(ARGS)
 	$(BIN)/python -m fedharness.studies.compression results/sweeps/compression --out docs/compression
+
+systems: $(STAMP)  ## FedAvg without and with a deadline, with over-selection, and FedNova with partial work, under lognormal and slow-tail speeds, on W1 and the 2NN on digits (16 runs of 5 seeds): docs/systems/ table and figure
+	$(BIN)/fedharness sweep sweep=systems $(ARGS)
+	$(BIN)/python -m fedharness.studies.systems results/sweeps/systems --out docs/systems
 
 mutants: $(STAMP)  ## cosmic-ray over privacy, accounting, samplers, attacks, exact sums, robust rules, tuning samplers: 2-11 min a module on this shared 2-core machine, about 31 min for all seven (summed per module, load 4-9) (MODULE=privacy: one; docs/mutation.md)
 	nice -n 10 $(BIN)/python mutation/mutants.py $(MODULE)

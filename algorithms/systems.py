@@ -26,7 +26,9 @@ replacement, independently for the two traces, the same map for the same seed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
+
 import numpy as np
 
 from fedharness.base import streams
@@ -42,6 +44,41 @@ def _key(seeds: np.ndarray, replicas: np.ndarray, purpose: int, clients: np.ndar
                               clients)
 
 
+# Up to this many clients a profile's draws are tabled once per (seed, replica) over all of them, so a round's
+# lookup is a gather of the same numbers; above it every lookup draws (10^8 clients: nothing is stored).
+TABLE_MAX_CLIENTS = 1 << 20
+
+
+class ClientDraws:
+    """A per-client draw of one purpose's stream, `draw(keys) -> [..., count]`: for clients [R, K] of rows with
+    seeds and replicas [R], the values [R, K, count]. Tabled per (seed, replica) when the population is small."""
+
+    def __init__(self, purpose: int, draw: Callable[[np.ndarray], np.ndarray], num_clients: int | None = None):
+        self.purpose, self.draw, self.num_clients = purpose, draw, num_clients
+        self.tables: dict[tuple[int, int], np.ndarray] = {}
+
+    def __call__(self, seeds: np.ndarray, replicas: np.ndarray, clients: np.ndarray) -> np.ndarray:
+        if self.num_clients is None or self.num_clients > TABLE_MAX_CLIENTS:
+            return self.draw(_key(seeds, replicas, self.purpose, clients))
+        pairs = zip(np.asarray(seeds).tolist(), np.asarray(replicas).tolist())  # [R] each: one (seed, replica) a row
+        return np.stack([self._table(s, r)[row] for (s, r), row in zip(pairs, clients)])
+
+    def _table(self, seed: int, replica: int) -> np.ndarray:
+        if (seed, replica) not in self.tables:
+            everyone = np.arange(self.num_clients)[None, :]
+            self.tables[(seed, replica)] = self.draw(_key(np.array([seed]), np.array([replica]), self.purpose,
+                                                          everyone))[0]
+        return self.tables[(seed, replica)]
+
+
+def _normals(count: int) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda keys: streams.normal(keys, count)
+
+
+def _uniforms(keys: np.ndarray) -> np.ndarray:
+    return streams.uniform(keys, 1)
+
+
 @dataclass(frozen=True)
 class EqualSpeeds:
     """Every client the network section's step time and links."""
@@ -51,10 +88,15 @@ class EqualSpeeds:
     up_MB_per_s: float | None = None  # None: one link both ways
 
     def scaled(self, clients: np.ndarray, step: np.ndarray | float = 1.0, link: np.ndarray | float = 1.0) -> Links:
+        """The links of `clients` [R, K], each client's step time and bandwidths the base's times its factors."""
         shape = np.shape(clients)
-        down = np.broadcast_to(self.down_MB_per_s * link, shape)
-        up = down if self.up_MB_per_s is None else np.broadcast_to(self.up_MB_per_s * link, shape)
-        return Links(np.broadcast_to(self.step_s * step, shape), down, up, self.up_MB_per_s is None)
+
+        def full(value) -> np.ndarray:  # a factor [R, K] already has the shape: no broadcast view to build
+            return value if np.shape(value) == shape else np.full(shape, value, dtype=np.float64)
+
+        down = full(self.down_MB_per_s * link)
+        up = down if self.up_MB_per_s is None else full(self.up_MB_per_s * link)
+        return Links(full(self.step_s * step), down, up, self.up_MB_per_s is None)
 
     def links(self, seeds: np.ndarray, replicas: np.ndarray, clients: np.ndarray) -> Links:
         return self.scaled(clients)
@@ -67,9 +109,14 @@ class LognormalSpeeds:
     base: EqualSpeeds
     speed_sigma: float
     bandwidth_sigma: float
+    num_clients: int | None = None  # the population's size: small ones are tabled (ClientDraws)
+    z: ClientDraws = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "z", ClientDraws(SPEED, _normals(2), self.num_clients))
 
     def links(self, seeds: np.ndarray, replicas: np.ndarray, clients: np.ndarray) -> Links:
-        z = streams.normal(_key(seeds, replicas, SPEED, clients), 2)
+        z = self.z(seeds, replicas, clients)
         return self.base.scaled(clients, np.exp(self.speed_sigma * z[..., 0]), np.exp(self.bandwidth_sigma * z[..., 1]))
 
 
@@ -80,9 +127,14 @@ class SlowTailSpeeds:
     base: EqualSpeeds
     slow_fraction: float
     slow_factor: float
+    num_clients: int | None = None
+    u: ClientDraws = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "u", ClientDraws(SPEED, _uniforms, self.num_clients))
 
     def links(self, seeds: np.ndarray, replicas: np.ndarray, clients: np.ndarray) -> Links:
-        slow = streams.uniform(_key(seeds, replicas, SPEED, clients), 1)[..., 0] < self.slow_fraction
+        slow = self.u(seeds, replicas, clients)[..., 0] < self.slow_fraction
         return self.base.scaled(clients, np.where(slow, self.slow_factor, 1.0))
 
 
@@ -107,6 +159,8 @@ class TraceSpeeds:
 
 
 class AlwaysOnline:
+    always = True  # the clock asks nobody (harness/core/clock.py)
+
     def online(self, seeds: np.ndarray, replicas: np.ndarray, t: np.ndarray, clients: np.ndarray) -> np.ndarray:
         return np.ones(np.shape(clients), dtype=bool)
 
@@ -117,9 +171,14 @@ class DutyCycle:
 
     duty_cycle: float
     period_s: float
+    num_clients: int | None = None
+    u: ClientDraws = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "u", ClientDraws(PHASE, _uniforms, self.num_clients))
 
     def online(self, seeds: np.ndarray, replicas: np.ndarray, t: np.ndarray, clients: np.ndarray) -> np.ndarray:
-        phase = streams.uniform(_key(seeds, replicas, PHASE, clients), 1)[..., 0] * self.period_s
+        phase = self.u(seeds, replicas, clients)[..., 0] * self.period_s
         return np.mod(np.asarray(t, dtype=np.float64)[:, None] + phase, self.period_s) < self.duty_cycle * self.period_s
 
 

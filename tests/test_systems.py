@@ -51,6 +51,18 @@ def test_equal_profiles_always_online_and_no_deadline_give_todays_run_bit_for_bi
     assert got["today"][-1][-2] > 0 and got["today"][-1][-1] == K  # the clock ran; K clients took part
 
 
+def test_an_uplink_of_its_own_times_the_upload_with_the_section_off_as_on(tmp_path):
+    slow_up = [f"network.upload_MB_per_s={MB_PER_S / 100}", "rounds=2", f"results_dir={tmp_path}"]
+    for name, extra in (("off", []), ("on", ["systems.speed=lognormal", "systems.speed_sigma=0",
+                                             "systems.bandwidth_sigma=0"])):
+        assert execute(load_settings(quadratic(*slow_up, *extra)), run_id=name).status == "ok"
+    off, on = rows(tmp_path, "off"), rows(tmp_path, "on")
+    assert off == on
+    # each round: 24 bytes down at 10 B/s, 24 up at 0.1 B/s, and its longest local work (local_steps) at 1 s a step
+    local_steps, sim_s = off[-1][4], off[-1][8]
+    assert sim_s == pytest.approx(2 * (2.4 + 240.0) + STEP_S * local_steps, rel=1e-12)
+
+
 # --- the client-by-client simulation -----------------------------------------------------------------------------
 
 def client_profile(client: int) -> tuple[float, float, float]:
@@ -64,7 +76,7 @@ def client_profile(client: int) -> tuple[float, float, float]:
 def simulate(e: np.ndarray, x: np.ndarray, rounds: int, deadline: float, keep_first: int, sampled: int,
              partial: bool, nova: bool):
     """FedAvg / FedNova on F_i = 1/2 ||x - e_i||^2 with local GD, client by client: per round the kept clients
-    with their steps, the round's length, and the final model."""
+    with their steps, the round's length and how many clients downloaded the model; the final model."""
     profiles = [client_profile(k) for k in range(N)]
     t, log = 0.0, []
     for rnd in range(rounds):
@@ -86,7 +98,8 @@ def simulate(e: np.ndarray, x: np.ndarray, rounds: int, deadline: float, keep_fi
             if online[k] and steps >= 1 and finish <= deadline:
                 finished.append((finish, pos, k, steps))
         kept = sorted(finished)[:keep_first]
-        log.append((sorted((k, s) for _, _, k, s in kept), max([f for f, *_ in kept], default=deadline)))
+        reached = sum(online[k] for k in picked)  # every online client sampled downloads the model
+        log.append((sorted((k, s) for _, _, k, s in kept), max([f for f, *_ in kept], default=deadline), reached))
         if kept:
             q = 1.0 / len(kept)  # yang_s2's 1/K', rescaled to the selection's total
             deltas = {k: (1 - (1 - LR) ** s) * (e[k] - x) for _, _, k, s in kept}
@@ -127,13 +140,16 @@ def test_deadline_and_over_selection_keep_the_clients_a_client_by_client_simulat
     e = run.problem.e_np
     log, x = simulate(e, x0, rounds, deadline, K, math.ceil(over * K), late_work == "partial",
                       aggregator == "fednova")
-    for rnd, (plan, (kept, length)) in enumerate(zip(plans, log)):
+    for rnd, (plan, (kept, length, _)) in enumerate(zip(plans, log)):
         trained = plan.coef[0] != 0
         assert sorted(zip(plan.clients[0][trained].tolist(), plan.tau[0][trained].tolist())) == kept, rnd
         assert lengths[rnd] == length, rnd
-    assert any(len(k) < math.ceil(over * K) for k, _ in log)  # the deadline or over-selection removed someone
+    assert any(len(k) < math.ceil(over * K) for k, *_ in log)  # the deadline or over-selection removed someone
     if late_work == "partial":
-        assert any(s < STEPS[k] for kept, _ in log for k, s in kept)  # someone sent partial work
+        assert any(s < STEPS[k] for kept, *_ in log for k, s in kept)  # someone sent partial work
+    counters = outcome.state.counters  # 24 bytes each way: the model reached more clients than it heard from
+    assert counters["bytes_down"][0] == 24 * sum(r for *_, r in log) > counters["bytes_up"][0] == 24 * sum(
+        len(k) for k, *_ in log)
     final = outcome.state.x.double().numpy()[0]
     np.testing.assert_allclose(final, x, rtol=1e-12, atol=1e-12 * np.abs(x).max())
 
@@ -277,3 +293,21 @@ def test_bad_trace_files_one_message_exit_2_no_files(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "'systems.deadline_s': 0.002" in err and "0.0024 s" in err
     assert not (tmp_path / "results").exists()
+
+
+def test_tabled_profiles_draw_the_numbers_each_client_draws_alone():
+    """Populations up to TABLE_MAX_CLIENTS table their draws per (seed, replica): the same numbers as drawing
+    each client on demand (as 10^8 clients do)."""
+    from fedharness.algorithms.systems import DutyCycle, EqualSpeeds, LognormalSpeeds, SlowTailSpeeds
+
+    base = EqualSpeeds(0.5, 2.0, 1.0)
+    seeds, replicas = np.array([3, 3, 4]), np.array([0, 1, 0])
+    clients = np.random.default_rng(0).integers(0, 50, (3, 7))
+    t = np.array([0.0, 17.0, 33.0])
+    for make in (lambda n: LognormalSpeeds(base, 0.7, 0.4, n), lambda n: SlowTailSpeeds(base, 0.3, 8.0, n)):
+        tabled, alone = make(50).links(seeds, replicas, clients), make(None).links(seeds, replicas, clients)
+        for name in ("step_s", "down_MB_per_s", "up_MB_per_s"):
+            assert np.array_equal(getattr(tabled, name), getattr(alone, name)), name
+        assert len(np.unique(tabled.step_s)) >= 2  # clients differ
+    on = DutyCycle(0.4, 30.0, 50).online(seeds, replicas, t, clients)
+    assert np.array_equal(on, DutyCycle(0.4, 30.0).online(seeds, replicas, t, clients)) and 0 < on.mean() < 1

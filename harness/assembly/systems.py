@@ -16,12 +16,12 @@ from fedharness.problems.device_traces import read_availability_trace, read_devi
 from fedharness.settings import NetworkSettings, RunSettings, SystemsSettings
 
 
-def speeds_for(systems: SystemsSettings, network: NetworkSettings, batch_size: int) -> Speeds:
+def speeds_for(systems: SystemsSettings, network: NetworkSettings, batch_size: int, num_clients: int) -> Speeds:
     base = EqualSpeeds(network.compute_s_per_step, network.bandwidth_MB_per_s, network.upload_MB_per_s)
     if systems.speed == "lognormal":
-        return LognormalSpeeds(base, systems.speed_sigma, systems.bandwidth_sigma)
+        return LognormalSpeeds(base, systems.speed_sigma, systems.bandwidth_sigma, num_clients)
     if systems.speed == "slow_tail":
-        return SlowTailSpeeds(base, systems.slow_fraction, systems.slow_factor)
+        return SlowTailSpeeds(base, systems.slow_fraction, systems.slow_factor, num_clients)
     if systems.speed == "trace":
         require(systems.device_trace is not None, "systems.device_trace", None, "a file (speed=trace reads it)")
         trace = read_device_trace(systems.device_trace)
@@ -29,9 +29,9 @@ def speeds_for(systems: SystemsSettings, network: NetworkSettings, batch_size: i
     return base
 
 
-def availability_for(systems: SystemsSettings):
-    if systems.availability == "duty_cycle":
-        return DutyCycle(systems.duty_cycle, systems.period_s)
+def availability_for(systems: SystemsSettings, num_clients: int):
+    if systems.availability == "duty_cycle" and systems.duty_cycle < 1:
+        return DutyCycle(systems.duty_cycle, systems.period_s, num_clients)
     if systems.availability == "trace":
         require(systems.availability_trace is not None, "systems.availability_trace", None,
                 "a file (availability=trace reads it)")
@@ -50,11 +50,11 @@ def clock_for(settings: RunSettings, algorithm, num_clients: int,
     if systems.over_selection != 1:
         check_over_selection(systems, settings, algorithm, num_clients)
         keep = int(alg.clients_per_round)
-    speeds = speeds_for(systems, settings.network, int(alg.batch_size))
+    speeds = speeds_for(systems, settings.network, int(alg.batch_size), num_clients)
     if systems.deadline_s is not None:
         check_deadline(systems.deadline_s, speeds, client_bytes)
-    return SystemsClock(speeds, availability_for(systems), systems.deadline_s, keep, systems.late_work == "partial",
-                        systems.retry_s)
+    return SystemsClock(speeds, availability_for(systems, num_clients), systems.deadline_s, keep,
+                        systems.late_work == "partial", systems.retry_s)
 
 
 def sampled_per_round(settings: RunSettings) -> int:

@@ -31,6 +31,7 @@ class Settled:
     returned: np.ndarray
     tau: np.ndarray
     seconds: np.ndarray
+    reached: np.ndarray  # [R, K] the entries the model reached (sampled, online): they downloaded it
 
 
 def transfer_s(links: Links, down_bytes: float, up_bytes: float) -> np.ndarray:
@@ -71,6 +72,11 @@ class SystemsClock:
     partial: bool = False  # late_work=partial: a client the deadline cuts off sends the steps it finished
     retry_s: float = 60.0
 
+    @property
+    def always_online(self) -> bool:
+        """Every client online at every time: no availability to ask (algorithms/systems.py AlwaysOnline)."""
+        return getattr(self.availability, "always", False)
+
     def online(self, seeds: np.ndarray, replicas: np.ndarray, t: np.ndarray) -> Online:
         return Online(self.availability, np.asarray(seeds), np.asarray(replicas), np.asarray(t, dtype=np.float64))
 
@@ -80,20 +86,22 @@ class SystemsClock:
         padding, dropped out) with their local steps tau, started at each row's time t [R]."""
         links = self.speeds.links(seeds, replicas, clients)
         comm = transfer_s(links, down_bytes, up_bytes)
-        returned = trains & self.availability.online(seeds, replicas, np.asarray(t, dtype=np.float64), clients)
-        planned = tau
+        returned = trains
+        if not self.always_online:
+            returned = trains & self.availability.online(seeds, replicas, np.asarray(t, dtype=np.float64), clients)
+        planned, reached = tau, returned
         if self.partial and self.deadline_s is not None:
             tau = np.minimum(tau, steps_in_time(self.deadline_s - comm, links.step_s))
         finish = comm + tau * links.step_s
-        returned &= tau >= 1
+        returned = returned & (tau >= 1)
         if self.deadline_s is not None:
-            returned &= finish <= self.deadline_s
+            returned = returned & (finish <= self.deadline_s)
         if self.keep is not None:
             returned = first_to_finish(finish, returned, self.keep)
         idle = self.retry_s if self.deadline_s is None else self.deadline_s
         last = np.max(np.where(returned, finish, -np.inf), axis=1)
         tau = np.where(returned, tau, planned)  # an entry that does not train keeps its planned steps (>= 1)
-        return Settled(returned, tau, np.where(returned.any(axis=1), last, idle))
+        return Settled(returned, tau, np.where(returned.any(axis=1), last, idle), reached)
 
 
 def rescaled(weights: np.ndarray, returned: np.ndarray) -> np.ndarray:

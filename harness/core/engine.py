@@ -31,20 +31,25 @@ class NetworkModel:
     """Simulated wall-clock of a round (Yang et al.'s Table 2): every sampled client downloads and uploads the
     model (and any control variates) over its own link, then trains; the round lasts as long as its slowest client.
 
-    sim_s per round = (bytes_down + bytes_up of one client) / bandwidth + max_k tau_k * compute_s_per_step.
-    MB means 10^6 bytes.
+    sim_s per round = (bytes_down + bytes_up of one client) / bandwidth + max_k tau_k * compute_s_per_step, or
+    with an uplink of its own bytes_down / bandwidth + bytes_up / upload. MB means 10^6 bytes.
     """
 
     bandwidth_MB_per_s: float = 20.0
     compute_s_per_step: float = 0.0
+    upload_MB_per_s: float | None = None  # None: one link both ways
 
     @classmethod
     def of(cls, network) -> "NetworkModel":
         """The model of the run's `network` settings (harness/settings.py's NetworkSettings)."""
-        return cls(network.bandwidth_MB_per_s, network.compute_s_per_step)
+        return cls(network.bandwidth_MB_per_s, network.compute_s_per_step, network.upload_MB_per_s)
 
-    def round_seconds(self, bytes_per_client: float, max_tau: np.ndarray) -> np.ndarray:
-        return bytes_per_client / (self.bandwidth_MB_per_s * 1e6) + max_tau * self.compute_s_per_step
+    def round_seconds(self, down_bytes: float, up_bytes: float, max_tau: np.ndarray) -> np.ndarray:
+        if self.upload_MB_per_s is None:
+            transfer = (down_bytes + up_bytes) / (self.bandwidth_MB_per_s * 1e6)
+        else:
+            transfer = down_bytes / (self.bandwidth_MB_per_s * 1e6) + up_bytes / (self.upload_MB_per_s * 1e6)
+        return transfer + max_tau * self.compute_s_per_step
 
 
 def _failed(err: BaseException) -> str:
@@ -99,8 +104,9 @@ class Engine:
         self.rounds, self.seed = int(slots.rounds.max()), int(slots.seeds[0])
         self.network = network or NetworkModel()
         self.clock = clock
-        self._sampler_online = clock is not None and takes_online(algorithm.sampler)
+        self._sampler_online = clock is not None and not clock.always_online and takes_online(algorithm.sampler)
         self._sim_seconds: np.ndarray | None = None  # the planned round's length [R] on the systems clock
+        self._downloads: np.ndarray | None = None  # [R] the clients the model reached (the clock: even if dropped)
         self.metrics, self.end_status = tuple(metrics), end_status  # metrics: a user's extra columns
         self.hooks = dict(zip(slots.ids, hooks))
         self.round_hooks = {i: [h for h in hs if _acts_at_round_end(h)] for i, hs in self.hooks.items()}
@@ -164,6 +170,11 @@ class Engine:
         settled = self.clock.settle(self.row_seeds(), self.stream_replicas, t, sel.clients, trains, tau,
                                     *self._client_bytes)
         self._sim_seconds = settled.seconds
+        if np.array_equal(settled.returned, trains):  # everyone on time: the selection as it was
+            self._downloads = None
+            return sel, settled.tau
+        same = np.array_equal(settled.reached, settled.returned)  # else some got the model and were then dropped
+        self._downloads = None if same else trained_clients(sel.clients, settled.reached.astype(np.float64), tau)[0]
         active = settled.returned.any(axis=1)
         return Selection(sel.clients, rescaled(sel.weights, settled.returned), sel.lr_scale, active), settled.tau
 
@@ -176,10 +187,10 @@ class Engine:
         c["local_steps"] += np.where(distinct > 0, np.where(plan.coef != 0, plan.tau, 0).max(1), 0)
         c["grad_evals"] += work * self.alg.batch_size
         down, up = self._client_bytes
-        c["bytes_down"] += distinct * down
+        c["bytes_down"] += distinct * down if self._downloads is None else self._downloads * down
         c["bytes_up"] += distinct * up
         if self.clock is None:
-            c["sim_s"] += self.network.round_seconds(down + up, plan.tau.max(1))
+            c["sim_s"] += self.network.round_seconds(down, up, plan.tau.max(1))
         else:
             c["sim_s"] += self._sim_seconds
         c["participants"] = distinct  # the clients that took part in the round just done (not cumulative)

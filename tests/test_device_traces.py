@@ -194,13 +194,27 @@ def refused(path: Path, reader=read_device_trace, key: str = DEVICE_KEY) -> str:
     return err.value.allowed
 
 
-def test_numpy_scalars_refused_with_the_global_named(tmp_path):
-    path = write(tmp_path, {1: {"computation": np.float64(2.0), "communication": 3.0}})
-    why = refused(path)
-    assert why.startswith("a pickle of plain dicts, lists, numbers and strings: it names the global numpy")
-    assert ".multiarray.scalar" in why and "save plain float/int, or JSON" in why
-    path = write(tmp_path, {1: {"active": np.array([0, 1]), "inactive": [1, 2], "finish_time": 5}})
-    assert "it names the global numpy" in refused(path, read_availability_trace, AVAILABILITY_KEY)
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_numpy_numbers_read_as_plain_numbers_and_arrays_refused(tmp_path, protocol):
+    """Traces written from numpy arithmetic hold numpy numbers: rebuilt as plain numbers from their dtype and bytes
+    (numeric dtypes only), never by numpy's own unpickling; an array is still refused, naming its global."""
+    path = tmp_path / "numbers.pkl"
+    devices = {1: {"computation": np.float64(2.5), "communication": np.float32(0.1)},
+               2: {"computation": np.int64(7), "communication": 3.0}}
+    path.write_bytes(pickle.dumps(devices, protocol=protocol))
+    trace = read_device_trace(path)
+    assert trace.ms_per_sample.tolist() == [2.5, 7.0]
+    assert trace.kbit_per_s.tolist() == [float(np.float32(0.1)), 3.0]
+    path.write_bytes(pickle.dumps({1: {"active": np.array([0, 1]), "inactive": [1, 2], "finish_time": 5}},
+                                  protocol=protocol))
+    why = refused(path, read_availability_trace, AVAILABILITY_KEY)
+    assert "it names the global numpy" in why and "save lists, or JSON" in why
+
+
+def test_a_numpy_number_of_object_dtype_is_refused(tmp_path):
+    path = tmp_path / "object.pkl"  # numpy.dtype('O8'): the dtype whose scalars would hold any object
+    path.write_bytes(b"cnumpy\ndtype\n(S'O8'\nI00\nI01\ntR.")
+    assert "numeric dtypes only" in refused(path)
 
 
 @pytest.mark.parametrize("value, name", [(collections.OrderedDict(a=1), "collections.OrderedDict"),

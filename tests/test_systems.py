@@ -277,9 +277,12 @@ def test_bad_trace_files_one_message_exit_2_no_files(tmp_path, capsys):
     device, behave = write_traces(tmp_path)
     broken = tmp_path / "broken.pkl"
     broken.write_bytes(pickle.dumps({1: {"active": [9.0], "inactive": [5.0], "finish_time": 100.0}}))
+    numpy_inside = tmp_path / "numpy.pkl"  # an array: a global the reader refuses (numpy numbers it reads)
+    numpy_inside.write_bytes(pickle.dumps({1: {"active": np.array([1.0]), "inactive": [5.0], "finish_time": 9.0}}))
     cases = [([f"systems.availability_trace={broken}"], "'systems.availability_trace'", "ends (5.0) before it starts"),
              ([f"systems.availability_trace={device}"], "'systems.availability_trace'", "no 'finish_time' key"),
-             ([f"systems.availability_trace={tmp_path / 'nope.pkl'}"], "'systems.availability_trace'", "not found")]
+             ([f"systems.availability_trace={tmp_path / 'nope.pkl'}"], "'systems.availability_trace'", "not found"),
+             ([f"systems.availability_trace={numpy_inside}"], "'systems.availability_trace'", "multiarray._reconstruct")]
     for overrides, key, allowed in cases:
         results = tmp_path / "results"
         assert main(["run", f"results_dir={results}", *quadratic("rounds=2"), "systems.availability=trace",

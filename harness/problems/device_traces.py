@@ -12,7 +12,9 @@ FedScale (github.com/SymbioticLab/FedScale) publishes two traces as Python pickl
 
 Safety: loading a pickle can run any code, so these files never reach pickle.load. The reader's find_class refuses
 every global, so only plain built-ins come out (dicts, lists, tuples, numbers, strings, ...) and nothing is called;
-a pickle that needs a global (numpy scalars, OrderedDict, any class, os.system) is refused with the global named.
+a numpy number is rebuilt as a plain one by functions of this module (NUMPY_NUMBER: numeric dtypes and raw bytes
+only); a pickle that needs any other global (numpy arrays, OrderedDict, any class, os.system) is refused with the
+global named.
 The same structure is read from JSON (a file whose first non-blank byte is `{`; client ids are then strings);
 convert() writes that JSON from a pickle. After loading, the structure is checked: the first problem found is one
 ConfigError whose key is systems.device_trace or systems.availability_trace and whose value is the path.
@@ -151,6 +153,33 @@ def convert(src: Union[str, Path], dst: Union[str, Path]) -> None:
     _write_json(dst, _json_form(trace))
 
 
+def _numeric_dtype(name: Any, align: Any = False, copy: Any = True) -> np.dtype:
+    """numpy.dtype as a pickle of a numpy number names it: numeric kinds only (no object dtype)."""
+    dtype = np.dtype(name) if isinstance(name, str) else None
+    if dtype is None or dtype.kind not in "biuf":
+        raise _Bad(f"a numpy number of dtype {name!r} (numeric dtypes only)")
+    return dtype
+
+
+def _numeric_scalar(dtype: Any, data: Any = b"") -> float | int | bool:
+    """numpy's scalar(dtype, raw bytes) as the plain Python number it holds."""
+    if not isinstance(dtype, np.dtype) or dtype.kind not in "biuf" or not isinstance(data, bytes):
+        raise _Bad("a numpy number built from a numeric dtype and its bytes")
+    return np.frombuffer(data, dtype=dtype, count=1)[0].item()
+
+
+def _latin1_bytes(text: Any, encoding: Any = "latin1") -> bytes:
+    """_codecs.encode, as protocols 0-2 pickle a numpy number's raw bytes."""
+    if not isinstance(text, str) or encoding != "latin1":
+        raise _Bad("bytes pickled as latin-1 text")
+    return text.encode("latin1")
+
+
+# The globals a pickled numpy number names (numpy 1 and 2), each answered by a function above.
+NUMPY_NUMBER = {("numpy", "dtype"): _numeric_dtype, ("numpy.core.multiarray", "scalar"): _numeric_scalar,
+                ("numpy._core.multiarray", "scalar"): _numeric_scalar, ("_codecs", "encode"): _latin1_bytes}
+
+
 class _PlainUnpickler(pickle.Unpickler):
     """Builds plain built-in values only: every global is refused, so no class is made and nothing is called."""
 
@@ -160,11 +189,15 @@ class _PlainUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         # Every class and callable (GLOBAL, STACK_GLOBAL, INST, EXT*; REDUCE and NEWOBJ call what these gave)
-        # comes through here: refusing them all leaves only the opcodes that build plain values.
+        # comes through here: refusing them all leaves only the opcodes that build plain values. The one exception
+        # is a numpy number (traces written from numpy arithmetic hold them): rebuilt here as a plain float or int
+        # by functions of our own that accept numeric dtypes and raw bytes only.
+        if (module, name) in NUMPY_NUMBER:
+            return NUMPY_NUMBER[(module, name)]
         if not all(part.isidentifier() for part in f"{module}.{name}".split(".")):
             # Text read as a pickle: its first letter 'c' is the GLOBAL opcode (a CSV file, say).
             raise ConfigError(self._key, str(self._path), "not a pickle or JSON file")
-        hint = "; numpy numbers need one: save plain float/int, or JSON" if module.split(".")[0] == "numpy" else ""
+        hint = "; numpy arrays need one: save lists, or JSON" if module.split(".")[0] == "numpy" else ""
         raise ConfigError(self._key, str(self._path),
                           f"a pickle of plain dicts, lists, numbers and strings: it names the global {module}.{name}"
                           f"{hint}")
@@ -188,6 +221,8 @@ def _load_plain(path: Path, key: str) -> Any:
         return _PlainUnpickler(data, key, path).load()
     except ConfigError:
         raise
+    except _Bad as err:  # a numpy global used for something other than a number
+        raise ConfigError(key, str(path), f"a pickle of plain dicts, lists, numbers and strings: {err}") from None
     except Exception as err:  # truncated or no pickle at all: the unpickler raises many kinds of error
         raise ConfigError(key, str(path), f"not a pickle or JSON file ({type(err).__name__}: {err})") from None
 

@@ -138,3 +138,19 @@ def test_the_data_seed_is_the_datasets_else_the_runs(settings, tmp_path):
     pinned = load_settings([f"results_dir={tmp_path}", "seed=3", "dataset.data_seed=5"])
     assert (pinned.seed, pinned.data_seed) == (3, 5)
     assert load_settings([f"results_dir={tmp_path}", "seed=3"]).data_seed == 3
+
+
+def test_a_config_recorded_before_a_key_existed_reads_with_todays_default():
+    """A runs/ row's config_json from before network.upload_MB_per_s and the systems section: read with their
+    defaults (the compression study builds each recorded run's problem again), every recorded value kept."""
+    import json
+
+    from fedharness.config.load import load_config, recorded_settings
+
+    old = json.loads(json.dumps(load_config(["network.bandwidth_MB_per_s=3", "rounds=7"])))
+    del old["network"]["upload_MB_per_s"], old["systems"]
+    with pytest.raises(KeyError):
+        RunSettings.from_config(old)
+    settings = recorded_settings(old)
+    assert settings.network.upload_MB_per_s is None and settings.systems.speed == "equal"
+    assert settings.network.bandwidth_MB_per_s == 3 and settings.rounds == 7

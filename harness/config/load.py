@@ -4,13 +4,14 @@ typed settings (harness/settings.py), which is what the runner, the core, the ba
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from fedharness.config.compose import compose_raw, compose_values
 from fedharness.extend import register_targets
 from fedharness.registry.plugins import load_entry_points
 from fedharness.config.schema import validate
-from fedharness.settings import RunSettings
+from fedharness.settings import RunSettings, sections_of
 
 
 def load_config(overrides: list[str], config_name: str = "config", values: list[str] | None = None) -> dict[str, Any]:
@@ -47,3 +48,16 @@ def _without_model(overrides: list[str]) -> list[str]:
 def load_settings(overrides: list[str], config_name: str = "config") -> RunSettings:
     """`load_config`'s validated config as the run's settings, built once here."""
     return RunSettings.from_config(load_config(overrides, config_name))
+
+
+def recorded_settings(config: dict[str, Any]) -> RunSettings:
+    """The settings of a config an earlier version recorded (a runs/ row's config_json): the top-level keys and the
+    sections' keys added since then take today's defaults; nothing recorded changes."""
+    defaults = compose_raw([])
+    merged = copy.deepcopy(config)
+    for name, value in defaults.items():
+        if name not in merged:
+            merged[name] = copy.deepcopy(value)
+        elif name in sections_of(RunSettings) and isinstance(merged[name], dict):
+            merged[name] = {**value, **merged[name]}
+    return RunSettings.from_config(merged)

@@ -13,7 +13,6 @@ that diverged (a non-finite loss: every seed of it stops) reads "diverged after 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -21,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fedharness.studies.reports.analysis import parse_target, time_to_target
-from fedharness.studies.reports.data import Results, load_results
+from fedharness.studies import study_tables as st
+from fedharness.studies.reports.data import Results
 
 # The target of each problem, by data set (the synthetic W1 with logistic regression; digits with the 2NN);
 # `--target DATASET=METRIC>=V` replaces one.
@@ -32,10 +31,6 @@ PROBLEMS = {"synthetic": "W1: Synthetic(1,1), 100 clients x 200 samples, logisti
 ORDER = ("none", "topk", "randomk", "qsgd", "sign")
 PARAM = {"topk": "ratio", "randomk": "ratio", "qsgd": "levels"}  # the key each compressor is swept over
 VALUE_BYTES = {"float32": 4, "float64": 8}
-
-
-def _problem_name(cfg: dict) -> str:
-    return str(cfg.get("dataset.name"))
 
 
 def _compressor(cfg: dict) -> tuple[str, float, bool]:
@@ -49,10 +44,10 @@ def _compressor(cfg: dict) -> tuple[str, float, bool]:
 def dense_bytes(config: dict) -> int:
     """The dense model's bytes (what each sampled client downloads): its dim times the dtype's bytes, from the
     run's own problem, built again."""
+    from fedharness.config.load import recorded_settings
     from fedharness.problems import build_problem
-    from fedharness.settings import RunSettings
 
-    settings = RunSettings.from_config(config)
+    settings = recorded_settings(config)  # recorded by an earlier version, perhaps: keys added since take defaults
     problem = build_problem(settings, config["algorithm"]["batch_size"])
     return int(problem.dim) * VALUE_BYTES[config["dtype"]]
 
@@ -61,35 +56,18 @@ def seed_rows(results: Results, targets: dict[str, str] | None = None) -> pd.Dat
     """One row per (finished run, replica): problem, compressor, param, ef, reached, round and MB to the problem's
     target (NaN when censored), the run's last round, the final test accuracy and the bytes each client sent a
     round (bytes_up over the uploads, bytes_down over the dense model's bytes)."""
-    targets = {**TARGETS, **(targets or {})}
-    runs = results.runs[results.runs["status"].isin(["ok", "diverged"])]
-    rounds = results.rounds[results.rounds["series"] == "iterate"]
-    last = rounds[rounds["round"] == rounds.groupby(["run_id", "replica"])["round"].transform("max")]
-    dense: dict[str, int] = {}
+    dense: dict[str, int] = {}  # the dense bytes by the keys that fix the model: building a problem is slow
     frames = []
-    for problem, group in runs.groupby(runs["cfg"].map(_problem_name), sort=False):
-        target = parse_target(targets[problem]) if problem in targets else None
-        sub = Results(results.store, group, rounds[rounds["run_id"].isin(group["run_id"])])
-        ttt = time_to_target(sub, target) if target is not None else None
-        for run in group.itertuples():
-            cfg = run.cfg
-            name, value, ef = _compressor(cfg)
-            key = json.dumps([cfg.get(k) for k in sorted(cfg) if k.startswith(("dataset.", "model.", "partition."))]
-                             + [cfg.get("algorithm.batch_size"), cfg.get("dtype")], default=str)
-            if key not in dense:
-                dense[key] = dense_bytes(json.loads(run.config_json))
-            fin = last[last["run_id"] == run.run_id].set_index("replica")
-            hit = ttt[ttt["run_id"] == run.run_id].set_index("replica") if ttt is not None else None
-            for rep, row in fin.iterrows():
-                up, down = int(row["bytes_up"]), int(row["bytes_down"])
-                frames.append({
-                    "problem": problem, "target": target.label if target else "", "compressor": name,
-                    "param": value, "ef": ef, "run_id": run.run_id, "replica": int(rep), "status": run.status,
-                    "reached": bool(hit.loc[rep, "reached"]) if hit is not None else False,
-                    "round": float(hit.loc[rep, "round"]) if hit is not None else math.nan,
-                    "mb": float(hit.loc[rep, "mb"]) if hit is not None else math.nan,
-                    "last_round": int(row["round"]), "test_acc": float(row["test_acc"]),
-                    "up_per_client": up * dense[key] / down if down else math.nan, "dense_bytes": dense[key]})
+    for rep in st.replicas(results, {**TARGETS, **(targets or {})}):
+        cfg = rep.run.cfg
+        name, value, ef = _compressor(cfg)
+        key = json.dumps([cfg.get(k) for k in sorted(cfg) if k.startswith(("dataset.", "model.", "partition."))]
+                         + [cfg.get("algorithm.batch_size"), cfg.get("dtype")], default=str)
+        if key not in dense:
+            dense[key] = dense_bytes(json.loads(rep.run.config_json))
+        up, down = int(rep.last["bytes_up"]), int(rep.last["bytes_down"])
+        frames.append({**rep.cells("mb"), "compressor": name, "param": value, "ef": ef,
+                       "up_per_client": up * dense[key] / down if down else math.nan, "dense_bytes": dense[key]})
     return pd.DataFrame(frames)
 
 
@@ -108,23 +86,12 @@ def summary(seeds: pd.DataFrame) -> pd.DataFrame:
     rows = []
     keys = ["problem", "compressor", "param", "ef"]
     for (problem, name, value, ef), g in seeds.groupby(keys, sort=False, dropna=False):
-        hit = g[g["reached"]]
         up = g["up_per_client"].unique()
         rows.append({"problem": problem, "compressor": name, "param": value, "ef": ef, "target": g["target"].iloc[0],
-                     "seeds": len(g), "reached": len(hit), "last_round": int(g["last_round"].max()),
-                     "diverged": bool((g["status"] == "diverged").any()),
-                     "rounds_mean": hit["round"].mean(), "rounds_std": hit["round"].std(),
-                     "mb_mean": hit["mb"].mean(), "mb_std": hit["mb"].std(),
+                     **st.seed_stats(g, rounds="round", mb="mb"),
                      "up_bytes": float(up[0]) if len(up) == 1 else math.nan,
-                     "up_share": float(up[0]) / g["dense_bytes"].iloc[0] if len(up) == 1 else math.nan,
-                     "acc_mean": 100 * g["test_acc"].mean(), "acc_std": 100 * g["test_acc"].std()})
+                     "up_share": float(up[0]) / g["dense_bytes"].iloc[0] if len(up) == 1 else math.nan})
     return _order(pd.DataFrame(rows)).reset_index(drop=True)
-
-
-def _pm(mean: float, std: float, digits: int) -> str:
-    if np.isnan(std):
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
 def _param(name: str, value: float) -> str:
@@ -137,22 +104,16 @@ def markdown(table: pd.DataFrame) -> str:
     """One table per problem: 'mean ± std' over the seeds (rounds and MB over those that reached the target)."""
     out = []
     for problem, part in table.groupby("problem", sort=False):
-        seeds = int(part["seeds"].max())
-        out += [f"**{PROBLEMS.get(problem, problem)}**: target {part['target'].iloc[0]}, {seeds} seeds, "
-                f"{int(part['last_round'].max())} rounds", "",
+        out += [st.heading(PROBLEMS.get(problem, problem), part), "",
                 "| compressor | ratio / levels | error feedback | reached | rounds to target | MB to target "
                 "(up + down) | bytes up per client per round | final test accuracy (%) |",
                 "|---|---|---|---:|---:|---:|---:|---:|"]
         for r in part.itertuples():
-            if r.reached:
-                rounds, mb = _pm(r.rounds_mean, r.rounds_std, 1), _pm(r.mb_mean, r.mb_std, 2)
-            else:
-                rounds = mb = f"not reached (> {r.last_round})"
             share = f" ({100 * r.up_share:.3g}%)" if not np.isnan(r.up_share) else ""
             ef = "–" if r.compressor == "none" else ("yes" if r.ef else "no")
-            acc = f"diverged after round {r.last_round}" if r.diverged else _pm(r.acc_mean, r.acc_std, 1)
             out.append(f"| {r.compressor} | {_param(r.compressor, r.param)} | {ef} | {r.reached}/{r.seeds} | "
-                       f"{rounds} | {mb} | {r.up_bytes:,.0f}{share} | {acc} |")
+                       f"{st.to_target_cell(r, 'rounds', 1)} | {st.to_target_cell(r, 'mb', 2)} | "
+                       f"{r.up_bytes:,.0f}{share} | {st.accuracy_cell(r)} |")
         out.append("")
     return "\n".join(out)
 
@@ -160,12 +121,8 @@ def markdown(table: pd.DataFrame) -> str:
 def accuracy_vs_mb(results: Results, seeds: pd.DataFrame, path: Path, metric: str = "test_acc") -> None:
     """Per problem, the mean over seeds of `metric` against the mean MB sent by each evaluated round (log x); solid
     with error feedback (and dense), dashed without, thicker at the larger ratio or levels."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rounds = results.rounds[results.rounds["series"] == "iterate"]
+    plt = st.pyplot()
+    rounds = st.iterate_rounds(results)
     rounds = rounds.assign(mb=(rounds["bytes_up"].astype(float) + rounds["bytes_down"].astype(float)) / 1e6)
     runs = seeds.drop_duplicates("run_id").set_index("run_id")
     problems = list(dict.fromkeys(_order(seeds)["problem"]))
@@ -184,41 +141,15 @@ def accuracy_vs_mb(results: Results, seeds: pd.DataFrame, path: Path, metric: st
                     label=f"{run.compressor} {_param(run.compressor, run.param)}"
                           f"{' EF' if run.ef else ''}".replace(" –", ""))
         ax.set_xscale("log")
-        ax.set_xlabel("MB sent (up + down, all clients)")
-        ax.set_ylabel(f"{metric} (mean over seeds)")
-        ax.set_title(f"{PROBLEMS.get(problem, problem)}", fontsize=9)
-        ax.legend(fontsize=6, ncol=2)
-        ax.grid(alpha=0.3)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-
-
-def _targets(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        dataset, _, text = item.partition("=")
-        parse_target(text)  # one line naming --target if it is not METRIC>=V
-        out[dataset] = text
-    return out
+        st.finish_panel(ax, "MB sent (up + down, all clients)", metric, f"{PROBLEMS.get(problem, problem)}", 6,
+                        ncol=2)
+    st.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results_dir")
-    parser.add_argument("--out", default="docs/compression")
-    parser.add_argument("--target", action="append", default=[], metavar="DATASET=METRIC>=V",
-                        help=f"a problem's target (defaults: {', '.join(f'{k}={v}' for k, v in TARGETS.items())})")
-    args = parser.parse_args(argv)
-    results = load_results(args.results_dir)
-    seeds = seed_rows(results, _targets(args.target))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table = markdown(summary(seeds))
-    (out / "table.md").write_text(table)
-    accuracy_vs_mb(results, seeds, out / "accuracy_vs_mb.png")
-    print(table)
-    print(f"{len(seeds)} (run, seed) results; written: {out / 'table.md'}, {out / 'accuracy_vs_mb.png'}")
-    return 0
+    return st.main(argv, doc=__doc__, out="docs/compression", targets=TARGETS, seed_rows=seed_rows,
+                   table=lambda seeds: markdown(summary(seeds)), figure=accuracy_vs_mb,
+                   figure_name="accuracy_vs_mb.png")
 
 
 if __name__ == "__main__":

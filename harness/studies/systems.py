@@ -18,15 +18,15 @@ non-finite loss: every seed of it stops) reads "diverged after round R" in the a
 
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from fedharness.studies.reports.analysis import parse_target, time_to_target
-from fedharness.studies.reports.data import Results, load_results
+from fedharness.studies import study_tables as st
+from fedharness.studies.reports.analysis import parse_target
+from fedharness.studies.reports.data import Results
 
 # The target of each problem, by data set (the synthetic W1 with logistic regression; digits with the 2NN);
 # `--target DATASET=METRIC>=V` replaces one.
@@ -34,10 +34,6 @@ TARGETS = {"synthetic": "test_acc>=0.5", "digits": "test_acc>=0.9"}
 PROBLEMS = {("synthetic", "auto"): "W1: Synthetic(1,1), 100 clients x 200 samples, logistic regression",
             ("digits", "2nn"): "digits, 2NN"}  # by (data set, model); any other reads "DATASET, model MODEL"
 SPEEDS = ("equal", "lognormal", "slow_tail", "trace")
-
-
-def _problem_name(cfg: dict) -> str:
-    return str(cfg.get("dataset.name"))
 
 
 def problem_label(problem: str, model: str) -> str:
@@ -89,30 +85,12 @@ def seed_rows(results: Results, targets: dict[str, str] | None = None) -> pd.Dat
     """One row per (finished run, replica): problem, speed, algorithm, deadline, late work, over-selection,
     reached, round and simulated seconds to the problem's target (NaN when censored), the run's last round and
     sim_s there, the mean participants over rounds 1..last, and the final test accuracy."""
-    targets = {**TARGETS, **(targets or {})}
-    runs = results.runs[results.runs["status"].isin(["ok", "diverged"])]
-    rounds = results.rounds[results.rounds["series"] == "iterate"]
-    last = rounds[rounds["round"] == rounds.groupby(["run_id", "replica"])["round"].transform("max")]
-    trained = rounds[rounds["round"] >= 1]
+    rounds = st.iterate_rounds(results)
+    trained = rounds[rounds["round"] >= 1]  # round 0 is the initial model's evaluation: no one took part
     participants = trained.groupby(["run_id", "replica"])["participants"].mean()
-    frames = []
-    for problem, group in runs.groupby(runs["cfg"].map(_problem_name), sort=False):
-        target = parse_target(targets[problem]) if problem in targets else None
-        sub = Results(results.store, group, rounds[rounds["run_id"].isin(group["run_id"])])
-        ttt = time_to_target(sub, target) if target is not None else None
-        for run in group.itertuples():
-            fin = last[last["run_id"] == run.run_id].set_index("replica")
-            hit = ttt[ttt["run_id"] == run.run_id].set_index("replica") if ttt is not None else None
-            for rep, row in fin.iterrows():
-                frames.append({
-                    "problem": problem, "target": target.label if target else "", **_row(run.cfg),
-                    "run_id": run.run_id, "replica": int(rep), "status": run.status,
-                    "reached": bool(hit.loc[rep, "reached"]) if hit is not None else False,
-                    "round": float(hit.loc[rep, "round"]) if hit is not None else math.nan,
-                    "sim_s": float(hit.loc[rep, "sim_s"]) if hit is not None else math.nan,
-                    "last_round": int(row["round"]), "last_sim_s": float(row["sim_s"]),
-                    "participants": float(participants.get((run.run_id, rep), math.nan)),
-                    "test_acc": float(row["test_acc"])})
+    frames = [{**rep.cells("sim_s"), **_row(rep.run.cfg), "last_sim_s": float(rep.last["sim_s"]),
+               "participants": float(participants.get((rep.run.run_id, rep.replica), math.nan))}
+              for rep in st.replicas(results, {**TARGETS, **(targets or {})})]
     return pd.DataFrame(frames)
 
 
@@ -138,25 +116,13 @@ def summary(seeds: pd.DataFrame) -> pd.DataFrame:
     round, mean seconds per round and mean and std of the final test accuracy (%) over every seed."""
     rows = []
     for key, g in seeds.groupby(_KEYS, sort=False, dropna=False):
-        hit = g[g["reached"]]
         first = g.iloc[0]
         rows.append({**dict(zip(_KEYS, key)), "target": first["target"], "speed_label": first["speed_label"],
                      "availability": first["availability"], "K": int(first["K"]), "step_s": first["step_s"],
-                     "bandwidth": first["bandwidth"], "seeds": len(g), "reached": len(hit),
-                     "last_round": int(g["last_round"].max()),
-                     "diverged": bool((g["status"] == "diverged").any()),
-                     "sim_s_mean": hit["sim_s"].mean(), "sim_s_std": hit["sim_s"].std(),
-                     "rounds_mean": hit["round"].mean(), "rounds_std": hit["round"].std(),
+                     "bandwidth": first["bandwidth"], **st.seed_stats(g, sim_s="sim_s", rounds="round"),
                      "participants": g["participants"].mean(),
-                     "s_per_round": (g["last_sim_s"] / g["last_round"]).mean(),
-                     "acc_mean": 100 * g["test_acc"].mean(), "acc_std": 100 * g["test_acc"].std()})
+                     "s_per_round": (g["last_sim_s"] / g["last_round"]).mean()})
     return _order(pd.DataFrame(rows)).reset_index(drop=True)
-
-
-def _pm(mean: float, std: float, digits: int) -> str:
-    if np.isnan(std):
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
 def label(algorithm: str, over_selection: float, deadline_s: float, late_work: str) -> str:
@@ -175,22 +141,17 @@ def markdown(table: pd.DataFrame) -> str:
     out = []
     for (problem, model), part in table.groupby(["problem", "model"], sort=False):
         first = part.iloc[0]
-        out += [f"**{problem_label(problem, model)}**: target {first['target']}, {int(part['seeds'].max())} seeds, "
-                f"{int(part['last_round'].max())} rounds, K = {int(first['K'])}; median client: "
+        out += [f"{st.heading(problem_label(problem, model), part)}, K = {int(first['K'])}; median client: "
                 f"{first['step_s']:g} s a step, {first['bandwidth']:g} MB/s; availability "
                 f"{', '.join(dict.fromkeys(part['availability']))}", "",
                 "| speeds | row | reached | simulated s to target | rounds to target | clients per round | "
                 "s per round | final test accuracy (%) |",
                 "|---|---|---:|---:|---:|---:|---:|---:|"]
         for r in part.itertuples():
-            if r.reached:
-                seconds, rounds = _pm(r.sim_s_mean, r.sim_s_std, 1), _pm(r.rounds_mean, r.rounds_std, 1)
-            else:
-                seconds = rounds = f"not reached (> {r.last_round})"
-            acc = f"diverged after round {r.last_round}" if r.diverged else _pm(r.acc_mean, r.acc_std, 1)
             out.append(f"| {r.speed_label} | {label(r.algorithm, r.over_selection, r.deadline_s, r.late_work)} | "
-                       f"{r.reached}/{r.seeds} | {seconds} | {rounds} | {r.participants:.2f} | {r.s_per_round:.2f} | "
-                       f"{acc} |")
+                       f"{r.reached}/{r.seeds} | {st.to_target_cell(r, 'sim_s', 1)} | "
+                       f"{st.to_target_cell(r, 'rounds', 1)} | {r.participants:.2f} | {r.s_per_round:.2f} | "
+                       f"{st.accuracy_cell(r)} |")
         out.append("")
     return "\n".join(out)
 
@@ -198,12 +159,8 @@ def markdown(table: pd.DataFrame) -> str:
 def accuracy_vs_time(results: Results, seeds: pd.DataFrame, path: Path, metric: str = "test_acc") -> None:
     """One panel per (problem, speed profile): the mean over seeds of `metric` against the mean over seeds of
     sim_s at each evaluated round, one line per row of the table, with the target as a dotted line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rounds = results.rounds[results.rounds["series"] == "iterate"]
+    plt = st.pyplot()
+    rounds = st.iterate_rounds(results)
     runs = _order(seeds.drop_duplicates("run_id")).reset_index(drop=True)
     panels = list(dict.fromkeys(zip(zip(runs["problem"], runs["model"]), runs["speed"])))
     problems = list(dict.fromkeys(zip(runs["problem"], runs["model"])))
@@ -225,42 +182,16 @@ def accuracy_vs_time(results: Results, seeds: pd.DataFrame, path: Path, metric: 
         target = parse_target(cells["target"].iloc[0]) if cells["target"].iloc[0] else None
         if target is not None and target.metric == metric:
             ax.axhline(target.value, color="grey", ls=":", lw=1)
-        ax.set_xlabel("simulated time sim_s (s, mean over seeds)")
-        ax.set_ylabel(f"{metric} (mean over seeds)")
-        ax.set_title(f"{problem_label(*problem)}\n{cells['speed_label'].iloc[0]}", fontsize=9)
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
+        st.finish_panel(ax, "simulated time sim_s (s, mean over seeds)", metric,
+                        f"{problem_label(*problem)}\n{cells['speed_label'].iloc[0]}", 7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-
-
-def _targets(items: list[str]) -> dict[str, str]:
-    out = {}
-    for item in items:
-        dataset, _, text = item.partition("=")
-        parse_target(text)  # one line naming --target if it is not METRIC>=V
-        out[dataset] = text
-    return out
+    st.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results_dir")
-    parser.add_argument("--out", default="docs/systems")
-    parser.add_argument("--target", action="append", default=[], metavar="DATASET=METRIC>=V",
-                        help=f"a problem's target (defaults: {', '.join(f'{k}={v}' for k, v in TARGETS.items())})")
-    args = parser.parse_args(argv)
-    results = load_results(args.results_dir)
-    seeds = seed_rows(results, _targets(args.target))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table = markdown(summary(seeds))
-    (out / "table.md").write_text(table)
-    accuracy_vs_time(results, seeds, out / "accuracy_vs_time.png")
-    print(table)
-    print(f"{len(seeds)} (run, seed) results; written: {out / 'table.md'}, {out / 'accuracy_vs_time.png'}")
-    return 0
+    return st.main(argv, doc=__doc__, out="docs/systems", targets=TARGETS, seed_rows=seed_rows,
+                   table=lambda seeds: markdown(summary(seeds)), figure=accuracy_vs_time,
+                   figure_name="accuracy_vs_time.png")
 
 
 if __name__ == "__main__":

@@ -756,6 +756,9 @@ class RunState:
     server_ctx: ServerContext = field(default_factory=dict)  # the solver's server side (SCAFFOLD's c)
     series_state: list = field(default_factory=list)  # one AverageState per series hook
     wall_s: float = 0.0
+    # asynchronous aggregation (core/flight.py): the clients in flight, [R, C] arrays by name and their updates
+    # [R, C, dim]; {} for synchronous rounds
+    in_flight: dict = field(default_factory=dict)
 
 
 @dataclass

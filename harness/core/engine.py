@@ -20,7 +20,11 @@ from fedharness.contracts import (Algorithm, Callback, ClientScores, Coefficient
                                   ReplicaLayout, RoundContext, RoundPlan, RunOutcome, RunState, SeriesHook,
                                   Selection, UpdateAggregator)
 from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, average_into, buffer_dim, local_buffers
-from fedharness.core.clock import SystemsClock, rescaled
+from fedharness.core.clock import SystemsClock, rescaled, transfer_s
+from fedharness.core.exact_sum import Grids
+from fedharness.core.executors import ShardResult
+from fedharness.core.flight import (EMPTY, Busy, arrivals, board, empty_flight, flight_rows, packed, release,
+                                    starters, step_time, taken_stats)
 from fedharness.core.slots import SlotSet, slot_algorithm, takes_online
 from fedharness.core.stages import Stages
 from fedharness.core.updates import aggregate_updates
@@ -104,6 +108,7 @@ class Engine:
         self.rounds, self.seed = int(slots.rounds.max()), int(slots.seeds[0])
         self.network = network or NetworkModel()
         self.clock = clock
+        self.rule = None if clock is None else clock.asynchronous  # fedbuff / fedasync: core/flight.py
         self._sampler_online = clock is not None and not clock.always_online and takes_online(algorithm.sampler)
         self._sim_seconds: np.ndarray | None = None  # the planned round's length [R] on the systems clock
         self._downloads: np.ndarray | None = None  # [R] the clients the model reached (the clock: even if dropped)
@@ -132,7 +137,9 @@ class Engine:
         zeros["sim_s"] = np.zeros(len(x))  # simulated seconds (NetworkModel), float
         zeros.update(self.stages.init_counters(len(x)))  # the stages' per-replica state (DP's clip norm)
         ctx = self.alg.solver.init_server_ctx(x)
-        return RunState(0, x, self.alg.server.init_state(x), zeros, ctx, [h.init_state(x) for h in self.series])
+        flight = {} if self.rule is None else empty_flight(len(x), self.rule.concurrency, x.shape[1], x.device)
+        return RunState(0, x, self.alg.server.init_state(x), zeros, ctx, [h.init_state(x) for h in self.series],
+                        in_flight=flight)
 
     def row_seeds(self) -> np.ndarray:
         """[R] each replica's seed (a run alone: its seed on every replica)."""
@@ -196,6 +203,10 @@ class Engine:
         c["participants"] = distinct  # the clients that took part in the round just done (not cumulative)
 
     def step(self, state: RunState) -> RunState:
+        """One server version: a synchronous round, or (systems.mode fedbuff, fedasync) the clients that start from
+        it and the arrivals its step aggregates."""
+        if self.rule is not None:
+            return self._flight_step(state)
         plan, coefs = self.plan_round(state.round, state.counters["sim_s"])
         plan.server_ctx = state.server_ctx
         plan.stages = self.stages.client_work(plan, state.counters)
@@ -206,20 +217,117 @@ class Engine:
         else:
             delta = result.delta
         delta = self.stages.on_aggregate(plan, delta, result.counts, state.counters)
-        first = plan.step_lrs[..., 0]  # the round's first step size: [] or, in a batch of slots, [R]
-        x = self.alg.server.step(state.x, delta, state.server_state, first * self.layout.lr_factor)
-        if buffer_dim(self.problem):  # running statistics: the aggregated average, no server optimizer step
-            x = average_into(x, state.x, delta, buffer_dim(self.problem))
         extras = result.extras
         if extras:
             state.server_ctx = self.alg.solver.update_server_ctx(state.server_ctx, extras)
+        self._count(state, plan)
+        return self._advance(state, delta, plan.step_lrs[..., 0], coefs)
+
+    def _advance(self, state: RunState, delta: torch.Tensor, first: np.ndarray, coefs: Coefficients) -> RunState:
+        """The server's step with the aggregated `delta` to the next version; `first`: the version's first client
+        step size ([] or, in a batch of slots, [R])."""
+        x = self.alg.server.step(state.x, delta, state.server_state, first * self.layout.lr_factor)
+        if buffer_dim(self.problem):  # running statistics: the aggregated average, no server optimizer step
+            x = average_into(x, state.x, delta, buffer_dim(self.problem))
         for hook, hs in zip(self.series, state.series_state):
             hook.observe(hs, x, state.round + 1, self.rounds)
-        self._count(state, plan)
         self._last_lr = first * self.layout.lr_factor
         self._last_diag = coefs
         state.x, state.round = x, state.round + 1
         return state
+
+    # --- asynchronous aggregation (core/flight.py) ---------------------------------------------------------------
+
+    def plan_seed(self) -> int | np.ndarray:
+        """The seed a plan carries: the run's (a batch of slots: each replica's)."""
+        return self.seed
+
+    def _flight_step(self, state: RunState) -> RunState:
+        """Start clients from version v into the free slots, take the step's arrivals, step the server."""
+        f, t = state.in_flight, state.counters["sim_s"].copy()
+        first, started, work = self._launch(state, t)
+        arrived, taken = arrivals(f, state.round, self.rule)
+        coefs, delta = self._flight_delta(state, taken)
+        c = state.counters
+        down, up = self._client_bytes
+        c["local_steps"] += np.where(taken, f["tau"], 0).max(axis=1)
+        c["grad_evals"] += work * self.alg.batch_size
+        c["bytes_down"] += started * down
+        c["bytes_up"] += arrived.sum(axis=1) * up  # a stale update was sent, then dropped
+        c["sim_s"] = step_time(f, arrived, t, self.clock.retry_s)
+        c["participants"] = taken.sum(axis=1)
+        release(f, arrived)
+        return self._advance(state, delta, first, coefs)
+
+    def _launch(self, state: RunState, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Fill the free slots at each replica's time t from version v = state.round, train the starters as one
+        batch and hold their updates; (the version's first step size, starters [R], their local steps [R])."""
+        alg, p, f, v = self.alg, self.problem, state.in_flight, state.round
+        online = Busy(self.clock.availability, self.row_seeds(), self.stream_replicas, t, f["client"])
+        sel = alg.sampler.select(self.seed, self.stream_replicas, v, p.weights, online=online)
+        tau = alg.local_work.steps(self.seed, self.stream_replicas, v, sel.clients, p.sizes, alg.batch_size)
+        tau = tau * self.layout.tau_factor[:, None]
+        lrs = alg.solver.step_lrs(alg.schedule.step_lrs(v, int(tau.max())))
+        lr_scale = sel.lr_scale * self.layout.lr_factor[:, None]
+        start = starters(online, sel.clients, (f["client"] == EMPTY).sum(axis=1))
+        stats = alg.solver.weight_stats(tau, lrs, lr_scale)
+        links = self.clock.speeds.links(self.row_seeds(), self.stream_replicas, sel.clients)
+        arrival = t[:, None] + (transfer_s(links, *self._client_bytes) + tau * links.step_s)
+        scale = np.ones(tau.shape) if stats.scale is None else stats.scale
+        slot = board(f, start, sel.clients, {"version": np.full(tau.shape, v), "tau": tau, "arrival": arrival,
+                                             "weight": sel.weights, "l1": stats.l1, "l2sq": stats.l2sq,
+                                             "last": stats.last, "scale": scale})
+        if start.any():
+            plan = RoundPlan(v, self.plan_seed(), self.stream_replicas, sel.clients, np.where(start, 1.0, 0.0), tau,
+                             lr_scale, lrs, server_ctx=state.server_ctx, send_updates=True)
+            self._hold(state, plan, slot)
+        return lrs[..., 0], start.sum(axis=1), np.where(start, tau, 0).sum(axis=1)
+
+    def _hold(self, state: RunState, plan: RoundPlan, slot: np.ndarray) -> None:
+        """Train the plan's starters and keep each one's update in its slot: FedBuff's Delta_k, FedAsync's model
+        x_v + Delta_k (it mixes models)."""
+        rs, cs = np.nonzero(slot >= 0)
+        at = dict(zip(zip(rs.tolist(), plan.clients[rs, cs].tolist()), slot[rs, cs].tolist()))  # (row, client)
+        for chunk in self.executor.local_updates(state.x, plan).updates:
+            rows = torch.as_tensor(chunk.replica, dtype=torch.long, device=state.x.device)
+            cols = torch.as_tensor([at[(int(r), int(k))] for r, k in zip(chunk.replica, chunk.clients)],
+                                   dtype=torch.long, device=state.x.device)
+            update = chunk.delta.to(device=state.x.device, dtype=torch.float64)
+            if self.rule.mode == "fedasync":
+                update = update + state.x[rows].double()
+            state.in_flight["update"][rows, cols] = update
+
+    def _flight_delta(self, state: RunState, taken: np.ndarray) -> tuple[Coefficients, torch.Tensor]:
+        """The step's coefficients and Delta [R, dim] float64 from the taken updates, each weighted by s(tau).
+        FedBuff: the aggregator's coefficients of q_k (C / M) s(tau_k), summed exactly as a round's shards sum
+        (core/exact_sum.py), so C = M = K is a synchronous round's bits (s(0) = C / M = 1). FedAsync: _mixed."""
+        f, rule, x = state.in_flight, self.rule, state.x
+        index, valid, rows = packed(taken)
+        q, stats, tau = taken_stats(f, index, valid)
+        s = np.where(valid, rule.weight(state.round - np.take_along_axis(f["version"], index, axis=1)), 0.0)
+        replica = torch.as_tensor(rows[valid], device=x.device)
+        held = f["update"][replica, torch.as_tensor(index[valid], device=x.device)]  # [n, dim]
+        if rule.mode == "fedasync":
+            return self._mixed(x, rule.alpha * s, valid, replica, held)
+        coefs = self.alg.aggregator.coefficients(q * (rule.concurrency / rule.buffer) * s, stats, tau)
+        if not valid.all():
+            coefs.idle(~valid.any(axis=1))
+        total = ShardResult(tuple(x.shape), x.device, grids=Grids(x, {}, rule.buffer))
+        if len(replica):
+            weight = torch.as_tensor(coefs.coef[valid], dtype=torch.float64, device=x.device)[:, None]
+            total.add_rows("delta", replica, held * weight)
+        return coefs, total.delta
+
+    @staticmethod
+    def _mixed(x: torch.Tensor, a: np.ndarray, valid: np.ndarray, replica: torch.Tensor,
+               models: torch.Tensor) -> tuple[Coefficients, torch.Tensor]:
+        """FedAsync's Delta = a (x_k - x) of each replica's one arrival x_k, so the server's sgd step (server_lr 1)
+        gives x <- (1 - a) x + a x_k; a = alpha s(tau) [R, 1] (0 on a replica nothing arrived to)."""
+        nan = np.full(len(a), np.nan)
+        weight = torch.as_tensor(a[valid], dtype=torch.float64, device=x.device)[:, None]
+        delta = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+        return (Coefficients(a, nan, nan.copy(), nan.copy()),
+                delta.index_add_(0, replica, weight * (models - x[replica].double())))
 
     def evaluate(self, state: RunState) -> list[dict]:
         rows = self._evaluate_series(state, state.x, "iterate", np.arange(len(self.layout)))
@@ -415,8 +523,11 @@ class BatchedEngine(Engine):
 
     def plan_round(self, rnd: int, clock: np.ndarray | None = None) -> tuple[RoundPlan, Coefficients]:
         plan, coefs = super().plan_round(rnd, clock)
-        plan.seed = self.slots.per_row(self.slots.seeds)  # each replica's own streams
+        plan.seed = self.plan_seed()
         return plan, coefs
+
+    def plan_seed(self) -> np.ndarray:
+        return self.slots.per_row(self.slots.seeds)  # each replica's own streams
 
     def evaluate_replicas(self, state: RunState, replicas: np.ndarray) -> list[dict]:
         """evaluate's rows of these replicas only (those of the slots due this round), with one problem.evaluate
@@ -476,6 +587,8 @@ class BatchedEngine(Engine):
         state.server_state = {k: v[index] for k, v in state.server_state.items()}
         state.server_ctx = {k: v[index] for k, v in state.server_ctx.items()}
         state.counters = {k: v[rows] for k, v in state.counters.items()}
+        if state.in_flight:
+            state.in_flight = flight_rows(state.in_flight, rows)
         self._last_lr = self._last_lr[rows]
         if self._last_diag is not None:
             d = self._last_diag

@@ -134,12 +134,30 @@ class SystemsSettings:
                                 "local steps it finished in time, as FedNova's tau_i)", ("drop", "partial")))
     retry_s: float = key(number("how long a round lasts in which no client takes part and no deadline is set (s)",
                                 lo=0, lo_open=True))
+    mode: str = key(choice("when the server steps (docs/async.md): sync (rounds: everyone starts together, the "
+                           "server waits) | fedbuff (C clients in flight, a step after every M arrivals, "
+                           "staleness-weighted) | fedasync (a step per arrival, x <- (1 - a) x + a x_k)",
+                           ("sync", "fedbuff", "fedasync")))
+    concurrency: int | None = key(integer("fedbuff, fedasync: C, the clients in flight (at most N)", lo=1,
+                                          null="algorithm.clients_per_round"))
+    buffer: int | None = key(integer("fedbuff: M, the arrivals each server step aggregates (at most C)", lo=1,
+                                     null="fedbuff: algorithm.clients_per_round; fedasync: 1"))
+    max_staleness: int | None = key(integer("fedbuff, fedasync: an update more server versions stale than this is "
+                                            "dropped", lo=0, null="no limit"))
+    alpha: float = key(number("fedasync: the mixing weight a of x <- (1 - a s(tau)) x + a s(tau) x_k", lo=0,
+                              hi=1, lo_open=True))
+    staleness: str = key(choice("fedbuff, fedasync: s(tau) of an update tau versions stale: constant (1) | poly "
+                                "((1 + tau)^-staleness_exponent; 0.5: FedBuff's 1/sqrt(1 + tau)) | hinge (1 up to "
+                                "staleness_cutoff, then 1 / (staleness_exponent (tau - cutoff) + 1))",
+                                ("constant", "poly", "hinge")))
+    staleness_exponent: float = key(number("poly: the exponent; hinge: the slope a", lo=0))
+    staleness_cutoff: int = key(integer("hinge: b, the staleness up to which s(tau) = 1", lo=0))
 
     @property
     def on(self) -> bool:
         """Whether any client differs from today's uniform, always-online, deadline-free world."""
         return (self.speed != "equal" or self.availability != "always" or self.deadline_s is not None
-                or self.over_selection != 1)
+                or self.over_selection != 1 or self.mode != "sync")
 
 
 @dataclass(frozen=True, slots=True)

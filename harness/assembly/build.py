@@ -21,9 +21,11 @@ from fedharness.settings import RunSettings
 
 
 def algorithm_for(settings: RunSettings, problem):
-    """The algorithm's parts; its sampler draws ceil(over_selection K) clients where systems over-select."""
+    """The algorithm's parts; its sampler draws ceil(over_selection K) clients where systems over-select, C
+    (systems.concurrency) a server version with asynchronous aggregation."""
     keys = {**settings.algorithm.as_dict(), "rounds": settings.rounds}  # schedules: rounds
-    if settings.systems.over_selection != 1 and keys.get("clients_per_round") is not None:
+    if (settings.systems.over_selection != 1 or settings.systems.mode != "sync") \
+            and keys.get("clients_per_round") is not None:
         keys["clients_per_round"] = sampled_per_round(settings)
     return build_algorithm(keys, problem)
 

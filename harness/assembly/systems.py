@@ -9,8 +9,11 @@ import numpy as np
 
 from fedharness.algorithms.systems import (AlwaysOnline, DutyCycle, EqualSpeeds, LognormalSpeeds, SlowTailSpeeds,
                                            TraceAvailability, TraceSpeeds)
-from fedharness.contracts import Speeds
+from fedharness.contracts import Speeds, UpdateAggregator
 from fedharness.core.clock import SystemsClock, transfer_s
+from fedharness.core.flight import AsyncRule
+from fedharness.core.slots import takes_online
+from fedharness.core.stages import Stages
 from fedharness.errors import require
 from fedharness.problems.device_traces import read_availability_trace, read_device_trace
 from fedharness.settings import NetworkSettings, RunSettings, SystemsSettings
@@ -39,13 +42,16 @@ def availability_for(systems: SystemsSettings, num_clients: int):
     return AlwaysOnline()
 
 
-def clock_for(settings: RunSettings, algorithm, num_clients: int,
-              client_bytes: tuple[int, int]) -> SystemsClock | None:
+def clock_for(settings: RunSettings, algorithm, problem, client_bytes: tuple[int, int],
+              stages: Stages | None = None) -> SystemsClock | None:
     """The run's SystemsClock (None: systems off, every client the network's), checked against the sizes of what
-    each client sends (`client_bytes`: down, up)."""
-    systems, alg = settings.systems, settings.algorithm
+    each client sends (`client_bytes`: down, up); with systems.mode fedbuff or fedasync, its AsyncRule."""
+    systems, alg, num_clients = settings.systems, settings.algorithm, problem.num_clients
     if not systems.on:
         return None
+    rule = None
+    if systems.mode != "sync":
+        rule = async_rule(settings, algorithm, problem, stages or Stages())
     keep = None
     if systems.over_selection != 1:
         check_over_selection(systems, settings, algorithm, num_clients)
@@ -54,12 +60,66 @@ def clock_for(settings: RunSettings, algorithm, num_clients: int,
     if systems.deadline_s is not None:
         check_deadline(systems.deadline_s, speeds, client_bytes)
     return SystemsClock(speeds, availability_for(systems, num_clients), systems.deadline_s, keep,
-                        systems.late_work == "partial", systems.retry_s)
+                        systems.late_work == "partial", systems.retry_s, rule)
+
+
+def concurrency(settings: RunSettings) -> int:
+    """C: systems.concurrency, or algorithm.clients_per_round where it is null."""
+    chosen = settings.systems.concurrency
+    return int(settings.algorithm.clients_per_round if chosen is None else chosen)
+
+
+def buffer_size(settings: RunSettings) -> int:
+    """M: systems.buffer; null: 1 for fedasync, algorithm.clients_per_round for fedbuff."""
+    chosen = settings.systems.buffer
+    if chosen is not None:
+        return int(chosen)
+    return 1 if settings.systems.mode == "fedasync" else int(settings.algorithm.clients_per_round)
+
+
+def async_rule(settings: RunSettings, algorithm, problem, stages: Stages) -> AsyncRule:
+    """The run's FedBuff / FedAsync rule, refused (ConfigError naming the key) where it cannot hold."""
+    s, C, M = settings.systems, concurrency(settings), buffer_size(settings)
+    require(C <= problem.num_clients, "systems.concurrency", C, f"at most the {problem.num_clients} clients")
+    require(M <= C, "systems.buffer", M, f"at most systems.concurrency ({C}): a step waits for M of the C in flight")
+    require(s.mode == "fedbuff" or M == 1, "systems.buffer", s.buffer, "1 or null with mode=fedasync (one "
+            "arrival a server step)")
+    check_async_parts(settings, algorithm, stages)
+    held = C * problem.dim * 8 * settings.replicas  # the updates in flight, float64, in the driver
+    budget = problem.memory_budget
+    require(budget is None or held <= budget, "systems.concurrency", C, f"at most what memory_budget_gb holds: "
+            f"C x dim x 8 bytes x replicas in flight = {held / 1e9:.3g} GB > {(budget or 0) / 1e9:.3g} GB")
+    return AsyncRule(s.mode, C, M, s.max_staleness, float(s.alpha), s.staleness, float(s.staleness_exponent),
+                     int(s.staleness_cutoff))
+
+
+def check_async_parts(settings: RunSettings, algorithm, stages: Stages) -> None:
+    """What asynchronous aggregation does not combine with (yet): deadlines and over-selection (the staleness
+    limit replaces them), samplers that cannot skip the clients in flight, dropout, update stages, aggregators that
+    see the updates, a solver with server state (SCAFFOLD); fedasync mixes models, so only fedavg weights them."""
+    s, alg = settings.systems, settings.algorithm
+    why = f"with mode={s.mode}"
+    require(s.deadline_s is None, "systems.deadline_s", s.deadline_s, f"null {why} (max_staleness bounds lateness)")
+    require(s.over_selection == 1, "systems.over_selection", s.over_selection, f"1 {why}")
+    require(not algorithm.sampler.with_replacement and alg.sampler not in ("full", "poisson")
+            and takes_online(algorithm.sampler), "algorithm.sampler", alg.sampler,
+            f"a sampler without replacement that skips the clients in flight {why}: scheme_ii, "
+            "scheme_ii_transformed, original or yang_s2")
+    require(float(alg.dropout or 0) == 0, "algorithm.dropout", alg.dropout, f"0 {why} (use systems.availability)")
+    require(not stages.stages, "stages", [type(st).__name__ for st in stages.stages], f"no active stage {why}")
+    require(not isinstance(algorithm.aggregator, UpdateAggregator), "algorithm.aggregator", alg.aggregator,
+            f"fedavg or fednova {why}")
+    require(s.mode == "fedbuff" or alg.aggregator == "fedavg", "algorithm.aggregator", alg.aggregator,
+            "fedavg with mode=fedasync (it mixes models: x <- (1 - a) x + a x_k)")
+    require(algorithm.solver.comm_factor == 1, "algorithm.solver", alg.solver, f"a solver without server state {why}")
 
 
 def sampled_per_round(settings: RunSettings) -> int:
-    """K, or ceil(over_selection K) with over-selection: how many clients the sampler is built to draw."""
+    """K, ceil(over_selection K) with over-selection, C with asynchronous aggregation: how many clients the
+    sampler is built to draw."""
     K = int(settings.algorithm.clients_per_round)
+    if settings.systems.mode != "sync":  # the sampler draws C a version, and the free slots take the first
+        return concurrency(settings)
     return math.ceil(settings.systems.over_selection * K - 1e-9) if settings.systems.over_selection != 1 else K
 
 

@@ -86,8 +86,8 @@ def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Pre
     settings = calibrated(settings)  # dp.target_epsilon: the noise multiplier, before the run starts
     layout, series = build_series(settings.replicas, **settings.algorithm.params)  # rr=H needs a fixed H
     stages = stages_for(settings, algorithm, problem)  # before the reference solve: a refused stage costs nothing
-    clock = clock_for(settings, algorithm, problem.num_clients,
-                      client_bytes(problem, algorithm.solver, stages or Stages()))
+    clock = clock_for(settings, algorithm, problem, client_bytes(problem, algorithm.solver, stages or Stages()),
+                      stages)
     reference = run_reference(settings, problem)  # per `reference: auto | on | off`
     return Prepared(settings, problem, algorithm, reference, layout, series, stages, clock)
 

@@ -36,7 +36,7 @@ from fedharness.core.stages import Stages
 from fedharness.algorithms.series import build_series
 from fedharness.registry.binding import key_parameters
 from fedharness.registry.groups import PARTS
-from fedharness.errors import ConfigError
+from fedharness.errors import ConfigError, require
 from fedharness.problems import build_problem
 from fedharness.settings import RunSettings
 
@@ -118,6 +118,8 @@ def _cumulative_cost(cfg: dict[str, Any], kind: str, total: int) -> np.ndarray:
     settings = RunSettings.from_config(cfg)
     algorithm = algorithm_for(settings, problem)
     layout, _ = build_series(cfg["replicas"], **cfg["algorithm"])
+    require(settings.systems.mode == "sync", "systems.mode", settings.systems.mode, f"sync with a tune.budget in "
+            f"{kind}: the replay plans synchronous rounds (budget an asynchronous run in rounds, its server steps)")
     if settings.systems.on:  # who takes part, and their steps, follow the clock: replay it, E's own
         return _replay(settings, problem, algorithm, layout, kind, total)
     steps = cfg["algorithm"].get("local_steps")
@@ -179,7 +181,7 @@ def _replay(settings: RunSettings, problem, algorithm: Algorithm, layout: Replic
     systems clock, with its compressed updates' size."""
     compression = compression_for(settings, problem)
     stages = Stages([] if compression is None else [compression])
-    clock = clock_for(settings, algorithm, problem.num_clients, client_bytes(problem, algorithm.solver, stages))
+    clock = clock_for(settings, algorithm, problem, client_bytes(problem, algorithm.solver, stages), stages)
     engine = Engine(problem, algorithm, None, rounds=settings.rounds, seed=settings.seed, replicas=settings.replicas,
                     eval_every=1, layout=layout, network=NetworkModel.of(settings.network), stages=stages,
                     clock=clock)

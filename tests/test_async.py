@@ -1,0 +1,183 @@
+"""Clients that are late: FedBuff and FedAsync on the simulated clock, in the one round loop (harness/core/flight.py),
+checked against synchronous FedAvg and an event-driven simulation written here."""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import pytest
+
+import fedharness.core.engine as engine_module
+from fedharness.base import streams
+from fedharness.cli import main
+from fedharness.config.load import load_settings
+from fedharness.core.checkpoint import load_resume
+from fedharness.core.executors import InlineExecutor
+from fedharness.runs.batch import Slot
+from fedharness.runs.execute import build_engine, execute, execute_batch, prepare_run
+from test_systems import (BW_SIGMA, DIM, DUTY, K, LR, N, PERIOD, SEED, SIGMA, STEPS, StopAt, client_profile, quadratic,
+                          rows)
+
+LOGNORMAL = ["systems.speed=lognormal", f"systems.speed_sigma={SIGMA}", f"systems.bandwidth_sigma={BW_SIGMA}"]
+
+
+# --- a: the synchronous round is the special case C = M = K ----------------------------------------------------
+
+@pytest.mark.parametrize("aggregator", ["fedavg", "fednova"])
+def test_fedbuff_with_c_and_m_equal_to_k_and_equal_profiles_is_synchronous_fedavg_bit_for_bit(aggregator, tmp_path):
+    common = ["rounds=6", "replicas=2", "eval_every=1", f"results_dir={tmp_path}",
+              f"algorithm.aggregator={aggregator}"]
+    runs = {"sync": [], "fedbuff": ["systems.mode=fedbuff", f"systems.concurrency={K}", f"systems.buffer={K}"]}
+    got = {}
+    for name, extra in runs.items():
+        assert execute(load_settings(quadratic(*common, *extra)), run_id=name).status == "ok"
+        got[name] = rows(tmp_path, name)
+    assert got["fedbuff"] == got["sync"]
+    assert len(got["sync"]) == 14 and got["sync"][-1][-1] == K and got["sync"][-1][-2] > 0  # K took part; clock ran
+
+
+# --- b: an event-driven simulation, one client at a time --------------------------------------------------------
+
+def simulate(e: np.ndarray, x: np.ndarray, versions: int, mode: str, C: int, M: int, max_staleness: int | None,
+             alpha: float, exponent: float, duty: bool):
+    """FedBuff / FedAsync on F_i = 1/2 ||x - e_i||^2 with local GD: a heap of arrivals. Per version the free slots
+    take the first clients of the version's uniform order that are online (duty: a duty cycle) and not in flight;
+    the server takes arrivals by (time, client), drops the stale, steps after M (or when nobody is left; retry_s 60
+    when nobody was in flight). Returns the events (client, start version, staleness), in order, and the final
+    model."""
+    profiles = [client_profile(k) for k in range(N)]
+    heap, t, events = [], 0.0, []
+    for v in range(versions):
+        flying = {k for _, k, _, _ in heap}
+        online = {k for k in range(N) if not duty or (t + profiles[k][2]) % PERIOD < DUTY * PERIOD}
+        u = streams.uniform(streams.stream_key(SEED, streams.SAMPLE, np.array([0]), v, 0), N)[0]
+        free = [int(k) for k in np.argsort(u, kind="stable")
+                if int(k) not in flying and int(k) in online][:C - len(heap)]
+        for k in free:
+            step_s, mb_per_s, _ = profiles[k]
+            moved = (1 - (1 - LR) ** STEPS[k]) * (e[k] - x)  # STEPS[k] steps of GD with lr LR
+            sent = x + moved if mode == "fedasync" else moved
+            heapq.heappush(heap, (t + (2 * DIM * 8 / (mb_per_s * 1e6) + STEPS[k] * step_s), k, v, sent))
+        taken = []
+        if not heap:
+            t += 60.0  # nobody in flight: the server waited retry_s
+        while heap and len(taken) < M:
+            t, k, start, sent = heapq.heappop(heap)
+            events.append((k, start, v - start))
+            if max_staleness is None or v - start <= max_staleness:
+                taken.append(((1 + v - start) ** -exponent, sent))
+        if mode == "fedasync":
+            for s, sent in taken:
+                a = alpha * s
+                x = (1 - a) * x + a * sent
+        else:
+            x = x + sum(1 / C * (C / M) * s * sent for s, sent in taken)  # yang_s2 draws C: q = 1/C
+    return events, x
+
+
+def recorded_run(settings, monkeypatch):
+    """The run's events (client, start version, staleness) in the order its steps took them, and its final model."""
+    run = prepare_run(settings)
+    engine = build_engine(run, InlineExecutor(run.problem, run.algorithm.solver, 1))
+    events = []
+    arrivals = engine_module.arrivals
+
+    def recording(flight, version, rule):
+        arrived, taken = arrivals(flight, version, rule)
+        r = 0
+        order = np.lexsort((flight["client"][r], flight["arrival"][r]))
+        events.extend((int(flight["client"][r, j]), int(flight["version"][r, j]),
+                       version - int(flight["version"][r, j])) for j in order if arrived[r, j])
+        return arrived, taken
+
+    monkeypatch.setattr(engine_module, "arrivals", recording)
+    x0 = engine.initial_state().x.double().numpy()[0]
+    outcome = engine.run()
+    return run, x0, events, outcome.state.x.double().numpy()[0]
+
+
+@pytest.mark.parametrize("mode,C,M,max_staleness,duty", [("fedbuff", 8, 3, 2, False), ("fedbuff", 6, 2, None, False),
+                                                        ("fedasync", 5, 1, 3, False), ("fedbuff", 6, 2, 2, True),
+                                                        ("fedasync", 4, 1, None, True)])
+def test_fedbuff_and_fedasync_follow_an_event_driven_simulation(mode, C, M, max_staleness, duty, monkeypatch,
+                                                                tmp_path):
+    versions, alpha, exponent = 25, 0.6, 0.5
+    availability = ["systems.availability=duty_cycle", f"systems.duty_cycle={DUTY}", f"systems.period_s={PERIOD}"]
+    settings = load_settings(quadratic(
+        f"rounds={versions}", f"results_dir={tmp_path}", *LOGNORMAL, f"systems.mode={mode}",
+        f"systems.concurrency={C}", f"systems.buffer={M}", f"systems.alpha={alpha}",
+        f"systems.max_staleness={'null' if max_staleness is None else max_staleness}",
+        f"systems.staleness_exponent={exponent}", *(availability if duty else [])))
+    run, x0, events, final = recorded_run(settings, monkeypatch)
+    want, x = simulate(run.problem.e_np, x0, versions, mode, C, M, max_staleness, alpha, exponent, duty)
+    assert events == want
+    assert max(s for *_, s in events) >= 2  # updates were stale
+    if max_staleness is not None:
+        assert any(s > max_staleness for *_, s in events)  # and some too stale: dropped
+    np.testing.assert_allclose(final, x, rtol=1e-12, atol=1e-12 * np.abs(x).max())
+    assert np.abs(final - x0).max() > 1e-3  # the model moved
+
+
+# --- c: bad input ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides,key,allowed", [
+    (["systems.mode=fedbuff", "systems.concurrency=13"], "'systems.concurrency': 13", "at most the 12 clients"),
+    (["systems.mode=fedbuff", "systems.concurrency=4", "systems.buffer=5"], "'systems.buffer': 5", "at most"),
+    (["systems.mode=fedbuff", "systems.max_staleness=-1"], "'systems.max_staleness': -1", ">= 0"),
+    (["systems.mode=fedasync", "systems.alpha=0"], "'systems.alpha': 0", "(0, 1]"),
+    (["systems.mode=fedasync", "systems.alpha=1.5"], "'systems.alpha': 1.5", "(0, 1]"),
+    (["systems.mode=fedbuff", "systems.deadline_s=30"], "'systems.deadline_s': 30", "null with mode=fedbuff"),
+    (["systems.mode=fedbuff", "algorithm.sampler=yang_s1"], "'algorithm.sampler': 'yang_s1'", "without"),
+])
+def test_bad_async_input_one_message_exit_2_no_files(overrides, key, allowed, tmp_path, capsys):
+    results = tmp_path / "results"
+    assert main(["run", f"results_dir={results}", *quadratic("rounds=2"), *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedharness: error: invalid value for "), err
+    assert key in err[0] and allowed in err[0], err[0]
+    assert not results.exists()
+
+
+def test_updates_in_flight_beyond_the_memory_budget_are_refused(tmp_path, capsys):
+    results = tmp_path / "results"
+    # 12 clients x 3 floats x 8 bytes x 2 replicas = 576 bytes in flight; the budget, 300, trains one copy (240)
+    assert main(["run", f"results_dir={results}", *quadratic("rounds=2", "replicas=2", "memory_budget_gb=3e-7"),
+                 "systems.mode=fedbuff", "systems.concurrency=12", "systems.buffer=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'systems.concurrency': 12" in err[0] and "memory_budget_gb" in err[0], err
+    assert not results.exists()
+
+
+# --- d: the same bits on shards, in a batch of seeds, resumed mid-flight ----------------------------------------
+
+WORLD = [*LOGNORMAL, "systems.mode=fedbuff", "systems.concurrency=6", "systems.buffer=2", "systems.max_staleness=3",
+         "dataset.data_seed=0", "replicas=2", "rounds=30", "eval_every=10"]
+
+
+def world_rows(tmp_path, run_id: str, *extra: str, callbacks=()) -> list[tuple]:
+    settings = load_settings(quadratic(f"results_dir={tmp_path}", *WORLD, *extra))
+    assert execute(settings, run_id=run_id, callbacks=list(callbacks)).status == ("stopped" if callbacks else "ok")
+    return rows(tmp_path, run_id)
+
+
+def test_fedbuff_gives_the_same_rows_on_shards_in_a_batch_and_resumed_with_updates_in_flight(tmp_path):
+    alone = world_rows(tmp_path, "alone")
+    assert len(alone) == 8 and all(r[-1] <= 2 for r in alone)  # M = 2 a step
+    assert world_rows(tmp_path, "three", "num_shards=3") == alone
+
+    world_rows(tmp_path, "resumed", "checkpoint_every=5", callbacks=[StopAt(17)])
+    settings = load_settings(quadratic(f"results_dir={tmp_path}", *WORLD, "checkpoint_every=5", "resume=resumed"))
+    saved = load_resume(settings).state
+    assert saved.round == 15 and ((saved.in_flight["client"] >= 0).sum(axis=1) >= 2).all()  # still in flight
+    assert execute(settings).status == "ok"
+    assert rows(tmp_path, "resumed") == alone
+
+    def slot(seed: int) -> Slot:
+        return Slot(load_settings(quadratic(f"results_dir={tmp_path}", *WORLD, "replicas=1", f"seed={seed}")),
+                    f"batch-{seed}")
+
+    assert [r.status for r in execute_batch([slot(SEED), slot(SEED + 1)])] == ["ok", "ok"]
+    assert rows(tmp_path, f"batch-{SEED}") == [r for r in alone if r[0] == 0]
+    solo = world_rows(tmp_path, "solo-next", "replicas=1", f"seed={SEED + 1}")
+    assert rows(tmp_path, f"batch-{SEED + 1}") == solo != [r for r in alone if r[0] == 0]

@@ -14,6 +14,7 @@ from fedharness.cli import main
 from fedharness.config.load import load_settings
 from fedharness.core.checkpoint import load_resume
 from fedharness.core.executors import InlineExecutor
+from fedharness.core.flight import AsyncRule
 from fedharness.runs.batch import Slot
 from fedharness.runs.execute import build_engine, execute, execute_batch, prepare_run
 from test_systems import (BW_SIGMA, DIM, DUTY, K, LR, N, PERIOD, SEED, SIGMA, STEPS, StopAt, client_profile, quadratic,
@@ -119,6 +120,16 @@ def test_fedbuff_and_fedasync_follow_an_event_driven_simulation(mode, C, M, max_
     assert np.abs(final - x0).max() > 1e-3  # the model moved
 
 
+def test_staleness_functions_are_fedasyncs_and_fedbuffs():
+    tau = np.arange(8)
+    rule = AsyncRule("fedbuff", 4, 2, None, 0.6, "poly", 0.5, 0)
+    np.testing.assert_allclose(rule.weight(tau), 1 / np.sqrt(1 + tau), rtol=1e-15)  # FedBuff's (FedScale's)
+    hinge = AsyncRule("fedasync", 4, 1, None, 0.6, "hinge", 0.5, 3)
+    np.testing.assert_allclose(hinge.weight(tau), [1, 1, 1, 1, 1 / 1.5, 1 / 2, 1 / 2.5, 1 / 3], rtol=1e-15)
+    constant = AsyncRule("fedasync", 4, 1, None, 0.6, "constant", 0.5, 3)
+    assert (constant.weight(tau) == 1).all()
+
+
 # --- c: bad input ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides,key,allowed", [
@@ -165,6 +176,7 @@ def test_fedbuff_gives_the_same_rows_on_shards_in_a_batch_and_resumed_with_updat
     alone = world_rows(tmp_path, "alone")
     assert len(alone) == 8 and all(r[-1] <= 2 for r in alone)  # M = 2 a step
     assert world_rows(tmp_path, "three", "num_shards=3") == alone
+    assert world_rows(tmp_path, "loop", "executor=loop") == alone  # one client at a time, plain autograd
 
     world_rows(tmp_path, "resumed", "checkpoint_every=5", callbacks=[StopAt(17)])
     settings = load_settings(quadratic(f"results_dir={tmp_path}", *WORLD, "checkpoint_every=5", "resume=resumed"))
@@ -181,3 +193,9 @@ def test_fedbuff_gives_the_same_rows_on_shards_in_a_batch_and_resumed_with_updat
     assert rows(tmp_path, f"batch-{SEED}") == [r for r in alone if r[0] == 0]
     solo = world_rows(tmp_path, "solo-next", "replicas=1", f"seed={SEED + 1}")
     assert rows(tmp_path, f"batch-{SEED + 1}") == solo != [r for r in alone if r[0] == 0]
+
+
+@pytest.mark.slow  # CI: Ray's start-up
+def test_fedbuff_gives_the_inline_rows_on_ray(local_ray, tmp_path):
+    inline = world_rows(tmp_path, "inline")
+    assert world_rows(tmp_path, "ray2", "executor=ray", "ray.num_shards=2") == inline

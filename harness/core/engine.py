@@ -289,7 +289,8 @@ class Engine:
         rs, cs = np.nonzero(slot >= 0)
         at = dict(zip(zip(rs.tolist(), plan.clients[rs, cs].tolist()), slot[rs, cs].tolist()))  # (row, client)
         for chunk in self.executor.local_updates(state.x, plan).updates:
-            rows = torch.as_tensor(chunk.replica, dtype=torch.long, device=state.x.device)
+            # np.array copies: a Ray shard's reply is read-only memory, which torch will not wrap
+            rows = torch.as_tensor(np.array(chunk.replica, dtype=np.int64), device=state.x.device)
             cols = torch.as_tensor([at[(int(r), int(k))] for r, k in zip(chunk.replica, chunk.clients)],
                                    dtype=torch.long, device=state.x.device)
             update = chunk.delta.to(device=state.x.device, dtype=torch.float64)

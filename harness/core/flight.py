@@ -45,7 +45,7 @@ class AsyncRule:
         if self.staleness == "poly":
             return (1.0 + tau) ** -self.exponent
         if self.staleness == "hinge":
-            return np.where(tau <= self.cutoff, 1.0, 1.0 / (self.exponent * (tau - self.cutoff) + 1.0))
+            return 1.0 / (self.exponent * np.maximum(tau - self.cutoff, 0.0) + 1.0)  # 1 up to the cutoff
         return np.ones_like(tau)
 
 

@@ -53,7 +53,7 @@ class AsyncRule:
 class Busy(Online):
     """Who may start: online at each row's t and not in flight in that row (`flying` [R, C], EMPTY: a free slot)."""
 
-    flying: np.ndarray = None
+    flying: np.ndarray = None  # [R, C]; given always (a default only because Online's fields have none)
 
     def mask(self, clients: np.ndarray) -> np.ndarray:
         free = np.stack([~np.isin(c, f) for c, f in zip(clients, self.flying)])

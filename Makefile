@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages bench-compression bench-systems reproduce robustness compression systems mutants list clean
+.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages bench-compression bench-systems reproduce robustness compression systems async-table async-speedup mutants list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -40,7 +40,7 @@ bench-stages: $(STAMP)  ## a W1 round with no update stage against another check
 bench-compression: $(STAMP)  ## the 2NN on digits, top-k 1% with error feedback against none: ms/round and bytes_up, paired (docs/performance.md)
 	$(BIN)/python benchmarks/bench_compression.py $(ARGS)
 
-bench-systems: $(STAMP)  ## the systems clock: quadratic_lazy at N = 10^8 against 10^3 (set-up, peak memory, ms/round), W1 with every client on time against none, paired (about 2 min; docs/performance.md)
+bench-systems: $(STAMP)  ## the systems clock: quadratic_lazy at N = 10^8 against 10^3 (set-up, peak memory, ms/round), W1 with every client on time against none, paired; the same population under FedBuff, W1 FedBuff against sync per server step (about 4 min; docs/performance.md)
 	$(BIN)/python benchmarks/bench_systems.py $(ARGS)
 
 bench-writer: $(STAMP)  ## a 20-run sweep over 2 Ray nodes: the driver as the writer vs direct writes (docs/performance.md)
@@ -76,6 +76,16 @@ compression: $(STAMP)  ## every compressor at two ratios or levels, with and wit
 systems: $(STAMP)  ## FedAvg without and with a deadline, with over-selection, and FedNova with partial work, under lognormal and slow-tail speeds, on W1 and the 2NN on digits (16 runs of 5 seeds): docs/systems/ table and figure
 	$(BIN)/fedharness sweep sweep=systems $(ARGS)
 	$(BIN)/python -m fedharness.studies.systems results/sweeps/systems --out docs/systems
+
+async-table: $(STAMP)  ## synchronous FedAvg (with and without a deadline), FedBuff at three (C, M) and FedAsync, under lognormal and slow-tail speeds, on W1 and the 2NN on digits (24 runs of 5 seeds): docs/async_table/ table and figure (docs/async.md)
+	$(BIN)/fedharness sweep sweep=async $(ARGS)
+	$(BIN)/python -m fedharness.studies.async_table results/sweeps/async --out docs/async_table
+
+async-speedup: $(STAMP)  ## FedBuff on W1 under the slow tail, concurrency C = 4..40 with M = C/2 (4 runs of 5 seeds): speedup in simulated seconds, results/sweeps/async_speedup/report/ and docs/async_table/speedup_sim_s.png (docs/async.md)
+	$(BIN)/fedharness sweep sweep=async_speedup $(ARGS)
+	$(BIN)/fedharness report results/sweeps/async_speedup
+	mkdir -p docs/async_table
+	cp results/sweeps/async_speedup/report/figures/speedup_sim_s_test_acc_ge_0.5.png docs/async_table/speedup_sim_s.png
 
 mutants: $(STAMP)  ## cosmic-ray over privacy, accounting, samplers, attacks, exact sums, robust rules, tuning samplers: 2-11 min a module on this shared 2-core machine, about 31 min for all seven (summed per module, load 4-9) (MODULE=privacy: one; docs/mutation.md)
 	nice -n 10 $(BIN)/python mutation/mutants.py $(MODULE)

@@ -1,0 +1,140 @@
+"""The asynchronous table (harness/studies/async_table.py, docs/async.md "The table") on a tiny sweep: its numbers
+against the Parquet rows read independently (first evaluated server step meeting the target, sim_s and MB there,
+updates per step, seconds per step, final accuracy, the speedup over synchronous FedAvg), censored seeds counted and
+left out of the means, the rows' order and names, and the files it writes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow.dataset as ds
+
+from fedharness.studies import async_table
+from fedharness.studies.reports.data import load_results
+from fedharness.studies.sweep import run_sweep, spec_from_dict
+
+K, ROUNDS, REPLICAS = 4, 6, 2
+TARGET = 0.8
+DEADLINE = 0.6  # a fast client: 5 steps of 0.05 s and 2 x 2,600 bytes at 0.02 MB/s (0.26 s): 0.51 s; a slow one 2.76 s
+ASYNC_ROUNDS, ASYNC_EVERY = 24, 3
+
+
+def sweep(tmp_path) -> str:
+    res = str(tmp_path / "res")
+    data = {"results_dir": res, "runner": "local",
+            "base": {"dataset": "digits", "dataset.num_clients": 12, "dataset.data_seed": 0, "heterogeneity": False,
+                     "reference": "off", "threads": 1, "algorithm.sampler": "yang_s2",
+                     "algorithm.clients_per_round": K, "algorithm.local_steps": 5, "rounds": ROUNDS,
+                     "eval_every": 1, "replicas": REPLICAS, "eval.grad_norm": False,
+                     "network.compute_s_per_step": 0.05, "network.bandwidth_MB_per_s": 0.02,
+                     "systems.speed": "slow_tail"},
+            "grid": [{"systems.mode": ["sync"], "systems.deadline_s": [None, DEADLINE]},
+                     {"systems.mode": ["fedbuff"], "systems.concurrency": [6], "systems.buffer": [2],
+                      "rounds": [2 * ROUNDS]},
+                     {"systems.mode": ["fedasync"], "systems.concurrency": [4], "systems.alpha": [0.5],
+                      "rounds": [ASYNC_ROUNDS], "eval_every": [ASYNC_EVERY]}]}
+    result = run_sweep(spec_from_dict(data, "tiny"), echo=lambda line: None)
+    assert result.counts() == {"ok": 4}
+    return res
+
+
+def independent(res: str) -> pd.DataFrame:
+    """Per (row, replica), from the Parquet files alone."""
+    runs = ds.dataset(f"{res}/runs", format="parquet", partitioning="hive").to_table().to_pandas()
+    rounds = ds.dataset(f"{res}/rounds", format="parquet", partitioning="hive").to_table().to_pandas()
+    rounds = rounds[rounds["series"] == "iterate"].sort_values("round")
+    out = []
+    for run in runs.itertuples():
+        s = json.loads(run.config_json)["systems"]
+        row = (s["mode"], s["concurrency"], s["buffer"], s["alpha"] if s["mode"] == "fedasync" else None,
+               s["deadline_s"])
+        for rep, r in rounds[rounds["run_id"] == run.run_id].groupby("replica"):
+            hit = r[r["test_acc"] >= TARGET]
+            first = hit.iloc[0] if len(hit) else None
+            last = r.iloc[-1]
+            out.append({"row": row, "replica": rep, "reached": first is not None,
+                        "step": first["round"] if first is not None else np.nan,
+                        "sim_s": first["sim_s"] if first is not None else np.nan,
+                        "mb": (first["bytes_up"] + first["bytes_down"]) / 1e6 if first is not None else np.nan,
+                        "participants": r.loc[r["round"] > 0, "participants"].mean(),
+                        "steps": r["round"].to_numpy(), "s_per_step": last["sim_s"] / last["round"],
+                        "acc": last["test_acc"], "last_round": last["round"]})
+    return pd.DataFrame(out)
+
+
+def test_the_table_matches_the_parquet_rows(tmp_path):
+    res = sweep(tmp_path)
+    mine = independent(res)
+    assert len(mine) == 4 * REPLICAS
+    seeds = async_table.seed_rows(load_results(res), {"digits": f"test_acc>={TARGET}"})
+    table = async_table.summary(seeds)
+    names = [async_table.row_label(r) for r in table.itertuples()]
+    assert names == ["FedAvg (synchronous)", f"FedAvg, deadline {DEADLINE:g} s (drop)", "FedBuff C = 6, M = 2",
+                     "FedAsync C = 4, alpha 0.5"]
+    keys = [("sync", None, None, None, None), ("sync", None, None, None, DEADLINE), ("fedbuff", 6, 2, None, None),
+            ("fedasync", 4, None, 0.5, None)]
+    last = [ROUNDS, ROUNDS, 2 * ROUNDS, ASYNC_ROUNDS]
+    updates = [None, None, 2, 1]  # FedBuff takes M a step (C >= M always in flight), FedAsync 1
+    for key, rounds, m_per_step, row in zip(keys, last, updates, table.itertuples()):
+        m = mine[mine["row"] == key]
+        hit = m[m["reached"]]
+        assert row.seeds == REPLICAS == len(m) and row.reached == len(hit) and row.last_round == rounds
+        assert (m["last_round"] == rounds).all()
+        if len(hit):
+            assert row.sim_s_mean == hit["sim_s"].mean() and row.steps_mean == hit["step"].mean()
+            assert np.isclose(row.mb_mean, hit["mb"].mean())
+            if len(hit) > 1:
+                assert np.isclose(row.sim_s_std, hit["sim_s"].std()) and np.isclose(row.steps_std,
+                                                                                    hit["step"].std())
+        else:
+            assert np.isnan(row.sim_s_mean) and np.isnan(row.steps_mean)
+        assert np.isclose(row.participants, m["participants"].mean())
+        if m_per_step is not None:
+            assert row.participants == m_per_step
+        assert np.isclose(row.s_per_step, m["s_per_step"].mean())
+        assert np.isclose(row.acc_mean, 100 * m["acc"].mean()) and np.isclose(row.acc_std, 100 * m["acc"].std())
+    # FedAsync is evaluated every ASYNC_EVERY server steps: steps to the target are read there
+    fedasync = mine[mine["row"] == keys[3]]
+    assert all(list(s) == list(range(0, ASYNC_ROUNDS + 1, ASYNC_EVERY)) for s in fedasync["steps"])
+    assert (fedasync["step"].dropna() % ASYNC_EVERY == 0).all()
+    # the speedup over synchronous FedAvg: its mean seconds to the target over the row's
+    sync = mine[(mine["row"] == keys[0]) & mine["reached"]]["sim_s"].mean()
+    for key, row in zip(keys, table.itertuples()):
+        hit = mine[(mine["row"] == key) & mine["reached"]]
+        assert np.isclose(row.x_sync, sync / hit["sim_s"].mean(), equal_nan=True)
+    assert table["x_sync"].iloc[0] == 1.0
+    assert (table["reached"] > 0).all()  # every row meets the target somewhere: the checks above are not vacuous
+    assert table["participants"].iloc[1] < K  # the deadline cuts a slow client off
+
+    out = tmp_path / "docs"
+    assert async_table.main([res, "--out", str(out), "--target", f"digits=test_acc>={TARGET}"]) == 0
+    text = (out / "table.md").read_text()
+    assert (out / "accuracy_vs_time.png").stat().st_size > 0
+    assert f"**digits, model auto**: target test_acc>={TARGET:g}, {REPLICAS} seeds, K = {K} (synchronous)" in text
+    for name, rounds, row in zip(names, last, table.itertuples()):
+        cells = (f"{row.sim_s_mean:.1f}" if row.reached else f"not reached (> {rounds})")
+        assert f"| {name} | {rounds} | {row.reached}/{REPLICAS} | {cells}" in text
+        assert f"| {row.participants:.2f} | {row.s_per_step:.2f} | {row.acc_mean:.1f}" in text
+
+
+def test_censored_seeds_are_counted_and_shown():
+    seeds = pd.DataFrame({"problem": "digits", "model": "2nn", "target": "test_acc>=0.9", "mode": "fedbuff",
+                          "C": 20, "M": 10, "alpha": np.nan, "staleness": "poly 0.5", "max_staleness": np.nan,
+                          "algorithm": "FedAvg", "deadline_s": np.nan, "late_work": "–", "speed": "slow_tail",
+                          "speed_label": "slow_tail (10% of clients 10x slower per step)", "availability": "always",
+                          "K": 10, "step_s": 0.05, "bandwidth": 1.0, "run_id": "r", "status": "ok",
+                          "replica": [0, 1, 2], "reached": [True, False, False], "round": [4.0, np.nan, np.nan],
+                          "sim_s": [6.5, np.nan, np.nan], "mb": [3.0, np.nan, np.nan], "last_round": 10,
+                          "last_sim_s": [15.0, 18.0, 21.0], "participants": 10.0, "test_acc": [0.9, 0.5, 0.6]})
+    row = async_table.summary(seeds).iloc[0]
+    assert (row["seeds"], row["reached"], row["steps_mean"], row["sim_s_mean"]) == (3, 1, 4.0, 6.5)
+    assert np.isnan(row["x_sync"])  # no synchronous row to compare with
+    text = async_table.markdown(async_table.summary(seeds))
+    assert text.startswith("**digits, 2NN**: target test_acc>=0.9, 3 seeds, K = 10 (synchronous); median client: "
+                           "0.05 s a step, 1 MB/s; availability always")
+    assert ("| slow_tail (10% of clients 10x slower per step) | FedBuff C = 20, M = 10 | 10 | 1/3 | 6.5 | – | 4.0 | "
+            "3.00 | 10.00 | 1.80 | 66.7 ± 20.8 |") in text
+    none = async_table.markdown(async_table.summary(seeds.assign(reached=False, round=np.nan, sim_s=np.nan)))
+    assert "| 0/3 | not reached (> 10) | – | not reached (> 10) | not reached (> 10) | 10.00 |" in none

@@ -199,3 +199,4 @@ def test_fedbuff_gives_the_same_rows_on_shards_in_a_batch_and_resumed_with_updat
 def test_fedbuff_gives_the_inline_rows_on_ray(local_ray, tmp_path):
     inline = world_rows(tmp_path, "inline")
     assert world_rows(tmp_path, "ray2", "executor=ray", "ray.num_shards=2") == inline
+    assert world_rows(tmp_path, "ray3", "executor=ray", "ray.num_shards=3") == inline

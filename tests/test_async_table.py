@@ -9,58 +9,38 @@ import json
 
 import numpy as np
 import pandas as pd
-import pyarrow.dataset as ds
+from study_sweeps import TARGET, at, mb_at, parquet_replicas, table_of, tiny_sweep, written
 
 from fedharness.studies import async_table
-from fedharness.studies.reports.data import load_results
-from fedharness.studies.sweep import run_sweep, spec_from_dict
 
 K, ROUNDS, REPLICAS = 4, 6, 2
-TARGET = 0.8
 DEADLINE = 0.6  # a fast client: 5 steps of 0.05 s and 2 x 2,600 bytes at 0.02 MB/s (0.26 s): 0.51 s; a slow one 2.76 s
 ASYNC_ROUNDS, ASYNC_EVERY = 24, 3
 
 
 def sweep(tmp_path) -> str:
-    res = str(tmp_path / "res")
-    data = {"results_dir": res, "runner": "local",
-            "base": {"dataset": "digits", "dataset.num_clients": 12, "dataset.data_seed": 0, "heterogeneity": False,
-                     "reference": "off", "threads": 1, "algorithm.sampler": "yang_s2",
-                     "algorithm.clients_per_round": K, "algorithm.local_steps": 5, "rounds": ROUNDS,
-                     "eval_every": 1, "replicas": REPLICAS, "eval.grad_norm": False,
-                     "network.compute_s_per_step": 0.05, "network.bandwidth_MB_per_s": 0.02,
-                     "systems.speed": "slow_tail"},
-            "grid": [{"systems.mode": ["sync"], "systems.deadline_s": [None, DEADLINE]},
-                     {"systems.mode": ["fedbuff"], "systems.concurrency": [6], "systems.buffer": [2],
-                      "rounds": [2 * ROUNDS]},
-                     {"systems.mode": ["fedasync"], "systems.concurrency": [4], "systems.alpha": [0.5],
-                      "rounds": [ASYNC_ROUNDS], "eval_every": [ASYNC_EVERY]}]}
-    result = run_sweep(spec_from_dict(data, "tiny"), echo=lambda line: None)
-    assert result.counts() == {"ok": 4}
-    return res
+    return tiny_sweep(tmp_path, [{"systems.mode": ["sync"], "systems.deadline_s": [None, DEADLINE]},
+                                 {"systems.mode": ["fedbuff"], "systems.concurrency": [6], "systems.buffer": [2],
+                                  "rounds": [2 * ROUNDS]},
+                                 {"systems.mode": ["fedasync"], "systems.concurrency": [4], "systems.alpha": [0.5],
+                                  "rounds": [ASYNC_ROUNDS], "eval_every": [ASYNC_EVERY]}],
+                      ok=4, num_clients=12, sampler="yang_s2", clients_per_round=K, rounds=ROUNDS, replicas=REPLICAS,
+                      **{"network.compute_s_per_step": 0.05, "network.bandwidth_MB_per_s": 0.02,
+                         "systems.speed": "slow_tail"})
 
 
 def independent(res: str) -> pd.DataFrame:
     """Per (row, replica), from the Parquet files alone."""
-    runs = ds.dataset(f"{res}/runs", format="parquet", partitioning="hive").to_table().to_pandas()
-    rounds = ds.dataset(f"{res}/rounds", format="parquet", partitioning="hive").to_table().to_pandas()
-    rounds = rounds[rounds["series"] == "iterate"].sort_values("round")
     out = []
-    for run in runs.itertuples():
+    for run, rep, r, first, last in parquet_replicas(res):
         s = json.loads(run.config_json)["systems"]
         row = (s["mode"], s["concurrency"], s["buffer"], s["alpha"] if s["mode"] == "fedasync" else None,
                s["deadline_s"])
-        for rep, r in rounds[rounds["run_id"] == run.run_id].groupby("replica"):
-            hit = r[r["test_acc"] >= TARGET]
-            first = hit.iloc[0] if len(hit) else None
-            last = r.iloc[-1]
-            out.append({"row": row, "replica": rep, "reached": first is not None,
-                        "step": first["round"] if first is not None else np.nan,
-                        "sim_s": first["sim_s"] if first is not None else np.nan,
-                        "mb": (first["bytes_up"] + first["bytes_down"]) / 1e6 if first is not None else np.nan,
-                        "participants": r.loc[r["round"] > 0, "participants"].mean(),
-                        "steps": r["round"].to_numpy(), "s_per_step": last["sim_s"] / last["round"],
-                        "acc": last["test_acc"], "last_round": last["round"]})
+        out.append({"row": row, "replica": rep, "reached": first is not None, "step": at(first, "round"),
+                    "sim_s": at(first, "sim_s"), "mb": mb_at(first),
+                    "participants": r.loc[r["round"] > 0, "participants"].mean(),
+                    "steps": r["round"].to_numpy(), "s_per_step": last["sim_s"] / last["round"],
+                    "acc": last["test_acc"], "last_round": last["round"]})
     return pd.DataFrame(out)
 
 
@@ -68,8 +48,7 @@ def test_the_table_matches_the_parquet_rows(tmp_path):
     res = sweep(tmp_path)
     mine = independent(res)
     assert len(mine) == 4 * REPLICAS
-    seeds = async_table.seed_rows(load_results(res), {"digits": f"test_acc>={TARGET}"})
-    table = async_table.summary(seeds)
+    table = table_of(async_table, res)
     names = [async_table.row_label(r) for r in table.itertuples()]
     assert names == ["FedAvg (synchronous)", f"FedAvg, deadline {DEADLINE:g} s (drop)", "FedBuff C = 6, M = 2",
                      "FedAsync C = 4, alpha 0.5"]
@@ -108,10 +87,7 @@ def test_the_table_matches_the_parquet_rows(tmp_path):
     assert (table["reached"] > 0).all()  # every row meets the target somewhere: the checks above are not vacuous
     assert table["participants"].iloc[1] < K  # the deadline cuts a slow client off
 
-    out = tmp_path / "docs"
-    assert async_table.main([res, "--out", str(out), "--target", f"digits=test_acc>={TARGET}"]) == 0
-    text = (out / "table.md").read_text()
-    assert (out / "accuracy_vs_time.png").stat().st_size > 0
+    text = written(async_table, res, tmp_path, "accuracy_vs_time.png")
     assert f"**digits, model auto**: target test_acc>={TARGET:g}, {REPLICAS} seeds, K = {K} (synchronous)" in text
     for name, rounds, row in zip(names, last, table.itertuples()):
         cells = (f"{row.sim_s_mean:.1f}" if row.reached else f"not reached (> {rounds})")

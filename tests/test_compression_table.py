@@ -8,47 +8,28 @@ import json
 
 import numpy as np
 import pandas as pd
-import pyarrow.dataset as ds
+from study_sweeps import TARGET, at, mb_at, parquet_replicas, table_of, tiny_sweep, written
 
 from fedharness.studies import compression
-from fedharness.studies.reports.data import load_results
-from fedharness.studies.sweep import run_sweep, spec_from_dict
 
 K, ROUNDS, REPLICAS, DIM = 5, 6, 2, 65 * 10  # digits with logistic regression: 64 features + bias, 10 classes
-TARGET = 0.8
 
 
 def sweep(tmp_path) -> str:
-    res = str(tmp_path / "res")
-    data = {"results_dir": res, "runner": "local",
-            "base": {"dataset": "digits", "dataset.num_clients": 10, "dataset.data_seed": 0, "heterogeneity": False,
-                     "reference": "off", "threads": 1, "algorithm.sampler": "scheme_ii",
-                     "algorithm.clients_per_round": K, "algorithm.local_steps": 5, "rounds": ROUNDS,
-                     "eval_every": 1, "replicas": REPLICAS, "eval.grad_norm": False},
-            "grid": [{"compress": ["none"]},
-                     {"compress": ["topk"], "compress.ratio": [0.1], "compress.error_feedback": [True]}]}
-    result = run_sweep(spec_from_dict(data, "tiny"), echo=lambda line: None)
-    assert result.counts() == {"ok": 2}
-    return res
+    return tiny_sweep(tmp_path, [{"compress": ["none"]},
+                                 {"compress": ["topk"], "compress.ratio": [0.1], "compress.error_feedback": [True]}],
+                      ok=2, num_clients=10, sampler="scheme_ii", clients_per_round=K, rounds=ROUNDS,
+                      replicas=REPLICAS)
 
 
 def independent(res: str) -> pd.DataFrame:
     """Per (compressor, replica), from the Parquet files alone."""
-    runs = ds.dataset(f"{res}/runs", format="parquet", partitioning="hive").to_table().to_pandas()
-    rounds = ds.dataset(f"{res}/rounds", format="parquet", partitioning="hive").to_table().to_pandas()
-    rounds = rounds[rounds["series"] == "iterate"].sort_values("round")
     out = []
-    for run in runs.itertuples():
+    for run, rep, r, first, last in parquet_replicas(res):
         name = (json.loads(run.config_json).get("compress") or {}).get("name", "none")
-        for rep, r in rounds[rounds["run_id"] == run.run_id].groupby("replica"):
-            hit = r[r["test_acc"] >= TARGET]
-            first = hit.iloc[0] if len(hit) else None
-            last = r.iloc[-1]
-            out.append({"compressor": name, "replica": rep, "reached": first is not None,
-                        "round": first["round"] if first is not None else np.nan,
-                        "mb": (first["bytes_up"] + first["bytes_down"]) / 1e6 if first is not None else np.nan,
-                        "acc": last["test_acc"], "last_round": last["round"],
-                        "up": last["bytes_up"] / (last["round"] * K)})  # scheme_ii: K distinct clients a round
+        out.append({"compressor": name, "replica": rep, "reached": first is not None, "round": at(first, "round"),
+                    "mb": mb_at(first), "acc": last["test_acc"], "last_round": last["round"],
+                    "up": last["bytes_up"] / (last["round"] * K)})  # scheme_ii: K distinct clients a round
     return pd.DataFrame(out)
 
 
@@ -56,8 +37,7 @@ def test_the_table_matches_the_parquet_rows(tmp_path):
     res = sweep(tmp_path)
     mine = independent(res)
     assert len(mine) == 2 * REPLICAS and (mine["last_round"] == ROUNDS).all()
-    seeds = compression.seed_rows(load_results(res), {"digits": f"test_acc>={TARGET}"})
-    table = compression.summary(seeds)
+    table = table_of(compression, res)
     assert list(table["compressor"]) == ["none", "topk"] and list(table["ef"]) == [False, True]
     for row in table.itertuples():
         m = mine[mine["compressor"] == row.compressor]
@@ -76,10 +56,7 @@ def test_the_table_matches_the_parquet_rows(tmp_path):
     assert up == {"none": DIM * 4, "topk": 65 * (4 + 4)}  # dense float32; k = 0.1 d int32 indices and values
     assert table["reached"].sum() > 0  # the target is met somewhere: the comparison above is not vacuous
 
-    out = tmp_path / "docs"
-    assert compression.main([res, "--out", str(out), "--target", f"digits=test_acc>={TARGET}"]) == 0
-    text = (out / "table.md").read_text()
-    assert (out / "accuracy_vs_mb.png").stat().st_size > 0
+    text = written(compression, res, tmp_path, "accuracy_vs_mb.png")
     assert f"target test_acc>={TARGET:g}, {REPLICAS} seeds, {ROUNDS} rounds" in text
     for row in table.itertuples():
         cell = (f"{row.rounds_mean:.1f}" if row.reached else f"not reached (> {ROUNDS})")

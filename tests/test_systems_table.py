@@ -8,55 +8,36 @@ import json
 
 import numpy as np
 import pandas as pd
-import pyarrow.dataset as ds
+from study_sweeps import TARGET, at, parquet_replicas, table_of, tiny_sweep, written
 
 from fedharness.studies import systems
-from fedharness.studies.reports.data import load_results
-from fedharness.studies.sweep import run_sweep, spec_from_dict
 
 K, ROUNDS, REPLICAS = 4, 6, 2
-TARGET = 0.8
 DEADLINE = 0.5  # a median client: 5 steps of 0.05 s and 2 x 2,600 bytes at 0.02 MB/s (0.26 s): 0.51 s
 
 
 def sweep(tmp_path) -> str:
-    res = str(tmp_path / "res")
-    data = {"results_dir": res, "runner": "local",
-            "base": {"dataset": "digits", "dataset.num_clients": 12, "dataset.data_seed": 0, "heterogeneity": False,
-                     "reference": "off", "threads": 1, "algorithm.sampler": "yang_s2",
-                     "algorithm.clients_per_round": K, "algorithm.local_steps": 5, "rounds": ROUNDS,
-                     "eval_every": 1, "replicas": REPLICAS, "eval.grad_norm": False,
-                     "network.compute_s_per_step": 0.05, "network.bandwidth_MB_per_s": 0.02,
-                     "systems.speed": "lognormal"},
-            "grid": [{"algorithm": ["fedavg"], "systems.deadline_s": [None, DEADLINE]},
-                     {"algorithm": ["fedavg"], "systems.over_selection": [1.5]},
-                     {"algorithm": ["fednova"], "systems.deadline_s": [DEADLINE], "systems.late_work": ["partial"]}]}
-    result = run_sweep(spec_from_dict(data, "tiny"), echo=lambda line: None)
-    assert result.counts() == {"ok": 4}
-    return res
+    return tiny_sweep(tmp_path, [{"algorithm": ["fedavg"], "systems.deadline_s": [None, DEADLINE]},
+                                 {"algorithm": ["fedavg"], "systems.over_selection": [1.5]},
+                                 {"algorithm": ["fednova"], "systems.deadline_s": [DEADLINE],
+                                  "systems.late_work": ["partial"]}],
+                      ok=4, num_clients=12, sampler="yang_s2", clients_per_round=K, rounds=ROUNDS, replicas=REPLICAS,
+                      **{"network.compute_s_per_step": 0.05, "network.bandwidth_MB_per_s": 0.02,
+                         "systems.speed": "lognormal"})
 
 
 def independent(res: str) -> pd.DataFrame:
     """Per (row, replica), from the Parquet files alone."""
-    runs = ds.dataset(f"{res}/runs", format="parquet", partitioning="hive").to_table().to_pandas()
-    rounds = ds.dataset(f"{res}/rounds", format="parquet", partitioning="hive").to_table().to_pandas()
-    rounds = rounds[rounds["series"] == "iterate"].sort_values("round")
     out = []
-    for run in runs.itertuples():
+    for run, rep, r, first, last in parquet_replicas(res):
         cfg = json.loads(run.config_json)
         row = (cfg["algorithm"]["aggregator"], cfg["systems"]["over_selection"], cfg["systems"]["deadline_s"],
                cfg["systems"]["late_work"])
-        for rep, r in rounds[rounds["run_id"] == run.run_id].groupby("replica"):
-            hit = r[r["test_acc"] >= TARGET]
-            first = hit.iloc[0] if len(hit) else None
-            last = r.iloc[-1]
-            out.append({"row": row, "replica": rep, "reached": first is not None,
-                        "round": first["round"] if first is not None else np.nan,
-                        "sim_s": first["sim_s"] if first is not None else np.nan,
-                        "participants": r.loc[r["round"] > 0, "participants"].mean(),
-                        "max_participants": r["participants"].max(),
-                        "s_per_round": last["sim_s"] / last["round"], "round_s": np.diff(r["sim_s"].to_numpy()),
-                        "acc": last["test_acc"], "last_round": last["round"]})
+        out.append({"row": row, "replica": rep, "reached": first is not None, "round": at(first, "round"),
+                    "sim_s": at(first, "sim_s"), "participants": r.loc[r["round"] > 0, "participants"].mean(),
+                    "max_participants": r["participants"].max(),
+                    "s_per_round": last["sim_s"] / last["round"], "round_s": np.diff(r["sim_s"].to_numpy()),
+                    "acc": last["test_acc"], "last_round": last["round"]})
     return pd.DataFrame(out)
 
 
@@ -64,8 +45,7 @@ def test_the_table_matches_the_parquet_rows(tmp_path):
     res = sweep(tmp_path)
     mine = independent(res)
     assert len(mine) == 4 * REPLICAS and (mine["last_round"] == ROUNDS).all()
-    seeds = systems.seed_rows(load_results(res), {"digits": f"test_acc>={TARGET}"})
-    table = systems.summary(seeds)
+    table = table_of(systems, res)
     names = [systems.label(r.algorithm, r.over_selection, r.deadline_s, r.late_work) for r in table.itertuples()]
     assert names == ["FedAvg", f"FedAvg, deadline {DEADLINE:g} s (drop)", "FedAvg, over-selection 1.5",
                      f"FedNova, deadline {DEADLINE:g} s (partial)"]
@@ -98,10 +78,7 @@ def test_the_table_matches_the_parquet_rows(tmp_path):
     assert by["FedAvg, over-selection 1.5"].s_per_round < by["FedAvg"].s_per_round
     assert table["reached"].sum() > 0  # the target is met somewhere: the comparison above is not vacuous
 
-    out = tmp_path / "docs"
-    assert systems.main([res, "--out", str(out), "--target", f"digits=test_acc>={TARGET}"]) == 0
-    text = (out / "table.md").read_text()
-    assert (out / "accuracy_vs_time.png").stat().st_size > 0
+    text = written(systems, res, tmp_path, "accuracy_vs_time.png")
     assert f"**digits, model auto**: target test_acc>={TARGET:g}, {REPLICAS} seeds, {ROUNDS} rounds, K = {K}" in text
     for name, row in zip(names, table.itertuples()):
         cells = (f"{row.sim_s_mean:.1f}" if row.reached else f"not reached (> {ROUNDS})")

@@ -28,7 +28,6 @@ import numpy as np
 import pandas as pd
 
 from fedharness.studies import study_tables as st
-from fedharness.studies.reports.analysis import parse_target
 from fedharness.studies.reports.data import Results
 from fedharness.studies.systems import PROBLEMS, SPEEDS, TARGETS, _availability_label, _speed_label, problem_label
 
@@ -176,39 +175,16 @@ def accuracy_vs_time(results: Results, seeds: pd.DataFrame, path: Path, metric: 
     sim_s at each evaluated step, one line per row of the table (solid: synchronous, dashed: FedBuff, dotted:
     FedAsync), the target as a grey dotted line. The x axis stops at twice the latest mean time to the target
     in the panel (or at the latest step where no row reached it), so that the rows' approach to it shows."""
-    plt = st.pyplot()
-    rounds = st.iterate_rounds(results)
-    runs = _order(seeds.drop_duplicates("run_id")).reset_index(drop=True)
     table = summary(seeds)
-    panels = list(dict.fromkeys(zip(zip(runs["problem"], runs["model"]), runs["speed"])))
-    problems = list(dict.fromkeys(zip(runs["problem"], runs["model"])))
-    speeds = list(dict.fromkeys(runs["speed"]))
-    fig, axes = plt.subplots(len(problems), len(speeds), figsize=(6 * len(speeds), 4 * len(problems)),
-                             squeeze=False)
-    colors = plt.get_cmap("tab10").colors
-    for ax in axes.flat:
-        ax.set_visible(False)
-    for problem, speed in panels:
-        ax = axes[problems.index(problem)][speeds.index(speed)]
-        ax.set_visible(True)
-        def where(df: pd.DataFrame) -> pd.Series:
-            return (df["problem"] == problem[0]) & (df["model"] == problem[1]) & (df["speed"] == speed)
 
-        cells = runs[where(runs)]
-        for i, run in enumerate(cells.itertuples()):
-            r = rounds[rounds["run_id"] == run.run_id].groupby("round")[[metric, "sim_s"]].mean()
-            ax.plot(r["sim_s"], r[metric], color=colors[i % len(colors)], lw=1.4, ls=STYLES.get(run.mode, "-"),
-                    label=row_label(run))
-        reached = table[where(table)]["sim_s_mean"].dropna()
-        if len(reached):
-            ax.set_xlim(0, 2 * reached.max())
-        target = parse_target(cells["target"].iloc[0]) if cells["target"].iloc[0] else None
-        if target is not None and target.metric == metric:
-            ax.axhline(target.value, color="grey", ls=":", lw=1)
-        st.finish_panel(ax, "simulated time sim_s (s, mean over seeds)", metric,
-                        f"{problem_label(*problem)}\n{cells['speed_label'].iloc[0]}", 7)
-    fig.tight_layout()
-    st.save_figure(fig, path)
+    def xmax(problem: tuple[str, str], speed: str) -> float | None:
+        reached = table[(table["problem"] == problem[0]) & (table["model"] == problem[1])
+                        & (table["speed"] == speed)]["sim_s_mean"].dropna()
+        return 2 * reached.max() if len(reached) else None
+
+    st.accuracy_vs_time(results, _order(seeds.drop_duplicates("run_id")).reset_index(drop=True), path, metric,
+                        problem_label=problem_label, style=lambda run: STYLES.get(run.mode, "-"), label=row_label,
+                        xmax=xmax)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,7 @@
-"""What the study tables (studies/compression.py, studies/systems.py) share: the command line, the walk over each
-finished (run, replica) with its problem's target, the per-cell statistics over seeds, the Markdown cells and the
-figure's axes and file.
+"""What the study tables (studies/compression.py, studies/systems.py, studies/async_table.py) share: the command
+line, the walk over each finished (run, replica) with its problem's target, the per-cell statistics over seeds, the
+Markdown cells and the figure's axes and file, and the accuracy-against-simulated-time figure of the two tables with
+clients of unequal speed (systems.py, async_table.py).
 
 Each study keeps what is its own: the columns a run adds, the keys a cell is grouped by, the rows' order, the
 table's columns and the figure's lines.
@@ -147,6 +148,44 @@ def save_figure(fig: Any, path: Path) -> None:
     """Write the figure and free it (pyplot keeps every open figure otherwise)."""
     fig.savefig(path, dpi=120, bbox_inches="tight")
     pyplot().close(fig)
+
+
+def accuracy_vs_time(results: Results, runs: pd.DataFrame, path: Path, metric: str, *,
+                     problem_label: Callable[[str, str], str], style: Callable[[Any], str],
+                     label: Callable[[Any], str], xmax: Callable[[tuple[str, str], str], float | None] | None = None
+                     ) -> None:
+    """One panel per (problem, speed profile) of `runs` (one row per run, in the table's order, with its problem,
+    model, speed, speed_label, target and run_id): the mean over seeds of `metric` against the mean over seeds of
+    sim_s at each evaluated round, one line per run (`style(run)` its line style, `label(run)` its legend), the
+    target as a grey dotted line. A panel's row is its (problem, model), its column its speed profile, in the order
+    `runs` first names them; `xmax((problem, model), speed)`, where given and not None, stops its x axis there."""
+    plt = pyplot()
+    rounds = iterate_rounds(results)
+    panels = list(dict.fromkeys(zip(zip(runs["problem"], runs["model"]), runs["speed"])))
+    problems = list(dict.fromkeys(zip(runs["problem"], runs["model"])))
+    speeds = list(dict.fromkeys(runs["speed"]))
+    fig, axes = plt.subplots(len(problems), len(speeds), figsize=(6 * len(speeds), 4 * len(problems)),
+                             squeeze=False)
+    colors = plt.get_cmap("tab10").colors
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for problem, speed in panels:
+        ax = axes[problems.index(problem)][speeds.index(speed)]
+        ax.set_visible(True)
+        cells = runs[(runs["problem"] == problem[0]) & (runs["model"] == problem[1]) & (runs["speed"] == speed)]
+        for i, run in enumerate(cells.itertuples()):
+            r = rounds[rounds["run_id"] == run.run_id].groupby("round")[[metric, "sim_s"]].mean()
+            ax.plot(r["sim_s"], r[metric], color=colors[i % len(colors)], lw=1.4, ls=style(run), label=label(run))
+        right = xmax(problem, speed) if xmax is not None else None
+        if right is not None:
+            ax.set_xlim(0, right)
+        target = parse_target(cells["target"].iloc[0]) if cells["target"].iloc[0] else None
+        if target is not None and target.metric == metric:
+            ax.axhline(target.value, color="grey", ls=":", lw=1)
+        finish_panel(ax, "simulated time sim_s (s, mean over seeds)", metric,
+                     f"{problem_label(*problem)}\n{cells['speed_label'].iloc[0]}", 7)
+    fig.tight_layout()
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None, *, doc: str, out: str, targets: dict[str, str], seed_rows: SeedRows,

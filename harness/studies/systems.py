@@ -25,7 +25,6 @@ import numpy as np
 import pandas as pd
 
 from fedharness.studies import study_tables as st
-from fedharness.studies.reports.analysis import parse_target
 from fedharness.studies.reports.data import Results
 
 # The target of each problem, by data set (the synthetic W1 with logistic regression; digits with the 2NN);
@@ -159,33 +158,9 @@ def markdown(table: pd.DataFrame) -> str:
 def accuracy_vs_time(results: Results, seeds: pd.DataFrame, path: Path, metric: str = "test_acc") -> None:
     """One panel per (problem, speed profile): the mean over seeds of `metric` against the mean over seeds of
     sim_s at each evaluated round, one line per row of the table, with the target as a dotted line."""
-    plt = st.pyplot()
-    rounds = st.iterate_rounds(results)
-    runs = _order(seeds.drop_duplicates("run_id")).reset_index(drop=True)
-    panels = list(dict.fromkeys(zip(zip(runs["problem"], runs["model"]), runs["speed"])))
-    problems = list(dict.fromkeys(zip(runs["problem"], runs["model"])))
-    speeds = list(dict.fromkeys(runs["speed"]))
-    fig, axes = plt.subplots(len(problems), len(speeds), figsize=(6 * len(speeds), 4 * len(problems)),
-                             squeeze=False)
-    colors = plt.get_cmap("tab10").colors
-    for ax in axes.flat:
-        ax.set_visible(False)
-    for problem, speed in panels:
-        ax = axes[problems.index(problem)][speeds.index(speed)]
-        ax.set_visible(True)
-        cells = runs[(runs["problem"] == problem[0]) & (runs["model"] == problem[1]) & (runs["speed"] == speed)]
-        for i, run in enumerate(cells.itertuples()):
-            r = rounds[rounds["run_id"] == run.run_id].groupby("round")[[metric, "sim_s"]].mean()
-            ax.plot(r["sim_s"], r[metric], color=colors[i % len(colors)], lw=1.4,
-                    ls="--" if run.algorithm == "FedNova" else "-",
-                    label=label(run.algorithm, run.over_selection, run.deadline_s, run.late_work))
-        target = parse_target(cells["target"].iloc[0]) if cells["target"].iloc[0] else None
-        if target is not None and target.metric == metric:
-            ax.axhline(target.value, color="grey", ls=":", lw=1)
-        st.finish_panel(ax, "simulated time sim_s (s, mean over seeds)", metric,
-                        f"{problem_label(*problem)}\n{cells['speed_label'].iloc[0]}", 7)
-    fig.tight_layout()
-    st.save_figure(fig, path)
+    st.accuracy_vs_time(results, _order(seeds.drop_duplicates("run_id")).reset_index(drop=True), path, metric,
+                        problem_label=problem_label, style=lambda run: "--" if run.algorithm == "FedNova" else "-",
+                        label=lambda run: label(run.algorithm, run.over_selection, run.deadline_s, run.late_work))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from fedharness.base import streams
-from fedharness.contracts import Links
+from fedharness.contracts import Availability, Links
 
 # The `round` slot of a client's SYSTEMS stream: one sub-stream per purpose, so no two share numbers.
 SPEED, PHASE, DEVICE_ENTRY, AVAILABILITY_ENTRY = 0, 1, 2, 3
@@ -158,7 +158,7 @@ class TraceSpeeds:
         return Links(self.ms_per_sample[entry] * self.samples_per_step / 1000.0, bandwidth, bandwidth)
 
 
-class AlwaysOnline:
+class AlwaysOnline(Availability):
     always = True  # the clock asks nobody (harness/core/clock.py)
 
     def online(self, seeds: np.ndarray, replicas: np.ndarray, t: np.ndarray, clients: np.ndarray) -> np.ndarray:
@@ -166,7 +166,7 @@ class AlwaysOnline:
 
 
 @dataclass(frozen=True)
-class DutyCycle:
+class DutyCycle(Availability):
     """Online a share `duty_cycle` of every `period_s`, from the client's own phase."""
 
     duty_cycle: float
@@ -183,7 +183,7 @@ class DutyCycle:
 
 
 @dataclass(frozen=True)
-class TraceAvailability:
+class TraceAvailability(Availability):
     """FedScale's behaviour trace (problems/device_traces.py AvailabilityTrace): each client maps onto an entry."""
 
     trace: object  # AvailabilityTrace: len() and online(entry, t)

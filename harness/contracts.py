@@ -408,6 +408,8 @@ class Speeds(Protocol):
 class Availability(Protocol):
     """When each client is online (systems.availability): a pure function of (seed, replica, client, time)."""
 
+    always: bool = False  # every client online at every time: the clock asks nobody (algorithms/systems.py)
+
     def online(self, seeds: np.ndarray, replicas: np.ndarray, t: np.ndarray, clients: np.ndarray) -> np.ndarray:
         """[R, K] bool: whether each row's clients are online at that row's time t [R] (seconds)."""
         ...

@@ -12,10 +12,12 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 
+from fedharness.assembly.build import algorithm_for
 from fedharness.config import compose as compose_module
 from fedharness.config.load import load_config
 from fedharness.config.overrides import format_value
 from fedharness.runs.execute import execute
+from fedharness.settings import RunSettings
 from fedharness.settings import RunSettings
 from fedharness.studies.tuning import budget as budget_module
 from fedharness.studies.tuning.budget import Budget
@@ -170,7 +172,7 @@ def test_costs_that_scale_with_e_give_the_rounds_of_es_own_replay(run, replays):
             cfg = load_config(["dataset=quadratic", "algorithm.clients_per_round=4", *run,
                                f"algorithm.local_steps={steps}"])
             problem = budget_module.problem_for(cfg)
-            algorithm = budget_module.build_algorithm({**cfg["algorithm"], "rounds": cfg["rounds"]}, problem)
+            algorithm = algorithm_for(RunSettings.from_config(cfg), problem)
             layout, _ = budget_module.build_series(cfg["replicas"], **cfg["algorithm"])
             own = real(cfg, problem, algorithm, layout, kind, total)
             assert Budget(kind, total).rounds_for(cfg) == int(own.searchsorted(total, side="right")), (kind, steps)

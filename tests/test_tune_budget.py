@@ -155,3 +155,14 @@ def test_a_rounds_price_is_replayed_once_per_cost_setting_and_equals_the_replay(
                 replayed = int(np.searchsorted(real(cfg, kind, budget.total), budget.total, side="right"))
                 assert budget.rounds_for(cfg) == replayed, (kind, steps_low, lr)
     assert len(replays) == 3 * 2  # one per (kind, steps_low), not per learning rate
+
+
+def test_a_budget_other_than_rounds_refuses_an_asynchronous_run_in_one_line():
+    from fedharness.errors import ConfigError
+
+    cfg = load_config(["dataset=quadratic", "algorithm.sampler=yang_s2", "algorithm.clients_per_round=4",
+                       "systems.mode=fedbuff", "systems.concurrency=8", "systems.buffer=4"])
+    with pytest.raises(ConfigError) as err:
+        Budget("local_steps", 400).rounds_for(cfg)
+    assert err.value.key == "systems.mode" and err.value.value == "fedbuff" and "in rounds" in err.value.allowed
+    assert Budget("rounds", 40).rounds_for(cfg) == 40  # server steps

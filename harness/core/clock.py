@@ -77,7 +77,7 @@ class SystemsClock:
     @property
     def always_online(self) -> bool:
         """Every client online at every time: no availability to ask (algorithms/systems.py AlwaysOnline)."""
-        return getattr(self.availability, "always", False)
+        return self.availability.always
 
     def online(self, seeds: np.ndarray, replicas: np.ndarray, t: np.ndarray) -> Online:
         return Online(self.availability, np.asarray(seeds), np.asarray(replicas), np.asarray(t, dtype=np.float64))

@@ -121,15 +121,15 @@ def _cumulative_cost(cfg: dict[str, Any], kind: str, total: int) -> np.ndarray:
     require(settings.systems.mode == "sync", "systems.mode", settings.systems.mode, f"sync with a tune.budget in "
             f"{kind}: the replay plans synchronous rounds (budget an asynchronous run in rounds, its server steps)")
     if settings.systems.on:  # who takes part, and their steps, follow the clock: replay it, E's own
-        return _replay(settings, problem, algorithm, layout, kind, total)
+        return _replay(cfg, problem, algorithm, layout, kind, total)
     steps = cfg["algorithm"].get("local_steps")
     if steps != 1 and _scales_with_steps(cfg, algorithm, layout):
         try:
             unit = _unit_cost(cfg, kind, total)
         except ConfigError:  # E = 1 needs more than MAX_ROUNDS: E's own replay may not
-            return _replay(settings, problem, algorithm, layout, kind, total)
+            return _replay(cfg, problem, algorithm, layout, kind, total)
         return unit if kind == "bytes" else steps * unit
-    return _replay(settings, problem, algorithm, layout, kind, total)
+    return _replay(cfg, problem, algorithm, layout, kind, total)
 
 
 _UNIT: dict[tuple, np.ndarray] = {}  # (kind, total, cost key at E = 1) -> that config's cumulative costs
@@ -175,10 +175,11 @@ def _scales_with_steps(cfg: dict[str, Any], algorithm: Algorithm, layout: Replic
                                                  (unit.lr_factor, layout.lr_factor), (unit.init_ids, layout.init_ids)))
 
 
-def _replay(settings: RunSettings, problem, algorithm: Algorithm, layout: ReplicaLayout, kind: str,
+def _replay(cfg: dict[str, Any], problem, algorithm: Algorithm, layout: ReplicaLayout, kind: str,
             total: int) -> np.ndarray:
     """The engine's own round plans and counters, without training, until the cost passes `total`: on the run's
     systems clock, with its compressed updates' size."""
+    settings = RunSettings.from_config(cfg)
     compression = compression_for(settings, problem)
     stages = Stages([] if compression is None else [compression])
     clock = clock_for(settings, algorithm, problem, client_bytes(problem, algorithm.solver, stages), stages)

@@ -247,16 +247,19 @@ def _figure(ncols: int, nrows: int = 1, width: float = 4.3, height: float = 3.3)
     return fig, fig.subplots(nrows, ncols, squeeze=False)
 
 
-def _save(fig, out: Path, name: str) -> str:
-    out.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out / name, dpi=100)
+def _save(fig, out: Path | None, name: str) -> str:
+    """The figure's file name, the figure drawn into `out` (None: a draw whose figures nobody keeps: not drawn, the
+    layout and rendering being most of a figure's cost)."""
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=100)
     return name
 
 
 # ---------------------------------------------------------------- Li et al.: Theorem 4 toy
 
-def li_toy(out: Path, log=logger.info, draw: int = 0) -> dict:
+def li_toy(out: Path | None, log=logger.info, draw: int = 0) -> dict:
     """Constant step: FedAvg stalls ~ (E - 1) eta from w* (E = 1 reaches it); decaying step: it converges."""
     g = run_grid("repro_li_toy", reference=True, log=log, draw=draw)
     res: dict[str, Any] = {"E": [], "constant": [], "decaying": [], "seconds": g.seconds}
@@ -286,7 +289,7 @@ WANG_PANELS = (("steps", "equal tau_i = 30"), ("per_client", "fixed tau_i in [1,
 WANG_ALGS = ("fedavg", "fedprox", "scaffold", "fednova")
 
 
-def wang_quadratic(out: Path, log=logger.info, draw: int = 0) -> dict:
+def wang_quadratic(out: Path | None, log=logger.info, draw: int = 0) -> dict:
     """Final ||x - x*|| of FedAvg, FedProx (mu = 1), SCAFFOLD and FedNova in the three local-work settings."""
     g = run_grid("repro_wang_quadratic", reference=True, log=log, draw=draw)
     res: dict[str, Any] = {"seconds": g.seconds}
@@ -314,7 +317,7 @@ WANG_SETTINGS = (("full", "epochs", "all clients, E_i = 5"), ("scheme_i", "epoch
                  ("scheme_i", "random_epochs", "K = 9, E_i(t) ~ U{1..5}"))
 
 
-def wang_synthetic(out: Path, log=logger.info, draw: int = 0) -> dict:
+def wang_synthetic(out: Path | None, log=logger.info, draw: int = 0) -> dict:
     """Figure 5: training loss of FedAvg, FedProx (mu = 1) and FedNova on Synthetic(1,1), 30 clients."""
     g = run_grid("repro_wang_synthetic", log=log, draw=draw)
     res: dict[str, Any] = {"seconds": g.seconds}
@@ -351,7 +354,7 @@ def _mse_curve(rows: pd.DataFrame, series: str, replicas: int) -> pd.Series:
     return (r["dist_to_opt"] ** 2).groupby(r["round"]).mean().sort_index()
 
 
-def mangold(out: Path, log=logger.info, draw: int = 0) -> dict:
+def mangold(out: Path | None, log=logger.info, draw: int = 0) -> dict:
     """MSE ||theta - theta*||^2 of iterates and averages, both data sets, H in {10, 100}, at the end of the run."""
     g = run_grid("repro_mangold", reference=True, log=log, draw=draw, only={"algorithm": ["fedavg_rr", "scaffold"]})
     res: dict[str, Any] = {"seconds": g.seconds}
@@ -381,7 +384,7 @@ def mangold(out: Path, log=logger.info, draw: int = 0) -> dict:
     return res
 
 
-def mangold_bias(out: Path, log=logger.info, draw: int = 0) -> dict:
+def mangold_bias(out: Path | None, log=logger.info, draw: int = 0) -> dict:
     """Stationary bias of FedAvg (and of the RR extrapolation) against gamma and H, beside (gamma (H-1)/2) b_h."""
     g = run_grid("repro_mangold_bias", reference=True, log=log, draw=draw, only={"algorithm": ["fedavg_rr"]})
     p = g.problems[0]
@@ -471,7 +474,7 @@ def _scheme_summary(g: Grid, where: dict, ax, title: str) -> dict:
     return out
 
 
-def li_schemes(out: Path, log=logger.info, draw: int = 0) -> dict:
+def li_schemes(out: Path | None, log=logger.info, draw: int = 0) -> dict:
     """Figure 4: schemes I, II, transformed II and the original on Synthetic(0,0) and Synthetic(1,1)."""
     g = run_grid("repro_li_schemes", log=log, draw=draw)
     fig, ax = _figure(2)
@@ -483,7 +486,7 @@ def li_schemes(out: Path, log=logger.info, draw: int = 0) -> dict:
     return res
 
 
-def li_schemes_mnist(out: Path, log=logger.info, draw: int = 0) -> dict:
+def li_schemes_mnist(out: Path | None, log=logger.info, draw: int = 0) -> dict:
     """Figure 1c/1d at smoke scale: the schemes on digits, two classes per device, balanced and power-law sizes."""
     g = run_grid("repro_li_schemes_mnist", log=log, draw=draw)
     fig, ax = _figure(2)
@@ -497,7 +500,7 @@ def li_schemes_mnist(out: Path, log=logger.info, draw: int = 0) -> dict:
 LI_TARGET_RATIO = 1.15 / 1.075  # Li et al.'s Synthetic(1,1) target over the minimum loss found
 
 
-def li_local_steps(out: Path, log=logger.info, draw: int = 0) -> dict:
+def li_local_steps(out: Path | None, log=logger.info, draw: int = 0) -> dict:
     """Figure 1a: rounds to reach 1.07 x (the best loss any E reached) against E, K = 30, Synthetic(1,1)."""
     g = run_grid("repro_li_local_steps", log=log, draw=draw)
     Es = [int(p["algorithm.local_steps"]) for p in g.points]
@@ -523,7 +526,7 @@ def li_local_steps(out: Path, log=logger.info, draw: int = 0) -> dict:
     return res
 
 
-def li_clients(out: Path, log=logger.info, draw: int = 0) -> dict:
+def li_clients(out: Path | None, log=logger.info, draw: int = 0) -> dict:
     """Figure 1b: the loss against rounds for K in {10, 20, 50, 100} on Synthetic(0,0), E = 5. The claim reads the
     final losses alone, so the draws after draw 0 (which draw no figure) evaluate only at the first and the last
     round: evaluation leaves the training as it is, and was 3/4 of this grid's time."""
@@ -598,7 +601,7 @@ QU_KS = [1, 2, 4, 8, 16]
 QU_OVER_TARGET = 0.01  # F <= F(w_0) / 100: a hundredfold decrease, reached at geometric rate when F* = 0
 
 
-def qu_speedup(out: Path, log=logger.info, draw: int = 0) -> dict:
+def qu_speedup(out: Path | None, log=logger.info, draw: int = 0) -> dict:
     """Rounds to target against K: FedAvg and Nesterov FedAvg (strongly convex), FedAvg (overparameterized, the
     step growing with K by the interpolation rule computed from the draw's data)."""
     g = run_grid("repro_qu_speedup", reference=True, log=log, draw=draw)
@@ -626,7 +629,7 @@ def qu_speedup(out: Path, log=logger.info, draw: int = 0) -> dict:
     return res
 
 
-def yang_speedup(out: Path, log=logger.info, draw: int = 0) -> dict:
+def yang_speedup(out: Path | None, log=logger.info, draw: int = 0) -> dict:
     """Rounds to F - F* <= 0.2 against n under Yang et al.'s theory step sizes (horizon T0 / n). The target is
     one every n reaches: the last iterates of the horizons end at F - F* ~ 0.11-0.17."""
     g = run_grid("repro_yang_speedup", reference=True, log=log, draw=draw)
@@ -648,7 +651,7 @@ def yang_speedup(out: Path, log=logger.info, draw: int = 0) -> dict:
 YANG_TARGET_ACC = 0.85  # Table 2's target was lost from the extracted text; chosen for the digits smoke data
 
 
-def yang_noniid(out: Path, log=logger.info, draw: int = 0) -> dict:
+def yang_noniid(out: Path | None, log=logger.info, draw: int = 0) -> dict:
     """Figure 1a/1b: training loss and test accuracy for p in {1, 2, 5, 10} classes per worker, full and
     partial participation, LR and 2NN (digits at smoke scale)."""
     g = run_grid("repro_yang_noniid", log=log, draw=draw)
@@ -675,7 +678,7 @@ def yang_noniid(out: Path, log=logger.info, draw: int = 0) -> dict:
     return res
 
 
-def yang_table2(out: Path, log=logger.info, draw: int = 0) -> dict:
+def yang_table2(out: Path | None, log=logger.info, draw: int = 0) -> dict:
     """Table 2: rounds, MB per worker and simulated seconds to test accuracy >= 0.85, FedAvg vs SCAFFOLD."""
     g = run_grid("repro_yang_table2", log=log, draw=draw)
     res: dict[str, Any] = {"seconds": g.seconds, "target_acc": YANG_TARGET_ACC, "rows": []}
@@ -722,18 +725,14 @@ def draw_seeds(name: str, draws: int) -> list:
 
 
 def run_draw(name: str, draw: int, out: str) -> tuple[dict, float, float]:
-    """One draw of one claim, in a worker process: draw 0 draws the figures into `out`, the others into a folder
-    that is thrown away. Returns the claim's numbers, the seconds it took and the CPU seconds it used."""
-    import tempfile
-
+    """One draw of one claim, in a worker process: draw 0 draws the figures into `out`, the others none. Returns
+    the claim's numbers, the seconds it took and the CPU seconds it used."""
     import torch
 
     torch.set_num_threads(1)  # the grids are many small runs: one thread per process, one process per core
     _register()
     t0, cpu0 = time.perf_counter(), time.process_time()
-    with tempfile.TemporaryDirectory() as tmp:
-        res = CLAIMS[name](Path(out) if draw == 0 else Path(tmp), log=lambda s: print(f"[{draw}] {s}", flush=True),
-                           draw=draw)
+    res = CLAIMS[name](Path(out) if draw == 0 else None, log=lambda s: print(f"[{draw}] {s}", flush=True), draw=draw)
     return res, time.perf_counter() - t0, time.process_time() - cpu0
 
 

@@ -35,11 +35,17 @@ class Settled:
     reached: np.ndarray  # [R, K] the entries the model reached (sampled, online): they downloaded it
 
 
+def link_seconds(down_bytes: float, up_bytes: float, down_MB_per_s, up_MB_per_s=None):
+    """Seconds to receive `down_bytes` and send `up_bytes`; up_MB_per_s None: one link both ways, (down + up) /
+    bandwidth (the uniform NetworkModel's and every equal profile's: the same bits)."""
+    if up_MB_per_s is None:
+        return (down_bytes + up_bytes) / (down_MB_per_s * 1e6)
+    return down_bytes / (down_MB_per_s * 1e6) + up_bytes / (up_MB_per_s * 1e6)
+
+
 def transfer_s(links: Links, down_bytes: float, up_bytes: float) -> np.ndarray:
     """[R, K] seconds to receive the model and send the update."""
-    if links.same_links:  # one link both ways: (down + up) / bandwidth, as the uniform model computes it
-        return (down_bytes + up_bytes) / (links.down_MB_per_s * 1e6)
-    return down_bytes / (links.down_MB_per_s * 1e6) + up_bytes / (links.up_MB_per_s * 1e6)
+    return link_seconds(down_bytes, up_bytes, links.down_MB_per_s, None if links.same_links else links.up_MB_per_s)
 
 
 def steps_in_time(budget_s: np.ndarray, step_s: np.ndarray) -> np.ndarray:
@@ -81,6 +87,12 @@ class SystemsClock:
 
     def online(self, seeds: np.ndarray, replicas: np.ndarray, t: np.ndarray) -> Online:
         return Online(self.availability, np.asarray(seeds), np.asarray(replicas), np.asarray(t, dtype=np.float64))
+
+    def finish_s(self, seeds: np.ndarray, replicas: np.ndarray, clients: np.ndarray, tau: np.ndarray,
+                 down_bytes: float, up_bytes: float) -> np.ndarray:
+        """[R, K] each client's time from its start to its update's arrival: its transfer plus tau of its steps."""
+        links = self.speeds.links(seeds, replicas, clients)
+        return transfer_s(links, down_bytes, up_bytes) + tau * links.step_s
 
     def settle(self, seeds: np.ndarray, replicas: np.ndarray, t: np.ndarray, clients: np.ndarray,
                trains: np.ndarray, tau: np.ndarray, down_bytes: float, up_bytes: float) -> Settled:

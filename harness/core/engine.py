@@ -20,7 +20,7 @@ from fedharness.contracts import (Algorithm, Callback, ClientScores, Coefficient
                                   ReplicaLayout, RoundContext, RoundPlan, RunOutcome, RunState, SeriesHook,
                                   Selection, UpdateAggregator)
 from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, average_into, buffer_dim, local_buffers
-from fedharness.core.clock import SystemsClock, rescaled, transfer_s
+from fedharness.core.clock import SystemsClock, link_seconds, rescaled
 from fedharness.core.exact_sum import Grids
 from fedharness.core.executors import ShardResult
 from fedharness.core.flight import (EMPTY, Busy, arrivals, board, empty_flight, flight_rows, packed, release,
@@ -49,10 +49,7 @@ class NetworkModel:
         return cls(network.bandwidth_MB_per_s, network.compute_s_per_step, network.upload_MB_per_s)
 
     def round_seconds(self, down_bytes: float, up_bytes: float, max_tau: np.ndarray) -> np.ndarray:
-        if self.upload_MB_per_s is None:
-            transfer = (down_bytes + up_bytes) / (self.bandwidth_MB_per_s * 1e6)
-        else:
-            transfer = down_bytes / (self.bandwidth_MB_per_s * 1e6) + up_bytes / (self.upload_MB_per_s * 1e6)
+        transfer = link_seconds(down_bytes, up_bytes, self.bandwidth_MB_per_s, self.upload_MB_per_s)
         return transfer + max_tau * self.compute_s_per_step
 
 
@@ -271,8 +268,8 @@ class Engine:
         lr_scale = sel.lr_scale * self.layout.lr_factor[:, None]
         start = starters(online, sel.clients, (f["client"] == EMPTY).sum(axis=1))
         stats = alg.solver.weight_stats(tau, lrs, lr_scale)
-        links = self.clock.speeds.links(self.row_seeds(), self.stream_replicas, sel.clients)
-        arrival = t[:, None] + (transfer_s(links, *self._client_bytes) + tau * links.step_s)
+        arrival = t[:, None] + self.clock.finish_s(self.row_seeds(), self.stream_replicas, sel.clients, tau,
+                                                   *self._client_bytes)
         scale = np.ones(tau.shape) if stats.scale is None else stats.scale
         slot = board(f, start, sel.clients, {"version": np.full(tau.shape, v), "tau": tau, "arrival": arrival,
                                              "weight": sel.weights, "l1": stats.l1, "l2sq": stats.l2sq,

@@ -19,6 +19,7 @@ from fedharness.runs.batch import Slot
 from fedharness.runs.execute import build_engine, execute, execute_batch, prepare_run
 from test_systems import (BW_SIGMA, DIM, DUTY, K, LR, N, PERIOD, SEED, SIGMA, STEPS, StopAt, client_profile, quadratic,
                           rows)
+from test_systems import world_rows as systems_world_rows
 
 LOGNORMAL = ["systems.speed=lognormal", f"systems.speed_sigma={SIGMA}", f"systems.bandwidth_sigma={BW_SIGMA}"]
 
@@ -167,9 +168,7 @@ WORLD = [*LOGNORMAL, "systems.mode=fedbuff", "systems.concurrency=6", "systems.b
 
 
 def world_rows(tmp_path, run_id: str, *extra: str, callbacks=()) -> list[tuple]:
-    settings = load_settings(quadratic(f"results_dir={tmp_path}", *WORLD, *extra))
-    assert execute(settings, run_id=run_id, callbacks=list(callbacks)).status == ("stopped" if callbacks else "ok")
-    return rows(tmp_path, run_id)
+    return systems_world_rows(tmp_path, run_id, *extra, callbacks=callbacks, world=WORLD)
 
 
 def test_fedbuff_gives_the_same_rows_on_shards_in_a_batch_and_resumed_with_updates_in_flight(tmp_path):

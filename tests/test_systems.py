@@ -201,8 +201,9 @@ class StopAt(Callback):
         return context.round == self.at
 
 
-def world_rows(tmp_path, run_id: str, *extra: str, callbacks=()) -> list[tuple]:
-    settings = load_settings(quadratic(f"results_dir={tmp_path}", *WORLD, *extra))
+def world_rows(tmp_path, run_id: str, *extra: str, callbacks=(), world=WORLD) -> list[tuple]:
+    """The rows of a run of `world` (with `extra`) on the quadratic; stopped by `callbacks`, else ok."""
+    settings = load_settings(quadratic(f"results_dir={tmp_path}", *world, *extra))
     assert execute(settings, run_id=run_id, callbacks=list(callbacks)).status == ("stopped" if callbacks else "ok")
     return rows(tmp_path, run_id)
 

@@ -42,7 +42,7 @@ TARGETS: dict[str, Target] = {
         "tests/test_samplers.py", "tests/test_privacy.py", "tests/test_mutation_kills.py", "-k",
         "unbiased or original_scheme or scheme_ii_weights or yang_strategies or depend_only or dropout_rescales "
         "or dropout_is_keyed or poisson or bad_sampler or beyond_the_shuffle or wraps_the_sampler "
-        "or declares_with_replacement")),
+        "or declares_with_replacement or online or offline")),
     "attacks": Target(("algorithms/attacks.py", "algorithms/byzantine.py"), (
         "tests/test_attacks.py", "tests/test_mutation_kills.py", "-k", "equals_numpy or gaussian_noise or read_what "
         "or byzantine_set or continued_from or label_flip or zero_strength or labels_alone or one_honest "
@@ -99,7 +99,7 @@ LISTED: tuple[Listed, ...] = (
     Listed("privacy", "the released unclipped count gets no noise", "algorithms/privacy.py",
            "(unclipped + self.count_noise * streams.normal(key, 1)[:, 0])", "(unclipped + 0.0)"),
     Listed("samplers", "Poisson rate K/(N+1) instead of K/N", "algorithms/samplers.py",
-           "< self.K / self.num_clients", "< self.K / (self.num_clients + 1)"),
+           "return self.K / self.num_clients", "return self.K / (self.num_clients + 1)"),
     Listed("exact_sum", "the compact-sum grid 2x coarser", "harness/core/exact_sum.py",
            "MARGIN_BITS = 2 ", "MARGIN_BITS = 3 "),
     Listed("exact_sum", "the compact-sum grid 16x coarser", "harness/core/exact_sum.py",

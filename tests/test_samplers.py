@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
+from fedharness import contracts
 from fedharness.algorithms import samplers
+from fedharness.base import streams
 from fedharness.algorithms.registry import build_algorithm
 from fedharness.core.engine import Engine
 from fedharness.errors import ConfigError
@@ -273,3 +275,89 @@ def test_poisson_sampling_is_unbiased_for_the_clients_plain_mean_at_rate_k_over_
     assert np.all(np.abs(mean - v.mean(0)) < 4 * se), (mean, v.mean(0), se)
     taken = (sel.weights > 0).sum(1)  # Binomial(N, q): 40,000 draws, the mean's standard error 0.007
     assert taken.mean() == pytest.approx(K, abs=4 * np.sqrt(N * K / N * (1 - K / N) / DRAWS))
+
+
+# --- preferring the online clients (the systems clock: harness/core/clock.py) ------------------------------------
+
+class EveryThirdOffline(contracts.Availability):
+    """Clients whose id is a multiple of 3 are offline (at any time); the others online."""
+
+    def online(self, seeds, replicas, t, clients):
+        return np.asarray(clients) % 3 != 0
+
+
+def _online(rows: int) -> contracts.Online:
+    return contracts.Online(EveryThirdOffline(), np.zeros(rows, np.int64), np.arange(rows), np.zeros(rows))
+
+
+def _stream(replicas: np.ndarray, rnd: int, count: int, sub: int = 0) -> np.ndarray:
+    return streams.uniform(streams.stream_key(7, streams.SAMPLE, replicas[:, None] if sub else replicas, rnd, sub),
+                           count)
+
+
+def test_samplers_without_replacement_take_the_first_k_online_of_their_draw():
+    replicas, K = np.arange(3), 5
+    sel = samplers.YangStrategy2(20, K).select(7, replicas, 4, np.full(20, 1 / 20), online=_online(3))
+    order = np.argsort(_stream(replicas, 4, 20), axis=1, kind="stable")  # the shuffle of all N
+    for r in range(3):
+        assert sel.clients[r].tolist() == [int(k) for k in order[r] if k % 3][:K]
+    big = 1 << 17  # beyond the shuffle: the first K distinct online clients of a stream of uniform draws
+    sel = samplers.YangStrategy2(big, K).select(7, replicas, 4, None, online=_online(3))
+    for r in range(3):
+        key = streams.stream_key(7, streams.SAMPLE, r, 4, 1)
+        draws = streams.integers(key, 64 * K, big)  # counter-based: drawing more extends the same sequence
+        want = list(dict.fromkeys(int(k) for k in draws if k % 3))[:K]
+        assert sel.clients[r].tolist() == want
+
+
+def test_samplers_with_replacement_take_the_first_k_online_draws_and_poisson_only_online_clients():
+    replicas, K, N = np.arange(3), 6, 12
+    sel = samplers.YangStrategy1(N, K).select(7, replicas, 2, np.full(N, 1 / N), online=_online(3))
+    u = _stream(replicas, 2, 64 * K)  # the same stream, drawn further for the offline draws it skips
+    for r in range(3):
+        draws = np.minimum(np.floor(u[r] * N).astype(np.int64), N - 1)
+        assert sel.clients[r].tolist() == [int(k) for k in draws if k % 3][:K]
+    sel = samplers.PoissonSampling(N, 6).select(7, replicas, 2, np.full(N, 1 / N), online=_online(3))
+    taken = _stream(replicas, 2, N) < 6 / N
+    for r in range(3):
+        assert sel.clients[r][sel.weights[r] > 0].tolist() == [k for k in range(N) if taken[r, k] and k % 3]
+
+
+def test_too_few_online_fill_the_sample_with_offline_clients_who_then_drop_out():
+    sel = samplers.YangStrategy2(6, 5).select(7, np.arange(1), 0, np.full(6, 1 / 6), online=_online(1))
+    picked = sel.clients[0].tolist()
+    assert sorted(picked[:4]) == [1, 2, 4, 5] and picked[4] % 3 == 0  # the four online first, then one offline
+
+
+class OnlyMultiplesOnline(contracts.Availability):
+    """Only the clients whose id is a multiple of `every` are online."""
+
+    def __init__(self, every: int):
+        self.every = every
+
+    def online(self, seeds, replicas, t, clients):
+        return np.asarray(clients) % self.every == 0
+
+
+@pytest.mark.parametrize("every", [20, 5000])
+def test_rare_online_clients_are_searched_for_up_to_64_k_draws_then_offline_ones_fill_the_sample(every):
+    """1 in 20 online: the K online ones are found (beyond the first 2K draws); 1 in 5,000: the search stops
+    after MAX_DRAWS_PER_CLIENT K draws and the sample is the online ones found there, then the offline ones, in the
+    order drawn (never fewer than K clients, never a longer search)."""
+    K, big, cap = 5, 1 << 17, samplers.MAX_DRAWS_PER_CLIENT * 5
+    online = contracts.Online(OnlyMultiplesOnline(every), np.zeros(2, np.int64), np.arange(2), np.zeros(2))
+    sel = samplers.YangStrategy2(big, K).select(7, np.arange(2), 4, None, online=online)
+    for r in range(2):
+        draws = list(dict.fromkeys(int(k) for k in streams.integers(streams.stream_key(7, streams.SAMPLE, r, 4, 1),
+                                                                    cap, big)))
+        assert sel.clients[r].tolist() == ([k for k in draws if k % every == 0]
+                                           + [k for k in draws if k % every])[:K]
+    N = 100_000  # with replacement: the same search over the draws of the round's stream
+    sel = samplers.YangStrategy1(N, K).select(7, np.arange(2), 4, np.full(N, 1 / N), online=online)
+    u = _stream(np.arange(2), 4, cap)
+    for r in range(2):
+        draws = [int(k) for k in np.minimum(np.floor(u[r] * N).astype(np.int64), N - 1)]
+        assert sel.clients[r].tolist() == ([k for k in draws if k % every == 0]
+                                           + [k for k in draws if k % every])[:K]
+    if every == 20:
+        assert (sel.clients % 20 == 0).all()  # found beyond the first 2K draws

@@ -142,6 +142,9 @@ class SystemsSettings:
                                           null="algorithm.clients_per_round"))
     buffer: int | None = key(integer("fedbuff: M, the arrivals each server step aggregates (at most C)", lo=1,
                                      null="fedbuff: algorithm.clients_per_round; fedasync: 1"))
+    refill: str = key(choice("fedbuff, fedasync: when a slot its client's arrival freed starts a new client: arrival "
+                             "(at once, from the version current then: Nguyen et al.'s Algorithm 1) | step (at the "
+                             "next server step: FedScale's)", ("arrival", "step")))
     max_staleness: int | None = key(integer("fedbuff, fedasync: an update more server versions stale than this is "
                                             "dropped", lo=0, null="no limit"))
     alpha: float = key(number("fedasync: the mixing weight a of x <- (1 - a s(tau)) x + a s(tau) x_k", lo=0,

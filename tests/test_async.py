@@ -26,11 +26,17 @@ LOGNORMAL = ["systems.speed=lognormal", f"systems.speed_sigma={SIGMA}", f"system
 
 # --- a: the synchronous round is the special case C = M = K ----------------------------------------------------
 
-@pytest.mark.parametrize("aggregator", ["fedavg", "fednova"])
-def test_fedbuff_with_c_and_m_equal_to_k_and_equal_profiles_is_synchronous_fedavg_bit_for_bit(aggregator, tmp_path):
+@pytest.mark.parametrize("aggregator,refill", [("fedavg", "step"), ("fednova", "step"), ("fedavg", "arrival"),
+                                               ("fednova", "arrival")])
+def test_fedbuff_with_c_and_m_equal_to_k_and_equal_profiles_is_synchronous_fedavg_bit_for_bit(aggregator, refill,
+                                                                                             tmp_path):
+    # refill=arrival starts a client the moment a slot frees: the K arrive together only if their local work is
+    # equal too (each client's steps take the same time); refill=step waits for the step, so any local work is
+    steps = [] if refill == "step" else [f"algorithm.client_steps=[{','.join(['3'] * N)}]"]
     common = ["rounds=6", "replicas=2", "eval_every=1", f"results_dir={tmp_path}",
-              f"algorithm.aggregator={aggregator}"]
-    runs = {"sync": [], "fedbuff": ["systems.mode=fedbuff", f"systems.concurrency={K}", f"systems.buffer={K}"]}
+              f"algorithm.aggregator={aggregator}", *steps]
+    runs = {"sync": [], "fedbuff": ["systems.mode=fedbuff", f"systems.concurrency={K}", f"systems.buffer={K}",
+                                    f"systems.refill={refill}"]}
     got = {}
     for name, extra in runs.items():
         assert execute(load_settings(quadratic(*common, *extra)), run_id=name).status == "ok"
@@ -42,33 +48,42 @@ def test_fedbuff_with_c_and_m_equal_to_k_and_equal_profiles_is_synchronous_fedav
 # --- b: an event-driven simulation, one client at a time --------------------------------------------------------
 
 def simulate(e: np.ndarray, x: np.ndarray, versions: int, mode: str, C: int, M: int, max_staleness: int | None,
-             alpha: float, exponent: float, duty: bool):
-    """FedBuff / FedAsync on F_i = 1/2 ||x - e_i||^2 with local GD: a heap of arrivals. Per version the free slots
-    take the first clients of the version's uniform order that are online (duty: a duty cycle) and not in flight;
-    the server takes arrivals by (time, client), drops the stale, steps after M (or when nobody is left; retry_s 60
-    when nobody was in flight). Returns the events (client, start version, staleness), in order, and the final
-    model."""
+             alpha: float, exponent: float, duty: bool, refill: str):
+    """FedBuff / FedAsync on F_i = 1/2 ||x - e_i||^2 with local GD: a heap of arrivals, one client at a time.
+    Free slots take the first clients of a uniform order (keyed by the version and the arrivals so far in it)
+    that are online (duty: a duty cycle), not in flight and not started from this version yet: with
+    refill=arrival whenever no arrival is due at t (so simultaneous arrivals are all taken first), with refill=step
+    at the version's start only. The server takes arrivals by (time, client), drops the stale, steps after M (or
+    when nobody is left and nobody can start; retry_s 60 when nothing arrived). Returns the events (client, start
+    version, staleness), in order, and the final model."""
     profiles = [client_profile(k) for k in range(N)]
     heap, t, events = [], 0.0, []
     for v in range(versions):
-        flying = {k for _, k, _, _ in heap}
-        online = {k for k in range(N) if not duty or (t + profiles[k][2]) % PERIOD < DUTY * PERIOD}
-        u = streams.uniform(streams.stream_key(SEED, streams.SAMPLE, np.array([0]), v, 0), N)[0]
-        free = [int(k) for k in np.argsort(u, kind="stable")
-                if int(k) not in flying and int(k) in online][:C - len(heap)]
-        for k in free:
-            step_s, mb_per_s, _ = profiles[k]
-            moved = (1 - (1 - LR) ** STEPS[k]) * (e[k] - x)  # STEPS[k] steps of GD with lr LR
-            sent = x + moved if mode == "fedasync" else moved
-            heapq.heappush(heap, (t + (2 * DIM * 8 / (mb_per_s * 1e6) + STEPS[k] * step_s), k, v, sent))
-        taken = []
-        if not heap:
-            t += 60.0  # nobody in flight: the server waited retry_s
-        while heap and len(taken) < M:
+        started, taken, arrived, p = set(), [], False, 0
+        while True:
+            due = heap[0][0] if heap else np.inf
+            if len(heap) < C and (p == 0 if refill == "step" else due > t):
+                flying = {k for _, k, _, _ in heap} | started
+                online = {k for k in range(N) if not duty or (t + profiles[k][2]) % PERIOD < DUTY * PERIOD}
+                u = streams.uniform(streams.stream_key(SEED, streams.SAMPLE, np.array([0]), v + (p << 32), 0), N)[0]
+                free = [int(k) for k in np.argsort(u, kind="stable")
+                        if int(k) not in flying and int(k) in online][:C - len(heap)]
+                for k in free:
+                    step_s, mb_per_s, _ = profiles[k]
+                    moved = (1 - (1 - LR) ** STEPS[k]) * (e[k] - x)  # STEPS[k] steps of GD with lr LR
+                    sent = x + moved if mode == "fedasync" else moved
+                    heapq.heappush(heap, (t + (2 * DIM * 8 / (mb_per_s * 1e6) + STEPS[k] * step_s), k, v, sent))
+                    started.add(k)
+            if not heap:
+                t += 0.0 if arrived else 60.0  # nothing arrived: the server waited retry_s
+                break
             t, k, start, sent = heapq.heappop(heap)
             events.append((k, start, v - start))
+            arrived, p = True, p + 1
             if max_staleness is None or v - start <= max_staleness:
                 taken.append(((1 + v - start) ** -exponent, sent))
+                if len(taken) == M:
+                    break
         if mode == "fedasync":
             for s, sent in taken:
                 a = alpha * s
@@ -79,44 +94,49 @@ def simulate(e: np.ndarray, x: np.ndarray, versions: int, mode: str, C: int, M: 
 
 
 def recorded_run(settings, monkeypatch):
-    """The run's events (client, start version, staleness) in the order its steps took them, and its final model."""
+    """The run's events (client, start version, staleness) in the order its versions took them, and its final
+    model."""
     run = prepare_run(settings)
     engine = build_engine(run, InlineExecutor(run.problem, run.algorithm.solver, 1))
     events = []
-    arrivals = engine_module.arrivals
+    run_version = engine_module.run_version
 
-    def recording(flight, version, rule):
-        arrived, taken = arrivals(flight, version, rule)
-        r = 0
-        order = np.lexsort((flight["client"][r], flight["arrival"][r]))
-        events.extend((int(flight["client"][r, j]), int(flight["version"][r, j]),
-                       version - int(flight["version"][r, j])) for j in order if arrived[r, j])
-        return arrived, taken
+    def recording(*args, **kwargs):
+        version = run_version(*args, **kwargs)
+        events.extend(version.events[0])
+        return version
 
-    monkeypatch.setattr(engine_module, "arrivals", recording)
+    monkeypatch.setattr(engine_module, "run_version", recording)
     x0 = engine.initial_state().x.double().numpy()[0]
     outcome = engine.run()
     return run, x0, events, outcome.state.x.double().numpy()[0]
 
 
-@pytest.mark.parametrize("mode,C,M,max_staleness,duty", [("fedbuff", 8, 3, 2, False), ("fedbuff", 6, 2, None, False),
-                                                        ("fedasync", 5, 1, 3, False), ("fedbuff", 6, 2, 2, True),
-                                                        ("fedasync", 4, 1, None, True)])
-def test_fedbuff_and_fedasync_follow_an_event_driven_simulation(mode, C, M, max_staleness, duty, monkeypatch,
+@pytest.mark.parametrize("mode,C,M,max_staleness,duty,refill", [
+    ("fedbuff", 8, 3, 2, False, "arrival"), ("fedbuff", 6, 2, None, False, "arrival"),
+    ("fedasync", 5, 1, 3, False, "arrival"), ("fedbuff", 6, 2, 2, True, "arrival"),
+    ("fedasync", 4, 1, None, True, "arrival"), ("fedbuff", 8, 3, 2, False, "step"),
+    ("fedbuff", 6, 2, 2, True, "step")])
+def test_fedbuff_and_fedasync_follow_an_event_driven_simulation(mode, C, M, max_staleness, duty, refill, monkeypatch,
                                                                 tmp_path):
     versions, alpha, exponent = 25, 0.6, 0.5
     availability = ["systems.availability=duty_cycle", f"systems.duty_cycle={DUTY}", f"systems.period_s={PERIOD}"]
     settings = load_settings(quadratic(
         f"rounds={versions}", f"results_dir={tmp_path}", *LOGNORMAL, f"systems.mode={mode}",
-        f"systems.concurrency={C}", f"systems.buffer={M}", f"systems.alpha={alpha}",
+        f"systems.concurrency={C}", f"systems.buffer={M}", f"systems.alpha={alpha}", f"systems.refill={refill}",
         f"systems.max_staleness={'null' if max_staleness is None else max_staleness}",
         f"systems.staleness_exponent={exponent}", *(availability if duty else [])))
     run, x0, events, final = recorded_run(settings, monkeypatch)
-    want, x = simulate(run.problem.e_np, x0, versions, mode, C, M, max_staleness, alpha, exponent, duty)
+    want, x = simulate(run.problem.e_np, x0, versions, mode, C, M, max_staleness, alpha, exponent, duty, refill)
     assert events == want
     assert max(s for *_, s in events) >= 2  # updates were stale
     if max_staleness is not None:
         assert any(s > max_staleness for *_, s in events)  # and some too stale: dropped
+    other = {"arrival": "step", "step": "arrival"}[refill]
+    if mode == "fedbuff":  # the two refill rules give different runs here (with M = 1 they seldom differ)
+        alternative, _ = simulate(run.problem.e_np, x0, versions, mode, C, M, max_staleness, alpha, exponent, duty,
+                                  other)
+        assert alternative != want
     np.testing.assert_allclose(final, x, rtol=1e-12, atol=1e-12 * np.abs(x).max())
     assert np.abs(final - x0).max() > 1e-3  # the model moved
 

@@ -90,7 +90,7 @@ def async_rule(settings: RunSettings, algorithm, problem, stages: Stages) -> Asy
     require(budget is None or held <= budget, "systems.concurrency", C, f"at most what memory_budget_gb holds: "
             f"C x dim x 8 bytes x replicas in flight = {held / 1e9:.3g} GB > {(budget or 0) / 1e9:.3g} GB")
     return AsyncRule(s.mode, C, M, s.max_staleness, float(s.alpha), s.staleness, float(s.staleness_exponent),
-                     int(s.staleness_cutoff))
+                     int(s.staleness_cutoff), s.refill)
 
 
 def check_async_parts(settings: RunSettings, algorithm, stages: Stages) -> None:

@@ -18,13 +18,12 @@ import torch
 
 from fedharness.contracts import (Algorithm, Callback, ClientScores, Coefficients, LocalSolver, Metric, Problem,
                                   ReplicaLayout, RoundContext, RoundPlan, RunOutcome, RunState, SeriesHook,
-                                  Selection, UpdateAggregator)
+                                  Selection, UpdateAggregator, WeightStats)
 from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, average_into, buffer_dim, local_buffers
 from fedharness.core.clock import SystemsClock, link_seconds, rescaled
 from fedharness.core.exact_sum import Grids
 from fedharness.core.executors import ShardResult
-from fedharness.core.flight import (EMPTY, Busy, arrivals, board, empty_flight, flight_rows, packed, release,
-                                    starters, step_time, taken_stats)
+from fedharness.core.flight import EMPTY, Busy, Draw, empty_flight, flight_rows, packed, run_version
 from fedharness.core.slots import SlotSet, slot_algorithm, takes_online
 from fedharness.core.stages import Stages
 from fedharness.core.updates import aggregate_updates
@@ -240,80 +239,118 @@ class Engine:
         return self.seed
 
     def _flight_step(self, state: RunState) -> RunState:
-        """Start clients from version v into the free slots, take the step's arrivals, step the server."""
-        f, t = state.in_flight, state.counters["sim_s"].copy()
-        first, started, work = self._launch(state, t)
-        arrived, taken = arrivals(f, state.round, self.rule)
-        coefs, delta = self._flight_delta(state, taken)
+        """Version v's events (core/flight.py run_version: refills and arrivals on each replica's clock), then its
+        starters trained as one batch and the server's step with what it took."""
+        f, v = state.in_flight, state.round
+        seeds, replicas = self.row_seeds(), self.stream_replicas
+
+        def online(t: np.ndarray, flying: np.ndarray) -> Busy:
+            return Busy(self.clock.availability, seeds, replicas, t, flying)
+
+        version = run_version(f, v, state.counters["sim_s"], self.rule, online, self._refill_draw(v),
+                              self.clock.retry_s)
+        cols, valid = packed(version.taken)
+        held = self._held(f, cols, valid)  # before the starters' updates fill the slots their arrivals freed
+        first, starts, work = self._train_starters(state, version.started, cols, valid, held)
+        coefs, delta = self._flight_delta(state, cols, valid, held)
         c = state.counters
         down, up = self._client_bytes
-        c["local_steps"] += np.where(taken, f["tau"], 0).max(axis=1)
+        c["local_steps"] += np.where(valid, cols["tau"], 0).max(axis=1)
         c["grad_evals"] += work * self.alg.batch_size
-        c["bytes_down"] += started * down
-        c["bytes_up"] += arrived.sum(axis=1) * up  # a stale update was sent, then dropped
-        c["sim_s"] = step_time(f, arrived, t, self.clock.retry_s)
-        c["participants"] = taken.sum(axis=1)
-        release(f, arrived)
+        c["bytes_down"] += starts * down
+        c["bytes_up"] += version.arrived * up  # a stale update was sent, then dropped
+        c["sim_s"] = version.t
+        c["participants"] = valid.sum(axis=1)
         return self._advance(state, delta, first, coefs)
 
-    def _launch(self, state: RunState, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Fill the free slots at each replica's time t from version v = state.round, train the starters as one
-        batch and hold their updates; (the version's first step size, starters [R], their local steps [R])."""
-        alg, p, f, v = self.alg, self.problem, state.in_flight, state.round
-        online = Busy(self.clock.availability, self.row_seeds(), self.stream_replicas, t, f["client"])
-        sel = alg.sampler.select(self.seed, self.stream_replicas, v, p.weights, online=online)
-        tau = alg.local_work.steps(self.seed, self.stream_replicas, v, sel.clients, p.sizes, alg.batch_size)
-        tau = tau * self.layout.tau_factor[:, None]
-        lrs = alg.solver.step_lrs(alg.schedule.step_lrs(v, int(tau.max())))
-        lr_scale = sel.lr_scale * self.layout.lr_factor[:, None]
-        start = starters(online, sel.clients, (f["client"] == EMPTY).sum(axis=1))
-        stats = alg.solver.weight_stats(tau, lrs, lr_scale)
-        arrival = t[:, None] + self.clock.finish_s(self.row_seeds(), self.stream_replicas, sel.clients, tau,
-                                                   *self._client_bytes)
-        scale = np.ones(tau.shape) if stats.scale is None else stats.scale
-        slot = board(f, start, sel.clients, {"version": np.full(tau.shape, v), "tau": tau, "arrival": arrival,
-                                             "weight": sel.weights, "l1": stats.l1, "l2sq": stats.l2sq,
-                                             "last": stats.last, "scale": scale})
-        if start.any():
-            plan = RoundPlan(v, self.plan_seed(), self.stream_replicas, sel.clients, np.where(start, 1.0, 0.0), tau,
-                             lr_scale, lrs, server_ctx=state.server_ctx, send_updates=True)
-            self._hold(state, plan, slot)
-        return lrs[..., 0], start.sum(axis=1), np.where(start, tau, 0).sum(axis=1)
+    def _refill_draw(self, v: int) -> Callable[[int, Busy], Draw]:
+        """A refill's candidates from version v: the sampler and local work keyed by the refill's key, v's step
+        sizes, each candidate's time from start to arrival on its own profile."""
+        alg, p = self.alg, self.problem
 
-    def _hold(self, state: RunState, plan: RoundPlan, slot: np.ndarray) -> None:
-        """Train the plan's starters and keep each one's update in its slot: FedBuff's Delta_k, FedAsync's model
-        x_v + Delta_k (it mixes models)."""
-        rs, cs = np.nonzero(slot >= 0)
-        at = dict(zip(zip(rs.tolist(), plan.clients[rs, cs].tolist()), slot[rs, cs].tolist()))  # (row, client)
+        def draw(key: int, busy: Busy) -> Draw:
+            sel = alg.sampler.select(self.seed, self.stream_replicas, key, p.weights, online=busy)
+            tau = alg.local_work.steps(self.seed, self.stream_replicas, key, sel.clients, p.sizes, alg.batch_size)
+            tau = tau * self.layout.tau_factor[:, None]
+            lrs = alg.solver.step_lrs(alg.schedule.step_lrs(v, int(tau.max())))
+            lr_scale = sel.lr_scale * self.layout.lr_factor[:, None]
+            finish = self.clock.finish_s(busy.seeds, busy.replicas, sel.clients, tau, *self._client_bytes)
+            return Draw(sel.clients, sel.weights, tau, lr_scale, alg.solver.weight_stats(tau, lrs, lr_scale), finish)
+
+        return draw
+
+    @staticmethod
+    def _held(f: dict, cols: dict[str, np.ndarray], valid: np.ndarray) -> torch.Tensor:
+        """[R, W, dim] the taken updates held in slots (zeros for the starters of v: trained next)."""
+        update = f["update"]
+        held = torch.zeros(*valid.shape, update.shape[2], dtype=torch.float64, device=update.device)
+        rs, ws = np.nonzero(valid & (cols["slot"] >= 0))
+        if len(rs):
+            held[torch.as_tensor(rs), torch.as_tensor(ws)] = update[torch.as_tensor(rs),
+                                                                    torch.as_tensor(cols["slot"][rs, ws])]
+        return held
+
+    def _train_starters(self, state: RunState, started: list[list[tuple]], cols: dict[str, np.ndarray],
+                        valid: np.ndarray, held: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Train the clients that started from v as one batch; a taken one's update goes to `held`, the others'
+        to their slots (FedBuff's Delta_k, FedAsync's model x_v + Delta_k: it mixes models). (The version's first
+        step size, starters [R], their local steps [R].)"""
+        alg, f, v = self.alg, state.in_flight, state.round
+        width = max(1, max(len(s) for s in started))
+        clients, on = np.zeros((len(started), width), dtype=np.int64), np.zeros((len(started), width), dtype=bool)
+        tau, lr_scale = np.ones(clients.shape, dtype=np.int64), np.ones(clients.shape)
+        for r, s in enumerate(started):
+            if s:
+                clients[r, :len(s)], tau[r, :len(s)], lr_scale[r, :len(s)] = zip(*s)
+                on[r, :len(s)] = True
+        lrs = alg.solver.step_lrs(alg.schedule.step_lrs(v, int(tau.max())))
+        if on.any():
+            plan = RoundPlan(v, self.plan_seed(), self.stream_replicas, clients, on.astype(np.float64), tau,
+                             lr_scale, lrs, server_ctx=state.server_ctx, send_updates=True)
+            self._hold(state, plan, cols, valid, held)
+        return lrs[..., 0], on.sum(axis=1), np.where(on, tau, 0).sum(axis=1)
+
+    def _hold(self, state: RunState, plan: RoundPlan, cols: dict[str, np.ndarray], valid: np.ndarray,
+              held: torch.Tensor) -> None:
+        f, v = state.in_flight, state.round
+        rs, js = np.nonzero((f["client"] != EMPTY) & (f["version"] == v))  # still in flight
+        dest = {(r, k): (True, j) for r, j, k in zip(rs.tolist(), js.tolist(), f["client"][rs, js].tolist())}
+        rs, ws = np.nonzero(valid & (cols["slot"] < 0))  # arrived and taken within the version
+        dest.update({(r, k): (False, w) for r, w, k in zip(rs.tolist(), ws.tolist(), cols["client"][rs, ws].tolist())})
         for chunk in self.executor.local_updates(state.x, plan).updates:
             # np.array copies: a Ray shard's reply is read-only memory, which torch will not wrap
             rows = torch.as_tensor(np.array(chunk.replica, dtype=np.int64), device=state.x.device)
-            cols = torch.as_tensor([at[(int(r), int(k))] for r, k in zip(chunk.replica, chunk.clients)],
-                                   dtype=torch.long, device=state.x.device)
+            to = [dest[(int(r), int(k))] for r, k in zip(chunk.replica, chunk.clients)]
+            in_slot = torch.as_tensor([s for s, _ in to], dtype=torch.bool, device=state.x.device)
+            at = torch.as_tensor([i for _, i in to], dtype=torch.long, device=state.x.device)
             update = chunk.delta.to(device=state.x.device, dtype=torch.float64)
             if self.rule.mode == "fedasync":
                 update = update + state.x[rows].double()
-            state.in_flight["update"][rows, cols] = update
+            f["update"][rows[in_slot], at[in_slot]] = update[in_slot]
+            held[rows[~in_slot], at[~in_slot]] = update[~in_slot]
 
-    def _flight_delta(self, state: RunState, taken: np.ndarray) -> tuple[Coefficients, torch.Tensor]:
+    def _flight_delta(self, state: RunState, cols: dict[str, np.ndarray], valid: np.ndarray,
+                      held: torch.Tensor) -> tuple[Coefficients, torch.Tensor]:
         """The step's coefficients and Delta [R, dim] float64 from the taken updates, each weighted by s(tau).
         FedBuff: the aggregator's coefficients of q_k (C / M) s(tau_k), summed exactly as a round's shards sum
         (core/exact_sum.py), so C = M = K is a synchronous round's bits (s(0) = C / M = 1). FedAsync: _mixed."""
-        f, rule, x = state.in_flight, self.rule, state.x
-        index, valid, rows = packed(taken)
-        q, stats, tau = taken_stats(f, index, valid)
-        s = np.where(valid, rule.weight(state.round - np.take_along_axis(f["version"], index, axis=1)), 0.0)
-        replica = torch.as_tensor(rows[valid], device=x.device)
-        held = f["update"][replica, torch.as_tensor(index[valid], device=x.device)]  # [n, dim]
+        rule, x = self.rule, state.x
+        s = np.where(valid, rule.weight(state.round - cols["version"]), 0.0)
+        rs, ws = np.nonzero(valid)
+        replica = torch.as_tensor(rs, device=x.device)
+        taken = held[replica, torch.as_tensor(ws, device=x.device)]  # [n, dim]
         if rule.mode == "fedasync":
-            return self._mixed(x, rule.alpha * s, valid, replica, held)
-        coefs = self.alg.aggregator.coefficients(q * (rule.concurrency / rule.buffer) * s, stats, tau)
+            return self._mixed(x, rule.alpha * s, valid, replica, taken)
+        stats = WeightStats(*(np.where(valid, cols[name], 1.0) for name in ("l1", "l2sq", "last", "scale")))
+        q = np.where(valid, cols["weight"], 0.0)
+        coefs = self.alg.aggregator.coefficients(q * (rule.concurrency / rule.buffer) * s, stats,
+                                                 np.where(valid, cols["tau"], 1))
         if not valid.all():
             coefs.idle(~valid.any(axis=1))
         total = ShardResult(tuple(x.shape), x.device, grids=Grids(x, {}, rule.buffer))
         if len(replica):
             weight = torch.as_tensor(coefs.coef[valid], dtype=torch.float64, device=x.device)[:, None]
-            total.add_rows("delta", replica, held * weight)
+            total.add_rows("delta", replica, taken * weight)
         return coefs, total.delta
 
     @staticmethod

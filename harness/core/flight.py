@@ -1,14 +1,21 @@
 """Asynchronous aggregation on the simulated clock: FedBuff and FedAsync as start and wait rules of the one round
 loop (harness/core/engine.py; docs/async.md).
 
-Each engine step is one server version v. At its start, at the replica's clock t (sim_s), the free slots of the C
-in flight are filled: the sampler, keyed by v, draws with `online` = online at t and not in flight (Busy), and the
-first of its draws that may start do. A client's update is fixed when it starts (the model x_v, its data, its
-streams keyed by v), so the starters train at once, as one batch, and their updates wait in the driver until they
-arrive, at t + their systems round time (transfer + tau step_s, core/clock.py). The step then takes arrivals in
-(time, client id) order: an update more than max_staleness versions old is dropped, and the step aggregates the
-first M others (FedAsync: M = 1); the server's clock moves to the last one taken. A freed slot is refilled at the
-next version's start, so C = M = K with equal profiles is the synchronous round.
+Each engine step is one server version v, run as events on each replica's clock t (sim_s), one arrival a pass
+(Nguyen et al.'s Algorithm 1):
+
+1. Refill. When the row has free slots and no arrival is due at t, they start from x_v: the sampler, keyed by
+   (v, pass), draws with `online` = online at t, not in flight and not started from v yet (Busy), and the first of
+   its draws that may start do, to arrive at t + their systems round time (transfer + tau step_s, core/clock.py).
+2. Arrival. The next arrival in (time, client id) order moves t to it and frees its slot; an update more than
+   max_staleness versions old is dropped, the others are taken; the version ends with the M-th taken
+   (FedAsync: M = 1), or when nothing is in flight and nobody can start (a version nothing arrived to lasts
+   retry_s).
+
+So a slot is refilled the moment its client arrives, from the version current then, and arrivals at one instant
+are all taken before the slots they free are refilled: C = M = K with equal profiles is the synchronous round. The
+order of arrivals needs only the profiles, not the updates: a client's update is fixed when it starts (x_v, its
+data, its streams keyed by v), so the engine trains all who started from v as one batch when the version ends.
 
 What is in flight is one dict of arrays per run (RunState.in_flight), [R, C] per slot and the updates [R, C, dim]
 float64: C x dim x 8 bytes per replica, checkpointed with the run, so a resume continues with the same queue.
@@ -17,6 +24,7 @@ float64: C x dim x 8 bytes per replica, checkpointed with the run, so a resume c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -24,6 +32,7 @@ import torch
 from fedharness.contracts import Online, WeightStats
 
 EMPTY = -1  # the client id of a free slot
+PASS_SHIFT = 32  # a refill's sampler key: v + pass << 32 (pass 0: v, the synchronous round's key)
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,7 @@ class AsyncRule:
     staleness: str  # constant | poly | hinge
     exponent: float
     cutoff: int
+    refill: str = "arrival"  # arrival: a freed slot starts a client at once | step: at the next version's start
 
     def weight(self, tau: np.ndarray) -> np.ndarray:
         """s(tau) of updates tau versions stale (FedAsync's constant, polynomial and hinge functions)."""
@@ -51,9 +61,9 @@ class AsyncRule:
 
 @dataclass(frozen=True)
 class Busy(Online):
-    """Who may start: online at each row's t and not in flight in that row (`flying` [R, C], EMPTY: a free slot)."""
+    """Who may start: online at each row's t and not in flight in that row (`flying` [R, C'], EMPTY: none)."""
 
-    flying: np.ndarray = None  # [R, C]; given always (a default only because Online's fields have none)
+    flying: np.ndarray = None  # [R, C']; given always (a default only because Online's fields have none)
 
     def mask(self, clients: np.ndarray) -> np.ndarray:
         free = np.stack([~np.isin(c, f) for c, f in zip(clients, self.flying)])
@@ -63,7 +73,21 @@ class Busy(Online):
         return Busy(self.availability, self.seeds[index], self.replicas[index], self.t[index], self.flying[index])
 
 
-SLOT_FIELDS = {"client": np.int64, "version": np.int64, "tau": np.int64, "arrival": np.float64,
+@dataclass(frozen=True)
+class Draw:
+    """One refill's candidates [R, W] in the sampler's order: their sampler weight, local steps, lr scale, weight
+    statistics and time from start to arrival."""
+
+    clients: np.ndarray
+    weights: np.ndarray
+    tau: np.ndarray
+    lr_scale: np.ndarray
+    stats: WeightStats
+    finish_s: np.ndarray
+
+
+# what a slot holds besides its update; "seq": the order it started in among its version's starters
+SLOT_FIELDS = {"client": np.int64, "version": np.int64, "seq": np.int64, "tau": np.int64, "arrival": np.float64,
                "weight": np.float64, "l1": np.float64, "l2sq": np.float64, "last": np.float64, "scale": np.float64}
 
 
@@ -81,72 +105,104 @@ def flight_rows(flight: dict, rows: np.ndarray) -> dict:
     return {k: v[index] if isinstance(v, torch.Tensor) else v[rows] for k, v in flight.items()}
 
 
-def starters(online: Busy, clients: np.ndarray, free: np.ndarray) -> np.ndarray:
-    """[R, W] bool: of each row's draws, the first `free[r]` that may start (online, not in flight)."""
-    ok = online.mask(clients)
-    return ok & (np.cumsum(ok, axis=1) <= free[:, None])
+@dataclass
+class Version:
+    """What one server version's events did, per row r: `started[r]` (client, tau, lr scale) of those that started
+    from v, in order,
+    `taken[r]` the taken entries' slot fields (their `slot`: where the update is held, -1 for a starter of v, whose
+    update is trained at the version's end), `arrived` [R] how many arrived (dropped ones too), `t` [R] the clock at
+    the step, `events[r]` (client, start version, staleness) in the order they arrived."""
+
+    started: list[list[int]]
+    taken: list[list[dict]]
+    arrived: np.ndarray
+    t: np.ndarray
+    events: list[list[tuple[int, int, int]]]
 
 
-def board(flight: dict, start: np.ndarray, clients: np.ndarray, values: dict[str, np.ndarray]) -> np.ndarray:
-    """Put the starting entries (start [R, W]) into their rows' free slots, in draw order; [R, W] each entry's slot
-    (-1: not starting). `values`: [R, W] per slot field besides client."""
-    slot = np.full(start.shape, -1, dtype=np.int64)
-    for r in range(len(start)):
+def run_version(flight: dict, v: int, t: np.ndarray, rule: AsyncRule, online: Callable[[np.ndarray, np.ndarray], Busy],
+                draw: Callable[[int, Busy], Draw], retry_s: float) -> Version:
+    """Version v's events on each row (module docstring): refill and take arrivals until the M-th is taken.
+    `online(t, flying)`: who may start at each row's t; `draw(key, busy)`: the refill's candidates."""
+    R = len(t)
+    out = Version([[] for _ in range(R)], [[] for _ in range(R)], np.zeros(R, dtype=np.int64),
+                  np.array(t, dtype=np.float64), [[] for _ in range(R)])
+    active, p = np.ones(R, dtype=bool), 0
+    while active.any():  # one arrival a pass (so a row's pass p is its own p-th event); each row until its M-th
+        _refill(flight, v, p, rule, out, active, online, draw)
+        for r in np.flatnonzero(active):
+            active[r] = _take_next(flight, v, r, rule, out, retry_s)
+        p += 1
+    return out
+
+
+def _next_arrival(flight: dict) -> np.ndarray:
+    """[R] each row's earliest arrival in flight (inf: nobody)."""
+    return np.min(np.where(flight["client"] != EMPTY, flight["arrival"], np.inf), axis=1)
+
+
+def _refill(flight: dict, v: int, p: int, rule: AsyncRule, out: Version, active: np.ndarray, online, draw) -> None:
+    """Start clients from v in the free slots of the active rows with no arrival due at their t."""
+    free = (flight["client"] == EMPTY).sum(axis=1)
+    if rule.refill == "step":  # FedScale's: only at the version's start, whatever else arrives then
+        need = active & (free > 0) & (p == 0)
+    else:
+        need = active & (free > 0) & (_next_arrival(flight) > out.t)
+    if not need.any():
+        return
+    width = max(len(s) for s in out.started)
+    started = np.full((len(need), width), EMPTY, dtype=np.int64)
+    for r, s in enumerate(out.started):
+        started[r, :len(s)] = [k for k, _, _ in s]
+    busy = online(out.t, np.concatenate([flight["client"], started], axis=1))
+    d = draw(v + (p << PASS_SHIFT), busy)
+    ok = busy.mask(d.clients) & need[:, None]
+    start = ok & (np.cumsum(ok, axis=1) <= free[:, None])
+    scale = np.ones(d.tau.shape) if d.stats.scale is None else d.stats.scale
+    lr_scale = np.broadcast_to(d.lr_scale, d.tau.shape)
+    values = {"version": np.full(d.tau.shape, v), "tau": d.tau, "arrival": out.t[:, None] + d.finish_s,
+              "weight": d.weights, "l1": d.stats.l1, "l2sq": d.stats.l2sq, "last": d.stats.last, "scale": scale}
+    for r in np.flatnonzero(start.any(axis=1)):
         cols = np.flatnonzero(start[r])
-        slot[r, cols] = np.flatnonzero(flight["client"][r] == EMPTY)[:len(cols)]
-    rows, cols = np.nonzero(start)
-    flight["client"][rows, slot[rows, cols]] = clients[rows, cols]
-    for name, v in values.items():
-        flight[name][rows, slot[rows, cols]] = v[rows, cols]
-    return slot
+        slots = np.flatnonzero(flight["client"][r] == EMPTY)[:len(cols)]
+        flight["client"][r, slots] = d.clients[r, cols]
+        flight["seq"][r, slots] = len(out.started[r]) + np.arange(len(cols))
+        for name, value in values.items():
+            flight[name][r, slots] = value[r, cols]
+        out.started[r].extend(zip(d.clients[r, cols].tolist(), d.tau[r, cols].tolist(),
+                                  lr_scale[r, cols].tolist()))
 
 
-def arrivals(flight: dict, version: int, rule: AsyncRule) -> tuple[np.ndarray, np.ndarray]:
-    """([R, C] bool arrived this step, [R, C] bool taken into the aggregate): each row's slots in (arrival, client)
-    order; a stale one arrives and is dropped; the step ends with the M-th taken, or when nobody is left."""
-    arrived = np.zeros(flight["client"].shape, dtype=bool)
-    taken = np.zeros_like(arrived)
-    for r in range(len(arrived)):
-        order = np.lexsort((flight["client"][r], flight["arrival"][r]))
-        n = 0
-        for j in order[flight["client"][r][order] != EMPTY]:
-            arrived[r, j] = True
-            stale = version - flight["version"][r, j]
-            if rule.max_staleness is not None and stale > rule.max_staleness:
-                continue  # dropped: sent, never aggregated
-            taken[r, j] = True
-            n += 1
-            if n == rule.buffer:
-                break
-    return arrived, taken
+def _take_next(flight: dict, v: int, r: int, rule: AsyncRule, out: Version, retry_s: float) -> bool:
+    """Row r's next arrival: free its slot, take it or drop it; whether the row's version goes on."""
+    flying = np.flatnonzero(flight["client"][r] != EMPTY)
+    if not len(flying):  # nothing in flight and nobody could start
+        if not out.arrived[r]:
+            out.t[r] += retry_s
+        return False
+    j = flying[np.lexsort((flight["client"][r, flying], flight["arrival"][r, flying]))[0]]
+    entry = {name: flight[name][r, j] for name in SLOT_FIELDS}
+    stale = v - int(entry["version"])
+    out.t[r], out.arrived[r] = entry["arrival"], out.arrived[r] + 1
+    out.events[r].append((int(entry["client"]), int(entry["version"]), stale))
+    flight["client"][r, j] = EMPTY
+    if rule.max_staleness is not None and stale > rule.max_staleness:
+        return True  # dropped: sent, never aggregated
+    entry["slot"] = j if stale else -1  # a starter of v: its update is not trained yet
+    out.taken[r].append(entry)
+    return len(out.taken[r]) < rule.buffer
 
 
-def step_time(flight: dict, arrived: np.ndarray, t: np.ndarray, retry_s: float) -> np.ndarray:
-    """[R] the server's clock at the step: its last arrival; t + retry_s where nothing was in flight."""
-    last = np.max(np.where(arrived, flight["arrival"], -np.inf), axis=1)
-    return np.where(arrived.any(axis=1), last, t + retry_s)
-
-
-def packed(taken: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The taken slots as [R, W] columns (W: the most any row took, at least 1): (slot index, valid, row ids)."""
-    width = max(1, int(taken.sum(axis=1).max()))
-    index = np.zeros((len(taken), width), dtype=np.int64)
+def packed(taken: list[list[dict]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The taken entries as [R, W] columns (each slot field and `slot`) in the order they started (version, then
+    seq), the order a synchronous round's draws are in (W: the most any row took, at least 1); (columns, valid)."""
+    fields = (*SLOT_FIELDS, "slot")
+    width = max(1, max(len(row) for row in taken))
     valid = np.zeros((len(taken), width), dtype=bool)
+    cols = {name: np.zeros((len(taken), width), dtype=SLOT_FIELDS.get(name, np.int64)) for name in fields}
     for r, row in enumerate(taken):
-        js = np.flatnonzero(row)
-        index[r, :len(js)], valid[r, :len(js)] = js, True
-    return index, valid, np.repeat(np.arange(len(taken)), width).reshape(len(taken), width)
-
-
-def taken_stats(flight: dict, index: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, WeightStats, np.ndarray]:
-    """The taken entries' sampler weights (0 on padding), weight stats and local steps, [R, W] each."""
-    def get(name: str, pad: float) -> np.ndarray:
-        return np.where(valid, np.take_along_axis(flight[name], index, axis=1), pad)
-
-    stats = WeightStats(get("l1", 1.0), get("l2sq", 1.0), get("last", 1.0), get("scale", 1.0))
-    return get("weight", 0.0), stats, get("tau", 1).astype(np.int64)
-
-
-def release(flight: dict, arrived: np.ndarray) -> None:
-    """Free the slots whose clients arrived (their update no longer held)."""
-    flight["client"][arrived] = EMPTY
+        for w, entry in enumerate(sorted(row, key=lambda e: (int(e["version"]), int(e["seq"])))):
+            valid[r, w] = True
+            for name in fields:
+                cols[name][r, w] = entry[name]
+    return cols, valid

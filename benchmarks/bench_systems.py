@@ -31,10 +31,10 @@ Clients that are late (issue 40): what FedBuff's server step costs (docs/async.m
 4. W1, asynchronous: W1 with yang_s2 (K = 10) and lognormal speeds (sigma 0.5 for step time and bandwidth, always
    online, a 0.05 s step and a 0.01 MB/s link as in docs/async.md's example) four ways in one process, taking turns
    step by step (the order rotating): *plain* (yang_s2, no systems keys), *sync* (synchronous FedAvg at K = 10 on
-   the systems clock), *fedbuff C=10* (C = M = K = 10: the synchronous round, so the same bits as sync: what the
-   asynchronous machinery alone costs) and *fedbuff C=20* (C = 20, M = 10: each step takes the first 10 of 20 in
-   flight and refills the 10 freed slots, so it trains 10 clients a step, as sync does, from models up to a few
-   versions old). Each step's training (executor.local_updates) is timed apart, so a step = training + the rest
+   the systems clock), *fedbuff C=10* (C = M = K = 10 with refill=step: the synchronous round, so the same bits as
+   sync: what the asynchronous machinery alone costs) and *fedbuff C=20* (C = 20, M = 10, Algorithm 1's refill at
+   each arrival: each step takes 10 arrivals and starts about 10 clients, so it trains about 10 clients a step,
+   as sync does, from models up to a few versions old, with one sampler draw per arrival). Each step's training (executor.local_updates) is timed apart, so a step = training + the rest
    (planning, the flight's bookkeeping, the aggregate and the server step). A process's ratio is the median of one
    configuration's steps over the median of sync's; the median of the processes' ratios and their spread are
    reported.
@@ -84,7 +84,9 @@ LATE = ["systems.speed=lognormal", "systems.speed_sigma=0.5", "systems.bandwidth
         "network.compute_s_per_step=0.05", "network.bandwidth_MB_per_s=0.01"]
 ASYNC_CONFIGS = {"plain": [],  # yang_s2, no systems keys
                  "sync": LATE,  # synchronous FedAvg, K = 10, on the systems clock
-                 "fedbuff_c10": [*LATE, "systems.mode=fedbuff", "systems.concurrency=10", "systems.buffer=10"],
+                 # refill=step: the K start together and the step waits for all, whatever their speeds
+                 "fedbuff_c10": [*LATE, "systems.mode=fedbuff", "systems.concurrency=10", "systems.buffer=10",
+                                 "systems.refill=step"],
                  "fedbuff_c20": [*LATE, "systems.mode=fedbuff", "systems.concurrency=20", "systems.buffer=10"]}
 PLAN_CALLS = 300
 WARMUP = 2

@@ -247,8 +247,8 @@ class Engine:
         def online(t: np.ndarray, flying: np.ndarray) -> Busy:
             return Busy(self.clock.availability, seeds, replicas, t, flying)
 
-        version = run_version(f, v, state.counters["sim_s"], self.rule, online, self._refill_draw(v),
-                              self.clock.retry_s)
+        version = run_version(f, v, state.counters["sim_s"], self.rule, online, self._refill_select,
+                              self._refill_prepare(v), self.clock.retry_s)
         cols, valid = packed(version.taken)
         held = self._held(f, cols, valid)  # before the starters' updates fill the slots their arrivals freed
         first, starts, work = self._train_starters(state, version.started, cols, valid, held)
@@ -263,21 +263,24 @@ class Engine:
         c["participants"] = valid.sum(axis=1)
         return self._advance(state, delta, first, coefs)
 
-    def _refill_draw(self, v: int) -> Callable[[int, Busy], Draw]:
-        """A refill's candidates from version v: the sampler and local work keyed by the refill's key, v's step
-        sizes, each candidate's time from start to arrival on its own profile."""
+    def _refill_select(self, key: int, busy: Busy) -> Selection:
+        """A refill's candidates: the sampler keyed by the refill's key, preferring who may start."""
+        return self.alg.sampler.select(self.seed, self.stream_replicas, key, self.problem.weights, online=busy)
+
+    def _refill_prepare(self, v: int) -> Callable[[int, np.ndarray, np.ndarray, np.ndarray], Draw]:
+        """The Draw of the clients a refill starts from version v: their local work keyed by the refill's key, v's
+        step sizes, each one's time from start to arrival on its own profile."""
         alg, p = self.alg, self.problem
 
-        def draw(key: int, busy: Busy) -> Draw:
-            sel = alg.sampler.select(self.seed, self.stream_replicas, key, p.weights, online=busy)
-            tau = alg.local_work.steps(self.seed, self.stream_replicas, key, sel.clients, p.sizes, alg.batch_size)
+        def prepare(key: int, clients: np.ndarray, weights: np.ndarray, lr_scale: np.ndarray) -> Draw:
+            tau = alg.local_work.steps(self.seed, self.stream_replicas, key, clients, p.sizes, alg.batch_size)
             tau = tau * self.layout.tau_factor[:, None]
             lrs = alg.solver.step_lrs(alg.schedule.step_lrs(v, int(tau.max())))
-            lr_scale = sel.lr_scale * self.layout.lr_factor[:, None]
-            finish = self.clock.finish_s(busy.seeds, busy.replicas, sel.clients, tau, *self._client_bytes)
-            return Draw(sel.clients, sel.weights, tau, lr_scale, alg.solver.weight_stats(tau, lrs, lr_scale), finish)
+            lr_scale = lr_scale * self.layout.lr_factor[:, None]
+            finish = self.clock.finish_s(self.row_seeds(), self.stream_replicas, clients, tau, *self._client_bytes)
+            return Draw(clients, weights, tau, lr_scale, alg.solver.weight_stats(tau, lrs, lr_scale), finish)
 
-        return draw
+        return prepare
 
     @staticmethod
     def _held(f: dict, cols: dict[str, np.ndarray], valid: np.ndarray) -> torch.Tensor:

@@ -29,10 +29,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from fedharness.contracts import Online, WeightStats
+from fedharness.contracts import Online, Selection, WeightStats
 
 EMPTY = -1  # the client id of a free slot
 PASS_SHIFT = 32  # a refill's sampler key: v + pass << 32 (pass 0: v, the synchronous round's key)
+BROADCAST_MAX = 1 << 14  # Busy.mask compares candidates with those in flight at once up to this many pairs a row
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,10 @@ class Busy(Online):
     flying: np.ndarray = None  # [R, C']; given always (a default only because Online's fields have none)
 
     def mask(self, clients: np.ndarray) -> np.ndarray:
-        free = np.stack([~np.isin(c, f) for c, f in zip(clients, self.flying)])
+        if clients.shape[1] * self.flying.shape[1] <= BROADCAST_MAX:  # small: one comparison, no per-row loop
+            free = ~(clients[:, :, None] == self.flying[:, None, :]).any(axis=2)
+        else:
+            free = np.stack([~np.isin(c, f) for c, f in zip(clients, self.flying)])
         return super().mask(clients) & free
 
     def rows(self, index) -> "Busy":
@@ -75,8 +79,8 @@ class Busy(Online):
 
 @dataclass(frozen=True)
 class Draw:
-    """One refill's candidates [R, W] in the sampler's order: their sampler weight, local steps, lr scale, weight
-    statistics and time from start to arrival."""
+    """The clients a refill starts [R, W] (padded where a row starts fewer): their sampler weight, local steps, lr
+    scale, weight statistics and time from start to arrival."""
 
     clients: np.ndarray
     weights: np.ndarray
@@ -121,15 +125,17 @@ class Version:
 
 
 def run_version(flight: dict, v: int, t: np.ndarray, rule: AsyncRule, online: Callable[[np.ndarray, np.ndarray], Busy],
-                draw: Callable[[int, Busy], Draw], retry_s: float) -> Version:
+                select: Callable[[int, Busy], Selection], prepare: Callable[[int, np.ndarray, np.ndarray, np.ndarray],
+                                                                            Draw], retry_s: float) -> Version:
     """Version v's events on each row (module docstring): refill and take arrivals until the M-th is taken.
-    `online(t, flying)`: who may start at each row's t; `draw(key, busy)`: the refill's candidates."""
+    `online(t, flying)`: who may start at each row's t; `select(key, busy)`: the sampler's candidates;
+    `prepare(key, clients, weights, lr_scale)`: the Draw of the clients that start."""
     R = len(t)
     out = Version([[] for _ in range(R)], [[] for _ in range(R)], np.zeros(R, dtype=np.int64),
                   np.array(t, dtype=np.float64), [[] for _ in range(R)])
     active, p = np.ones(R, dtype=bool), 0
     while active.any():  # one arrival a pass (so a row's pass p is its own p-th event); each row until its M-th
-        _refill(flight, v, p, rule, out, active, online, draw)
+        _refill(flight, v, p, rule, out, active, online, select, prepare)
         for r in np.flatnonzero(active):
             active[r] = _take_next(flight, v, r, rule, out, retry_s)
         p += 1
@@ -141,13 +147,15 @@ def _next_arrival(flight: dict) -> np.ndarray:
     return np.min(np.where(flight["client"] != EMPTY, flight["arrival"], np.inf), axis=1)
 
 
-def _refill(flight: dict, v: int, p: int, rule: AsyncRule, out: Version, active: np.ndarray, online, draw) -> None:
+def _refill(flight: dict, v: int, p: int, rule: AsyncRule, out: Version, active: np.ndarray, online, select,
+            prepare) -> None:
     """Start clients from v in the free slots of the active rows with no arrival due at their t."""
+    if rule.refill == "step" and p > 0:  # FedScale's: only at the version's start, whatever else arrives then
+        return
     free = (flight["client"] == EMPTY).sum(axis=1)
-    if rule.refill == "step":  # FedScale's: only at the version's start, whatever else arrives then
-        need = active & (free > 0) & (p == 0)
-    else:
-        need = active & (free > 0) & (_next_arrival(flight) > out.t)
+    need = active & (free > 0)
+    if rule.refill == "arrival":
+        need &= _next_arrival(flight) > out.t
     if not need.any():
         return
     width = max(len(s) for s in out.started)
@@ -155,22 +163,27 @@ def _refill(flight: dict, v: int, p: int, rule: AsyncRule, out: Version, active:
     for r, s in enumerate(out.started):
         started[r, :len(s)] = [k for k, _, _ in s]
     busy = online(out.t, np.concatenate([flight["client"], started], axis=1))
-    d = draw(v + (p << PASS_SHIFT), busy)
-    ok = busy.mask(d.clients) & need[:, None]
+    key = v + (p << PASS_SHIFT)
+    sel = select(key, busy)
+    ok = busy.mask(sel.clients) & need[:, None]
     start = ok & (np.cumsum(ok, axis=1) <= free[:, None])
+    n = start.sum(axis=1)
+    if not n.any():
+        return
+    order = np.argsort(~start, axis=1, kind="stable")[:, :n.max()]  # each row's starters first, in draw order
+    d = prepare(key, *(np.take_along_axis(a, order, axis=1) for a in (sel.clients, sel.weights, sel.lr_scale)))
     scale = np.ones(d.tau.shape) if d.stats.scale is None else d.stats.scale
-    lr_scale = np.broadcast_to(d.lr_scale, d.tau.shape)
     values = {"version": np.full(d.tau.shape, v), "tau": d.tau, "arrival": out.t[:, None] + d.finish_s,
               "weight": d.weights, "l1": d.stats.l1, "l2sq": d.stats.l2sq, "last": d.stats.last, "scale": scale}
-    for r in np.flatnonzero(start.any(axis=1)):
-        cols = np.flatnonzero(start[r])
-        slots = np.flatnonzero(flight["client"][r] == EMPTY)[:len(cols)]
+    for r in np.flatnonzero(n):
+        cols = np.arange(n[r])
+        slots = np.flatnonzero(flight["client"][r] == EMPTY)[:n[r]]
         flight["client"][r, slots] = d.clients[r, cols]
-        flight["seq"][r, slots] = len(out.started[r]) + np.arange(len(cols))
+        flight["seq"][r, slots] = len(out.started[r]) + cols
         for name, value in values.items():
             flight[name][r, slots] = value[r, cols]
         out.started[r].extend(zip(d.clients[r, cols].tolist(), d.tau[r, cols].tolist(),
-                                  lr_scale[r, cols].tolist()))
+                                  d.lr_scale[r, cols].tolist()))
 
 
 def _take_next(flight: dict, v: int, r: int, rule: AsyncRule, out: Version, retry_s: float) -> bool:

@@ -26,15 +26,21 @@ LOGNORMAL = ["systems.speed=lognormal", f"systems.speed_sigma={SIGMA}", f"system
 
 # --- a: the synchronous round is the special case C = M = K ----------------------------------------------------
 
-@pytest.mark.parametrize("aggregator,refill", [("fedavg", "step"), ("fednova", "step"), ("fedavg", "arrival"),
-                                               ("fednova", "arrival")])
+TOPK = ["compress=topk", "compress.ratio=0.34"]  # k = 1 of the 3 coordinates, with error feedback
+QSGD = ["compress=qsgd", "compress.levels=2"]  # stochastic rounding on the clients' own streams
+
+
+@pytest.mark.parametrize("aggregator,refill,compress", [
+    ("fedavg", "step", []), ("fednova", "step", []), ("fedavg", "arrival", []), ("fednova", "arrival", []),
+    ("fedavg", "step", TOPK), ("fednova", "arrival", QSGD)])
 def test_fedbuff_with_c_and_m_equal_to_k_and_equal_profiles_is_synchronous_fedavg_bit_for_bit(aggregator, refill,
-                                                                                             tmp_path):
+                                                                                             compress, tmp_path):
     # refill=arrival starts a client the moment a slot frees: the K arrive together only if their local work is
-    # equal too (each client's steps take the same time); refill=step waits for the step, so any local work is
+    # equal too (each client's steps take the same time); refill=step waits for the step, so any local work is.
+    # A compressed update (its bytes, its transfer time, its error feedback) is the synchronous round's, too.
     steps = [] if refill == "step" else [f"algorithm.client_steps=[{','.join(['3'] * N)}]"]
     common = ["rounds=6", "replicas=2", "eval_every=1", f"results_dir={tmp_path}",
-              f"algorithm.aggregator={aggregator}", *steps]
+              f"algorithm.aggregator={aggregator}", *steps, *compress]
     runs = {"sync": [], "fedbuff": ["systems.mode=fedbuff", f"systems.concurrency={K}", f"systems.buffer={K}",
                                     f"systems.refill={refill}"]}
     got = {}
@@ -43,6 +49,8 @@ def test_fedbuff_with_c_and_m_equal_to_k_and_equal_profiles_is_synchronous_fedav
         got[name] = rows(tmp_path, name)
     assert got["fedbuff"] == got["sync"]
     assert len(got["sync"]) == 14 and got["sync"][-1][-1] == K and got["sync"][-1][-2] > 0  # K took part; clock ran
+    if compress:  # the bytes up are the encoded updates' (a dense update: DIM x 8 bytes a client)
+        assert got["sync"][-1][6] < 6 * K * DIM * 8
 
 
 # --- b: an event-driven simulation, one client at a time --------------------------------------------------------
@@ -161,6 +169,8 @@ def test_staleness_functions_are_fedasyncs_and_fedbuffs():
     (["systems.mode=fedasync", "systems.alpha=1.5"], "'systems.alpha': 1.5", "(0, 1]"),
     (["systems.mode=fedbuff", "systems.deadline_s=30"], "'systems.deadline_s': 30", "null with mode=fedbuff"),
     (["systems.mode=fedbuff", "algorithm.sampler=yang_s1"], "'algorithm.sampler': 'yang_s1'", "without"),
+    (["systems.mode=fedasync", "attack=sign_flip", "algorithm.aggregator=mean"], "'stages': ['Adversary']",
+     "(compression)"),
 ])
 def test_bad_async_input_one_message_exit_2_no_files(overrides, key, allowed, tmp_path, capsys):
     results = tmp_path / "results"
@@ -191,26 +201,28 @@ def world_rows(tmp_path, run_id: str, *extra: str, callbacks=()) -> list[tuple]:
     return systems_world_rows(tmp_path, run_id, *extra, callbacks=callbacks, world=WORLD)
 
 
-def test_fedbuff_gives_the_same_rows_on_shards_in_a_batch_and_resumed_with_updates_in_flight(tmp_path):
-    alone = world_rows(tmp_path, "alone")
+@pytest.mark.parametrize("compress", [[], TOPK])
+def test_fedbuff_gives_the_same_rows_on_shards_in_a_batch_and_resumed_with_updates_in_flight(compress, tmp_path):
+    alone = world_rows(tmp_path, "alone", *compress)
     assert len(alone) == 8 and all(r[-1] <= 2 for r in alone)  # M = 2 a step
-    assert world_rows(tmp_path, "three", "num_shards=3") == alone
-    assert world_rows(tmp_path, "loop", "executor=loop") == alone  # one client at a time, plain autograd
+    assert world_rows(tmp_path, "three", "num_shards=3", *compress) == alone
+    assert world_rows(tmp_path, "loop", "executor=loop", *compress) == alone  # one client at a time, plain autograd
 
-    world_rows(tmp_path, "resumed", "checkpoint_every=5", callbacks=[StopAt(17)])
-    settings = load_settings(quadratic(f"results_dir={tmp_path}", *WORLD, "checkpoint_every=5", "resume=resumed"))
+    world_rows(tmp_path, "resumed", "checkpoint_every=5", *compress, callbacks=[StopAt(17)])
+    settings = load_settings(quadratic(f"results_dir={tmp_path}", *WORLD, "checkpoint_every=5", "resume=resumed",
+                                       *compress))
     saved = load_resume(settings).state
     assert saved.round == 15 and ((saved.in_flight["client"] >= 0).sum(axis=1) >= 2).all()  # still in flight
     assert execute(settings).status == "ok"
     assert rows(tmp_path, "resumed") == alone
 
     def slot(seed: int) -> Slot:
-        return Slot(load_settings(quadratic(f"results_dir={tmp_path}", *WORLD, "replicas=1", f"seed={seed}")),
-                    f"batch-{seed}")
+        return Slot(load_settings(quadratic(f"results_dir={tmp_path}", *WORLD, "replicas=1", f"seed={seed}",
+                                            *compress)), f"batch-{seed}")
 
     assert [r.status for r in execute_batch([slot(SEED), slot(SEED + 1)])] == ["ok", "ok"]
     assert rows(tmp_path, f"batch-{SEED}") == [r for r in alone if r[0] == 0]
-    solo = world_rows(tmp_path, "solo-next", "replicas=1", f"seed={SEED + 1}")
+    solo = world_rows(tmp_path, "solo-next", "replicas=1", f"seed={SEED + 1}", *compress)
     assert rows(tmp_path, f"batch-{SEED + 1}") == solo != [r for r in alone if r[0] == 0]
 
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from fedharness.algorithms.systems import (AlwaysOnline, DutyCycle, EqualSpeeds, LognormalSpeeds, SlowTailSpeeds,
                                            TraceAvailability, TraceSpeeds)
-from fedharness.contracts import Speeds, UpdateAggregator
+from fedharness.contracts import Speeds, UpdateAggregator, UpdateStage
 from fedharness.core.clock import SystemsClock, transfer_s
 from fedharness.core.flight import AsyncRule
 from fedharness.core.slots import takes_online
@@ -95,8 +95,9 @@ def async_rule(settings: RunSettings, algorithm, problem, stages: Stages) -> Asy
 
 def check_async_parts(settings: RunSettings, algorithm, stages: Stages) -> None:
     """What asynchronous aggregation does not combine with (yet): deadlines and over-selection (the staleness
-    limit replaces them), samplers that cannot skip the clients in flight, dropout, update stages, aggregators that
-    see the updates, a solver with server state (SCAFFOLD); fedasync mixes models, so only fedavg weights them."""
+    limit replaces them), samplers that cannot skip the clients in flight, dropout, update stages beyond the shards
+    (privacy, attacks), aggregators that see the updates, a solver with server state (SCAFFOLD); fedasync mixes
+    models, so only fedavg weights them."""
     s, alg = settings.systems, settings.algorithm
     why = f"with mode={s.mode}"
     require(s.deadline_s is None, "systems.deadline_s", s.deadline_s, f"null {why} (max_staleness bounds lateness)")
@@ -106,12 +107,23 @@ def check_async_parts(settings: RunSettings, algorithm, stages: Stages) -> None:
             f"a sampler without replacement that skips the clients in flight {why}: scheme_ii, "
             "scheme_ii_transformed, original or yang_s2")
     require(float(alg.dropout or 0) == 0, "algorithm.dropout", alg.dropout, f"0 {why} (use systems.availability)")
-    require(not stages.stages, "stages", [type(st).__name__ for st in stages.stages], f"no active stage {why}")
+    driver_side = [type(st).__name__ for st in stages.stages if not acts_in_shards_only(st)]
+    require(not driver_side, "stages", driver_side, f"only stages that act on each update in the shards alone "
+            f"(compression) {why}: privacy and attacks act on a round's updates or aggregate")
     require(not isinstance(algorithm.aggregator, UpdateAggregator), "algorithm.aggregator", alg.aggregator,
             f"fedavg or fednova {why}")
     require(s.mode == "fedbuff" or alg.aggregator == "fedavg", "algorithm.aggregator", alg.aggregator,
             "fedavg with mode=fedasync (it mixes models: x <- (1 - a) x + a x_k)")
     require(algorithm.solver.comm_factor == 1, "algorithm.solver", alg.solver, f"a solver without server state {why}")
+
+
+def acts_in_shards_only(stage: UpdateStage) -> bool:
+    """Whether the stage only changes each client's update in its shard (compression): no per-replica state, no
+    work on a round's updates or aggregate, no capability needed. Such a stage means the same whichever server
+    step an update joins."""
+    kind = type(stage)
+    return (not stage.needs and kind.init_counters is UpdateStage.init_counters
+            and kind.on_updates is UpdateStage.on_updates and kind.on_aggregate is UpdateStage.on_aggregate)
 
 
 def sampled_per_round(settings: RunSettings) -> int:

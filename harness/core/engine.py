@@ -310,6 +310,7 @@ class Engine:
         if on.any():
             plan = RoundPlan(v, self.plan_seed(), self.stream_replicas, clients, on.astype(np.float64), tau,
                              lr_scale, lrs, server_ctx=state.server_ctx, send_updates=True)
+            plan.stages = self.stages.client_work(plan, state.counters)  # compression: in the shards, per client
             self._hold(state, plan, cols, valid, held)
         return lrs[..., 0], on.sum(axis=1), np.where(on, tau, 0).sum(axis=1)
 

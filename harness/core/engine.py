@@ -9,6 +9,7 @@ checkpoints are a solo run's (harness/runs/batch.py check_batch refuses them in 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -398,23 +399,27 @@ class Engine:
             subopt = (ev.train_loss if ev.exact_train_loss is None else ev.exact_train_loss) - self.reference.f_star
             w_star = torch.as_tensor(self.reference.w_star, dtype=torch.float64, device=x.device)
             dist = (x.double() - w_star).norm(dim=-1).cpu().numpy()
-        rows, staged = [], {"epsilon": None, **self.stages.row_values(state.round)}
+        staged = {"epsilon": None, **self.stages.row_values(state.round)}
+        src = np.minimum(np.asarray(replica_ids, dtype=np.int64), len(self.layout) - 1)
+        # each column once as plain Python values (tolist: int64 -> int, float64 -> float, as .item() and float()
+        # give), then one dict per replica: a run of many replicas evaluated often builds many rows
+        n, server_lr = len(src), self.alg.server.server_lr
+        train_loss, grad_norm_sq = _column(ev.train_loss, n), _column(ev.grad_norm_sq, n)
+        lr = [None if math.isnan(v) else v for v in self._last_lr[src].tolist()]
+        columns = {k: v[src].tolist() for k, v in state.counters.items()}
+        for name, values in (("train_loss_se", ev.train_loss_se), ("subopt", subopt), ("dist_to_opt", dist),
+                             ("test_loss", ev.test_loss), ("test_acc", ev.test_acc), *ev.extra.items()):
+            columns[name] = [None if v is None else float(v) for v in _column(values, n)]
+        if self._last_diag is not None:
+            diag = self._last_diag
+            columns.update({name: np.asarray(values, dtype=np.float64)[src].tolist() for name, values in
+                            (("tau_eff", diag.tau_eff), ("chi2", diag.chi2), ("slowdown", diag.slowdown))})
+        rows = []
         for i, r in enumerate(replica_ids):
-            src = min(int(r), len(self.layout) - 1)
             row = {"replica": int(r), "series": series, "round": state.round, "wall_s": state.wall_s,
-                   "train_loss": ev.train_loss[i],
-                   "grad_norm_sq": None if ev.grad_norm_sq is None else ev.grad_norm_sq[i],
-                   "server_lr": self.alg.server.server_lr,
-                   "lr": None if np.isnan(self._last_lr[src]) else self._last_lr[src], **staged}
-            row.update({k: v[src].item() for k, v in state.counters.items()})  # int64 -> int, sim_s -> float
-            for name, values in (("train_loss_se", ev.train_loss_se), ("subopt", subopt), ("dist_to_opt", dist),
-                                 ("test_loss", ev.test_loss),
-                                 ("test_acc", ev.test_acc), *ev.extra.items()):
-                row[name] = None if values is None else float(values[i])
-            if self._last_diag is not None:
-                diag = self._last_diag
-                row.update(tau_eff=float(diag.tau_eff[src]), chi2=float(diag.chi2[src]),
-                           slowdown=float(diag.slowdown[src]))
+                   "train_loss": train_loss[i], "grad_norm_sq": grad_norm_sq[i], "server_lr": server_lr,
+                   "lr": lr[i], **staged}
+            row.update({name: values[i] for name, values in columns.items()})
             if scores is not None:
                 row.update(scores.columns(i))
             rows.append({k: _finite_or_none(v) for k, v in row.items()})
@@ -664,5 +669,15 @@ def trained_clients(clients: np.ndarray, coef: np.ndarray, tau: np.ndarray) -> t
 def _finite_or_none(v):
     """Metrics are stored as plain floats; NaN/inf mean 'not a number we can record'."""
     if isinstance(v, (float, np.floating)):
-        return float(v) if np.isfinite(v) else None
+        return float(v) if math.isfinite(v) else None
     return v
+
+
+def _column(values, n: int) -> list:
+    """A per-replica column as a list of n Python values (None: n Nones): a numpy array's own tolist, anything
+    else (a torch tensor, a list: a user's metric) element by element."""
+    if values is None:
+        return [None] * n
+    if isinstance(values, np.ndarray):
+        return values.tolist()
+    return [v.item() if isinstance(v, (np.generic, torch.Tensor)) else v for v in values]

@@ -112,12 +112,11 @@ def flight_rows(flight: dict, rows: np.ndarray) -> dict:
 @dataclass
 class Version:
     """What one server version's events did, per row r: `started[r]` (client, tau, lr scale) of those that started
-    from v, in order,
-    `taken[r]` the taken entries' slot fields (their `slot`: where the update is held, -1 for a starter of v, whose
-    update is trained at the version's end), `arrived` [R] how many arrived (dropped ones too), `t` [R] the clock at
-    the step, `events[r]` (client, start version, staleness) in the order they arrived."""
+    from v, in order; `taken[r]` the taken entries' slot fields (their `slot`: where the update is held, -1 for a
+    starter of v, whose update is trained at the version's end); `arrived` [R] how many arrived (dropped ones too);
+    `t` [R] the clock at the step; `events[r]` (client, start version, staleness) in the order they arrived."""
 
-    started: list[list[int]]
+    started: list[list[tuple[int, int, float]]]
     taken: list[list[dict]]
     arrived: np.ndarray
     t: np.ndarray

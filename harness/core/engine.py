@@ -20,6 +20,7 @@ import torch
 from fedharness.contracts import (Algorithm, Callback, ClientScores, Coefficients, LocalSolver, Metric, Problem,
                                   ReplicaLayout, RoundContext, RoundPlan, RunOutcome, RunState, SeriesHook,
                                   Selection, UpdateAggregator, WeightStats)
+from fedharness.base.interrupts import atomic
 from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, average_into, buffer_dim, local_buffers
 from fedharness.core.clock import SystemsClock, link_seconds, rescaled
 from fedharness.core.exact_sum import Grids
@@ -476,7 +477,13 @@ class Engine:
         s, rnd = self.slots, state.round
         self._scores = None
         rows = self.evaluate_replicas(state, s.kept_rows(due))
-        self.rounds_done = rnd  # set just before the rows go out, so the two agree
+        with atomic():  # a signal waits until every hook has the rows: the round done is the round recorded
+            return self._hand_rows(state, due, stops, rows)
+
+    def _hand_rows(self, state: RunState, due: list[int], stops: set[int], rows: list[dict]) -> dict[int, RunOutcome]:
+        """The round is done: each due slot's hooks get its rows; which slots end and how."""
+        s, rnd = self.slots, state.round
+        self.rounds_done = rnd
         ends = {}
         for i in due:
             mine = self.slot_rows(rows, i)

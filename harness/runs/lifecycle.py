@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from fedharness.algorithms.privacy import final_epsilon
+from fedharness.base.interrupts import interrupt
 from fedharness.contracts import Callback, RoundContext, callback_name
 from fedharness.core.checkpoint import Checkpointer, Resume, restore_rows
 from fedharness.core.engine import RunOutcome
@@ -80,7 +81,7 @@ def interrupts_raised() -> Iterator[None]:
     def handler(signum, frame):
         if not raised:
             raised.append(signum)
-            raise RunInterrupted(signum)
+            interrupt(RunInterrupted(signum))  # at once, or where the engine's atomic section ends
 
     handler.raises_run_interrupted = True
     old = {s: signal.signal(s, handler) for s in INTERRUPTING}

@@ -9,6 +9,7 @@ and is raised there.
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Iterator
 
 _depth = 0
@@ -20,6 +21,9 @@ def atomic() -> Iterator[None]:
     """Run the body whole: an interrupt() that arrives inside is raised when it ends (where the body raises an
     exception of its own, that one goes on up and ends the run instead)."""
     global _depth
+    if threading.current_thread() is not threading.main_thread():  # signal handlers run in the main thread only
+        yield
+        return
     _depth += 1
     try:
         yield

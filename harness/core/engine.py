@@ -300,7 +300,7 @@ class Engine:
         """Train the clients that started from v as one batch; a taken one's update goes to `held`, the others'
         to their slots (FedBuff's Delta_k, FedAsync's model x_v + Delta_k: it mixes models). (The version's first
         step size, starters [R], their local steps [R].)"""
-        alg, f, v = self.alg, state.in_flight, state.round
+        alg, v = self.alg, state.round
         width = max(1, max(len(s) for s in started))
         clients, on = np.zeros((len(started), width), dtype=np.int64), np.zeros((len(started), width), dtype=bool)
         tau, lr_scale = np.ones(clients.shape, dtype=np.int64), np.ones(clients.shape)
@@ -474,9 +474,8 @@ class Engine:
         """Evaluate the due slots in one pass and hand each its rows; which of them end and how."""
         if not due:
             return {}
-        s, rnd = self.slots, state.round
         self._scores = None
-        rows = self.evaluate_replicas(state, s.kept_rows(due))
+        rows = self.evaluate_replicas(state, self.slots.kept_rows(due))
         with atomic():  # a signal waits until every hook has the rows: the round done is the round recorded
             return self._hand_rows(state, due, stops, rows)
 

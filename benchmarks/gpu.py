@@ -183,19 +183,20 @@ def main() -> None:
     print(f"{'workload':<20}{'K':>4}{'tau':>10}{'useful before/after':>21}{'vectorized ms':>15}{'loop ms':>11}"
           f"{'speedup':>9}{'TFLOP/s vec':>13}{'loop':>8}{'peak GB':>9}   kernel (ms per batched gradient)")
     records = []
+    out = Path(__file__).parent / "out"
+    out.mkdir(exist_ok=True)
     for name in args.workloads.split(","):
         r = measure(name, args)
         records.append(r)
+        # written after each workload, so that a run stopped part way keeps what it measured
+        (out / "gpu.json").write_text(json.dumps({"device": args.device, "name": device, "smoke": args.smoke,
+                                                  "precision": args.precision, "kernel": args.kernel,
+                                                  "results": records}, indent=2))
         listed = ", ".join(f"{k} {ms:.3g}" for k, ms in r["kernel_ms"].items())
         print(f"{name:<20}{r['clients']:>4}{r['tau_min']:>5}..{r['tau_max']:<3}{r['useful_before']:>14.2f} / 1.00"
               f"{r['ms_vectorized']:>15.1f}{r['ms_loop']:>11.1f}{r['speedup']:>8.1f}x"
               f"{r['tflops_vectorized']:>13.4f}{r['tflops_loop']:>8.4f}"
               f"{'-' if r['peak_gb'] is None else format(r['peak_gb'], '.2f'):>9}   {r['kernel']} ({listed})", flush=True)
-    out = Path(__file__).parent / "out"
-    out.mkdir(exist_ok=True)
-    (out / "gpu.json").write_text(json.dumps({"device": args.device, "name": device, "smoke": args.smoke,
-                                              "precision": args.precision, "kernel": args.kernel,
-                                              "results": records}, indent=2))
 
 
 if __name__ == "__main__":

@@ -468,7 +468,7 @@ class NetObjective(Model):
         layer keeps its gates at every step, which its outputs do not show)."""
         if self._sample_activations is None:
             self.net.eval()
-            sample = self.inputs(1)
+            sample = self.inputs(1).to(next(self.net.parameters()).device)  # the probe runs where the net lives
             self._sample_activations = max(ACTIVATION_FACTOR * _leaf_outputs(self.net, sample),
                                            SAVED_FACTOR * _saved_for_backward(self.net, sample))
         return batch * self._sample_activations * itemsize

@@ -59,3 +59,16 @@ def test_budget_too_small_for_one_client_is_one_clear_error(run_config, tmp_path
     assert not (tmp_path / "out").exists()
     with pytest.raises(ConfigError, match="memory_budget_gb"):
         execute(run_config("memory_budget_gb=-1"))
+
+
+def test_activation_estimate_probes_on_the_nets_device():
+    """The probe sample goes where the net lives: on CUDA the estimate once failed at the first chunk (a CPU
+    sample into CUDA weights). The meta device stands in for CUDA here: the probe must not mix devices, and the
+    layer outputs it counts (shapes only) equal the CPU count."""
+    from fedharness.problems.nets import build_net
+    from fedharness.problems.objectives import ACTIVATION_FACTOR, NetObjective, _leaf_outputs
+
+    objective = NetObjective(build_net("cnn", (1, 28, 28), 10), "cnn", 0.0, (1, 28, 28))
+    cpu_outputs = _leaf_outputs(objective.net, objective.inputs(1))
+    objective.net.to("meta")
+    assert objective.activation_bytes(2, 4) >= 2 * 4 * ACTIVATION_FACTOR * cpu_outputs > 0

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import fedharness.core.engine as engine_module
+import fedharness.core.flight as flight_module
 from fedharness.base import streams
 from fedharness.cli import main
 from fedharness.config.load import load_settings
@@ -17,8 +18,8 @@ from fedharness.core.executors import InlineExecutor
 from fedharness.core.flight import AsyncRule
 from fedharness.runs.batch import Slot
 from fedharness.runs.execute import build_engine, execute, execute_batch, prepare_run
-from test_systems import (BW_SIGMA, DIM, DUTY, K, LR, N, PERIOD, SEED, SIGMA, STEPS, StopAt, client_profile, quadratic,
-                          rows)
+from test_systems import (BW_SIGMA, DIM, DUTY, K, LR, MB_PER_S, N, PERIOD, SEED, SIGMA, STEP_S, STEPS, StopAt,
+                          client_profile, quadratic, rows)
 from test_systems import world_rows as systems_world_rows
 
 LOGNORMAL = ["systems.speed=lognormal", f"systems.speed_sigma={SIGMA}", f"systems.bandwidth_sigma={BW_SIGMA}"]
@@ -56,18 +57,21 @@ def test_fedbuff_with_c_and_m_equal_to_k_and_equal_profiles_is_synchronous_fedav
 # --- b: an event-driven simulation, one client at a time --------------------------------------------------------
 
 def simulate(e: np.ndarray, x: np.ndarray, versions: int, mode: str, C: int, M: int, max_staleness: int | None,
-             alpha: float, exponent: float, duty: bool, refill: str):
+             alpha: float, exponent: float, duty: bool, refill: str, profile=client_profile, steps=STEPS):
     """FedBuff / FedAsync on F_i = 1/2 ||x - e_i||^2 with local GD: a heap of arrivals, one client at a time.
     Free slots take the first clients of a uniform order (keyed by the version and the arrivals so far in it)
     that are online (duty: a duty cycle), not in flight and not started from this version yet: with
     refill=arrival whenever no arrival is due at t (so simultaneous arrivals are all taken first), with refill=step
-    at the version's start only. The server takes arrivals by (time, client), drops the stale, steps after M (or
-    when nobody is left and nobody can start; retry_s 60 when nothing arrived). Returns the events (client, start
-    version, staleness), in order, and the final model."""
-    profiles = [client_profile(k) for k in range(N)]
-    heap, t, events = [], 0.0, []
+    at the version's start only, before the arrivals due then (those the last step left). The server takes
+    arrivals by (time, client), drops the stale, steps after M (or when nobody is left and nobody can start;
+    retry_s 60 when nothing arrived). Client k's (step s, MB/s, phase s) is `profile(k)`, its local steps
+    `steps[k]`. Returns the events (client, start version, staleness), in order, the final model, and each
+    version's log: (its starts (client, start time), its events, the clock at its step)."""
+    profiles = [profile(k) for k in range(N)]
+    heap, t, events, log = [], 0.0, [], []
     for v in range(versions):
         started, taken, arrived, p = set(), [], False, 0
+        log.append(([], [], None))
         while True:
             due = heap[0][0] if heap else np.inf
             if len(heap) < C and (p == 0 if refill == "step" else due > t):
@@ -78,46 +82,58 @@ def simulate(e: np.ndarray, x: np.ndarray, versions: int, mode: str, C: int, M: 
                         if int(k) not in flying and int(k) in online][:C - len(heap)]
                 for k in free:
                     step_s, mb_per_s, _ = profiles[k]
-                    moved = (1 - (1 - LR) ** STEPS[k]) * (e[k] - x)  # STEPS[k] steps of GD with lr LR
+                    moved = (1 - (1 - LR) ** steps[k]) * (e[k] - x)  # steps[k] steps of GD with lr LR
                     sent = x + moved if mode == "fedasync" else moved
-                    heapq.heappush(heap, (t + (2 * DIM * 8 / (mb_per_s * 1e6) + STEPS[k] * step_s), k, v, sent))
+                    heapq.heappush(heap, (t + (2 * DIM * 8 / (mb_per_s * 1e6) + steps[k] * step_s), k, v, sent))
                     started.add(k)
+                    log[v][0].append((k, t))
             if not heap:
                 t += 0.0 if arrived else 60.0  # nothing arrived: the server waited retry_s
                 break
             t, k, start, sent = heapq.heappop(heap)
             events.append((k, start, v - start))
+            log[v][1].append((k, start, v - start))
             arrived, p = True, p + 1
             if max_staleness is None or v - start <= max_staleness:
                 taken.append(((1 + v - start) ** -exponent, sent))
                 if len(taken) == M:
                     break
+        log[v] = (*log[v][:2], t)
         if mode == "fedasync":
             for s, sent in taken:
                 a = alpha * s
                 x = (1 - a) * x + a * sent
         else:
             x = x + sum(1 / C * (C / M) * s * sent for s, sent in taken)  # yang_s2 draws C: q = 1/C
-    return events, x
+    return events, x, log
 
 
 def recorded_run(settings, monkeypatch):
-    """The run's events (client, start version, staleness) in the order its versions took them, and its final
-    model."""
+    """The run's events (client, start version, staleness) in the order its versions took them, its initial and
+    final model, and each version's log as simulate's: (its starts (client, start time), its events, the clock at
+    its step), of replica 0."""
     run = prepare_run(settings)
     engine = build_engine(run, InlineExecutor(run.problem, run.algorithm.solver, 1))
-    events = []
-    run_version = engine_module.run_version
+    events, log = [], []
+    run_version, refill = engine_module.run_version, flight_module._refill
 
     def recording(*args, **kwargs):
+        log.append(([], [], None))
         version = run_version(*args, **kwargs)
         events.extend(version.events[0])
+        log[-1] = (log[-1][0], version.events[0], float(version.t[0]))
         return version
 
+    def recording_refill(flight, v, p, rule, out, *args):
+        before, t = len(out.started[0]), float(out.t[0])
+        refill(flight, v, p, rule, out, *args)
+        log[-1][0].extend((k, t) for k, _, _ in out.started[0][before:])
+
     monkeypatch.setattr(engine_module, "run_version", recording)
+    monkeypatch.setattr(flight_module, "_refill", recording_refill)
     x0 = engine.initial_state().x.double().numpy()[0]
     outcome = engine.run()
-    return run, x0, events, outcome.state.x.double().numpy()[0]
+    return run, x0, events, outcome.state.x.double().numpy()[0], log
 
 
 @pytest.mark.parametrize("mode,C,M,max_staleness,duty,refill", [
@@ -134,19 +150,61 @@ def test_fedbuff_and_fedasync_follow_an_event_driven_simulation(mode, C, M, max_
         f"systems.concurrency={C}", f"systems.buffer={M}", f"systems.alpha={alpha}", f"systems.refill={refill}",
         f"systems.max_staleness={'null' if max_staleness is None else max_staleness}",
         f"systems.staleness_exponent={exponent}", *(availability if duty else [])))
-    run, x0, events, final = recorded_run(settings, monkeypatch)
-    want, x = simulate(run.problem.e_np, x0, versions, mode, C, M, max_staleness, alpha, exponent, duty, refill)
+    run, x0, events, final, got = recorded_run(settings, monkeypatch)
+    want, x, log = simulate(run.problem.e_np, x0, versions, mode, C, M, max_staleness, alpha, exponent, duty, refill)
     assert events == want
+    assert_same_log(got, log)
+    if not duty:  # all online: version 0 fills the C slots; refill=arrival also refills the slots freed by its
+        # first M - 1 arrivals (no two arrive together under lognormal profiles), refill=step only at the start
+        assert len(got[0][0]) == C + (M - 1 if refill == "arrival" else 0)
     assert max(s for *_, s in events) >= 2  # updates were stale
     if max_staleness is not None:
         assert any(s > max_staleness for *_, s in events)  # and some too stale: dropped
     other = {"arrival": "step", "step": "arrival"}[refill]
     if mode == "fedbuff":  # the two refill rules give different runs here (with M = 1 they seldom differ)
-        alternative, _ = simulate(run.problem.e_np, x0, versions, mode, C, M, max_staleness, alpha, exponent, duty,
+        alternative, _, _ = simulate(run.problem.e_np, x0, versions, mode, C, M, max_staleness, alpha, exponent, duty,
                                   other)
         assert alternative != want
     np.testing.assert_allclose(final, x, rtol=1e-12, atol=1e-12 * np.abs(x).max())
     assert np.abs(final - x0).max() > 1e-3  # the model moved
+
+
+def assert_same_log(got: list, want: list) -> None:
+    """Each version's starts (client, time), events and step time, as recorded_run and simulate give them. The
+    clients are exact; a time is a chain of at most 200 float64 sums of round times on each side, so the two
+    differ by at most 2 x 200 x 2^-53 < 1e-13 of it (rtol 1e-12)."""
+    assert [([k for k, _ in starts], events) for starts, events, _ in got] == \
+        [([k for k, _ in starts], events) for starts, events, _ in want]
+    times = lambda log: [t for starts, _, step in log for t in (*(t for _, t in starts), step)]  # noqa: E731
+    np.testing.assert_allclose(times(got), times(want), rtol=1e-12)
+
+
+def equal_profile(client: int) -> tuple[float, float, float]:
+    """systems.speed=equal: every client has the network's step time and bandwidth (and phase 0)."""
+    return STEP_S, MB_PER_S, 0.0
+
+
+@pytest.mark.parametrize("refill", ["step", "arrival"])
+def test_simultaneous_arrivals_follow_the_tie_rule_of_each_refill(refill, monkeypatch, tmp_path):
+    """Equal profiles and equal local work (3 steps): the clients that start together arrive together, d = 7.8 s
+    later. C = 6, M = 4: version 0's step takes 4 of the 6 that arrive at d and leaves 2 due at d.
+    refill=step starts clients in the 4 freed slots at version 1's start, before it takes those 2 (FedScale: the
+    step starts its clients); refill=arrival takes arrivals at one instant first, then fills all 6 slots."""
+    C, M, versions, steps = 6, 4, 8, [3] * N
+    settings = load_settings(quadratic(
+        f"rounds={versions}", f"results_dir={tmp_path}", "systems.mode=fedbuff", f"systems.concurrency={C}",
+        f"systems.buffer={M}", f"systems.refill={refill}", f"algorithm.client_steps=[{','.join(map(str, steps))}]"))
+    run, x0, _, final, got = recorded_run(settings, monkeypatch)
+    _, x, want = simulate(run.problem.e_np, x0, versions, "fedbuff", C, M, None, 0.6, 0.5, False, refill,
+                          equal_profile, steps)
+    assert_same_log(got, want)
+    d = 2 * DIM * 8 / (MB_PER_S * 1e6) + 3 * STEP_S
+    (starts0, events0, t0), (starts1, events1, t1) = got[:2]
+    assert [t for _, t in starts0] == [0.0] * C and [s for _, s, _ in events0] == [0] * M
+    assert [s for _, s, _ in events1] == [0, 0, 1, 1]  # the 2 left due at d, then 2 of version 1's at 2d
+    np.testing.assert_allclose([t0, t1], [d, 2 * d], rtol=1e-15)  # d + d: one rounding
+    assert [t for _, t in starts1] == [t0] * (M if refill == "step" else C)
+    np.testing.assert_allclose(final, x, rtol=1e-12, atol=1e-12 * np.abs(x).max())
 
 
 def test_staleness_functions_are_fedasyncs_and_fedbuffs():

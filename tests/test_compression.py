@@ -18,6 +18,7 @@ from fedharness.base import streams
 from fedharness.cli import main
 from fedharness.config.load import load_settings
 from fedharness.contracts import ClientWork, Compressor, UpdateStage
+from fedharness.core import kernels
 from fedharness.runs.execute import execute
 from round_rows import rows, run_rows
 from test_same_bits import StopAt
@@ -292,6 +293,22 @@ def test_bad_compression_input_is_one_line_exit_2_and_nothing_written(overrides,
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"'{key}'" in err and hint in err, err
     assert not results.exists()
+
+
+def test_a_compressor_on_a_model_with_buffers_is_refused_before_kernel_timing_and_any_file(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """The default kernel=auto times the kernels (about 95 s for resnet18_bn) and remembers its choice in the cache:
+    the refusal comes first, so nothing is timed and neither the cache nor results_dir gets a file."""
+    cache, results = tmp_path / "cache", tmp_path / "out"
+    cache.mkdir()
+    monkeypatch.setenv("FEDHARNESS_CACHE", str(cache))
+    timed = []
+    monkeypatch.setattr(kernels, "measure", lambda *args, **kwargs: timed.append(args) or {"loop": 1.0})
+    code = main(["run", "dataset=digits", "model=resnet18_bn", "compress=topk", "rounds=1", f"results_dir={results}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "'compress': 'topk'" in err and "a model without buffers" in err, err
+    assert timed == [] and list(cache.iterdir()) == [] and not results.exists()
 
 
 def test_error_feedback_on_a_lazy_population_within_the_budget_keeps_residuals_only_for_its_participants(tmp_path):

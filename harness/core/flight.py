@@ -4,16 +4,20 @@ loop (harness/core/engine.py; docs/async.md).
 Each engine step is one server version v, run as events on each replica's clock t (sim_s), one arrival a pass
 (Nguyen et al.'s Algorithm 1):
 
-1. Refill. When the row has free slots and no arrival is due at t, they start from x_v: the sampler, keyed by
-   (v, pass), draws with `online` = online at t, not in flight and not started from v yet (Busy), and the first of
-   its draws that may start do, to arrive at t + their systems round time (transfer + tau step_s, core/clock.py).
+1. Refill. Free slots start clients from x_v: the sampler, keyed by (v, pass), draws with `online` = online at
+   t, not in flight and not started from v yet (Busy), and the first of its draws that may start do, to arrive at
+   t + their systems round time (transfer + tau step_s, core/clock.py). refill=arrival: whenever the row has
+   free slots and no arrival is due at t. refill=step (FedScale's): at the version's start only (pass 0), before
+   the arrivals due then: the step that ended v - 1 starts clients in the slots its arrivals freed, and arrivals
+   tied with that step are taken into v, their slots refilled at v's step.
 2. Arrival. The next arrival in (time, client id) order moves t to it and frees its slot; an update more than
    max_staleness versions old is dropped, the others are taken; the version ends with the M-th taken
    (FedAsync: M = 1), or when nothing is in flight and nobody can start (a version nothing arrived to lasts
    retry_s).
 
-So a slot is refilled the moment its client arrives, from the version current then, and arrivals at one instant
-are all taken before the slots they free are refilled: C = M = K with equal profiles is the synchronous round. The
+So under refill=arrival a slot is refilled the moment its client arrives, from the version current then, and
+arrivals at one instant are all taken before the slots they free are refilled. Either way C = M = K with equal
+profiles is the synchronous round (each step takes all K, so no arrival is left due at the next start). The
 order of arrivals needs only the profiles, not the updates: a client's update is fixed when it starts (x_v, its
 data, its streams keyed by v), so the engine trains all who started from v as one batch when the version ends.
 
@@ -148,8 +152,9 @@ def _next_arrival(flight: dict) -> np.ndarray:
 
 def _refill(flight: dict, v: int, p: int, rule: AsyncRule, out: Version, active: np.ndarray, online, select,
             prepare) -> None:
-    """Start clients from v in the free slots of the active rows with no arrival due at their t."""
-    if rule.refill == "step" and p > 0:  # FedScale's: only at the version's start, whatever else arrives then
+    """Start clients from v in the free slots of the active rows: refill=arrival where no arrival is due at their
+    t, refill=step at pass 0 only, whatever is due (module docstring)."""
+    if rule.refill == "step" and p > 0:  # FedScale's: only at the version's start, before the arrivals due then
         return
     free = (flight["client"] == EMPTY).sum(axis=1)
     need = active & (free > 0)

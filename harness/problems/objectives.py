@@ -8,6 +8,7 @@ calls and a softmax); neural networks use torch.func.vmap over grad.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 
@@ -265,8 +266,10 @@ class NetObjective(Model):
     parameters, gradients and the loss stay in the parameters' dtype. Evaluation runs in full precision, in eval
     mode (running statistics, no dropout).
     `kernel` (vmap | loop | loop_channels_last, harness/core/kernels.py): how `batch_grad` computes the copies'
-    gradients; all give the same gradients up to rounding. A module torch.func.vmap cannot run (a probe at
-    construction says so, in one log line) trains one copy at a time: `vmap` then means `loop`.
+    gradients; all give the same gradients up to rounding. A module torch.func.vmap cannot run (a probe says so,
+    in one log line) trains one copy at a time: `vmap` then means `loop`. The probe runs when `vmappable` is
+    first read (kernel resolution, the first round), not at construction: a run refused after building its
+    problem (a compressor on a model with buffers, ...) pays no batched gradient.
     `tokens`: the samples are int64 token ids (a text model's embedding reads them), kept int64 by `prepare`;
     otherwise they are cast to the run's float dtype.
     """
@@ -289,17 +292,23 @@ class NetObjective(Model):
         self._grad = vmap(grad(self._loss, has_aux=True))
         self._client_grad = {"loop": grad(self._loss, has_aux=True),
                              "loop_channels_last": grad(self._loss_channels_last, has_aux=True)}
-        self.vmappable = self._probe_vmap()
-        self.stochastic = bool(self.sites) or not self.vmappable  # round_batches draws per-copy seeds for it
         self.kernel = kernel
+
+    @functools.cached_property
+    def vmappable(self) -> bool:
+        return self._probe_vmap()
+
+    @property
+    def stochastic(self) -> bool:
+        return bool(self.sites) or not self.vmappable  # round_batches draws per-copy seeds for it
 
     @property
     def kernel(self) -> str:
-        return self._kernel
+        return "loop" if self._kernel == "vmap" and not self.vmappable else self._kernel
 
     @kernel.setter
     def kernel(self, value: str) -> None:
-        self._kernel = "loop" if value == "vmap" and not self.vmappable else value
+        self._kernel = value
 
     def inputs(self, *lead: int, dtype: torch.dtype = torch.float32,
                generator: torch.Generator | None = None) -> torch.Tensor:
@@ -330,6 +339,7 @@ class NetObjective(Model):
         two = lambda t: t.expand(2, *t.shape).clone()  # noqa: E731
         masks = [torch.ones(2, 2, *s.shape) for s in self.sites]
         x, y = self.inputs(2, 2), torch.zeros(2, 2, dtype=torch.int64)
+        training = self.net.training  # read lazily, maybe mid-evaluation: the module's mode is left as it was
         try:
             self.net.train()
             self._grad({n: two(p) for n, p in params.items()}, {n: two(b) for n, b in buffers.items()}, masks, x, y)
@@ -339,6 +349,8 @@ class NetObjective(Model):
             log.warning(f"model {self.name}: torch.func.vmap cannot run its training step ({why}); its clients "
                         "train one copy at a time (kernel=loop)")
             return False
+        finally:
+            self.net.train(training)
 
     def prepare(self, x: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.as_tensor(x, dtype=torch.int64 if self.tokens else dtype).to(device)

@@ -81,11 +81,12 @@ def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Pre
     `store`: where a resumed run's checkpoint is (default: settings.results_dir's store)."""
     problem, algorithm = build_parts(settings)
     set_threads(settings, problem)  # threads=null follows the problem's size: before kernel timing and reference
-    resumed_kernel = checkpointed(settings, "kernel", store) if settings.resume else None
-    settings = settings.replace(kernel=resolve_kernel(settings, problem, resumed_kernel))
     settings = calibrated(settings)  # dp.target_epsilon: the noise multiplier, before the run starts
     layout, series = build_series(settings.replicas, **settings.algorithm.params)  # rr=H needs a fixed H
-    stages = stages_for(settings, algorithm, problem)  # before the reference solve: a refused stage costs nothing
+    stages = stages_for(settings, algorithm, problem)  # before kernel timing and the reference solve: a refused
+    # stage (a compressor on a model with buffers, ...) costs nothing and writes no cache entry
+    resumed_kernel = checkpointed(settings, "kernel", store) if settings.resume else None
+    settings = settings.replace(kernel=resolve_kernel(settings, problem, resumed_kernel))
     clock = clock_for(settings, algorithm, problem, client_bytes(problem, algorithm.solver, stages or Stages()),
                       stages)
     reference = run_reference(settings, problem)  # per `reference: auto | on | off`

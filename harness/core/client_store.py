@@ -247,6 +247,15 @@ def decode_part(data: bytes, where: str) -> dict[str, dict[str, torch.Tensor]]:
     return payload["slots"]
 
 
+def checkpointed_values(results, keys: Sequence[str]) -> dict[tuple[int, int], dict[str, torch.Tensor]]:
+    """Every client's slots as a checkpoint's files `keys` hold them (to inspect a checkpoint; a resume reads them
+    in the shards)."""
+    store = ClientStore()
+    for key in keys:
+        store.load(decode_part(results.read(key), f"{results.url}/{key}"), lambda k: np.ones(len(k), dtype=bool))
+    return store.values()
+
+
 # --- what a run's slots are and whether they fit ---------------------------------------------------------------
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from fedharness.base import streams
-from fedharness.contracts import ClientWork, Compressor, RoundPlan, UpdateStage
+from fedharness.contracts import ClientSlot, ClientWork, Compressor, RoundPlan, UpdateStage
 from fedharness.keys import integer, number
 from fedharness.registry.groups import COMPRESSORS
 
@@ -167,15 +167,13 @@ class Compression(UpdateStage):
     compressor: Compressor
     error_feedback: bool = False
 
+    def client_slots(self, problem) -> tuple[ClientSlot, ...]:
+        """Error feedback's residual: float64 [dim] a client, none before its first round (KeepsClientState)."""
+        return (ClientSlot(RESIDUAL, (problem.dim,), torch.float64),) if self.error_feedback else ()
+
     def client_work(self, plan: RoundPlan, counters) -> CompressUpdates:
         return CompressUpdates(self.compressor, plan.seed, plan.stream_replicas, plan.round,
                                RESIDUAL if self.error_feedback else None)
 
     def upload_bytes(self, dim: int, value_bytes: int) -> int:
         return int(self.compressor.encoded_bytes(dim, value_bytes))
-
-
-def residual_bytes(replicas: int, num_clients: int, rounds: int, clients_per_round: int, dim: int) -> int:
-    """The most memory error feedback's residuals take: one float64 vector per (replica, client that has taken
-    part), at most min(N, rounds x clients per round) clients a replica."""
-    return replicas * min(num_clients, rounds * clients_per_round) * dim * 8

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedharness.contracts import ClientState, ControlVariate, LocalSolver, ServerContext, SolverState, WeightStats
+from fedharness.contracts import (ClientSlot, ClientState, ControlVariate, LocalSolver, ServerContext, SolverState,
+                                  WeightStats)
 from fedharness.registry.groups import part, part_names
 from fedharness.keys import Key, boolean, choice, number
 
@@ -129,6 +130,11 @@ def _plain_row_stats(tau: np.ndarray, step_lrs: np.ndarray, scale: np.ndarray) -
                        np.take_along_axis(ratio, last, axis=1), scale)
 
 
+def zero_control(w0: torch.Tensor, server_ctx) -> torch.Tensor:
+    """A client's c_i before its first round: 0 [m, dim] float64."""
+    return torch.zeros(w0.shape, dtype=torch.float64, device=w0.device)
+
+
 @part("solver", "scaffold")
 class ScaffoldSGD(LocalSGD):
     """SCAFFOLD, option II (Karimireddy et al.; Wang et al.'s cross-client VR correction).
@@ -144,6 +150,10 @@ class ScaffoldSGD(LocalSGD):
     """
 
     comm_factor = 2
+
+    def client_slots(self, problem) -> tuple[ClientSlot, ...]:
+        """Each client's c_i: float64 [dim], zero at its first round (contracts.KeepsClientState)."""
+        return (ClientSlot("control", (problem.dim,), torch.float64, zero_control),)
 
     def init_server_ctx(self, x: torch.Tensor) -> ControlVariate:
         return {"control": torch.zeros(x.shape, dtype=torch.float64, device=x.device)}

@@ -209,7 +209,39 @@ class SolverState(TypedDict, total=False):
 
 ServerState = Mapping[str, "torch.Tensor"]  # a server optimizer's: {} (sgd), MomentumState, AdamState
 ServerContext = Mapping[str, "torch.Tensor"]  # what a solver keeps on the server and sends the shards: {}, ControlVariate
-ClientState = Mapping[str, "torch.Tensor"]  # what a solver keeps per (replica, client) in its shard: {}, ControlVariate
+ClientState = Mapping[str, "torch.Tensor"]  # a (replica, client)'s slots by name, as its shard's ClientStore keeps them
+
+
+@dataclass(frozen=True)
+class ClientSlot:
+    """One value a part keeps per (replica, client) across rounds (SCAFFOLD's c_i, FedBN's buffers, error feedback's
+    residual, a personal model), in the ClientStore of the shard that owns the client (harness/core/client_store.py):
+    checkpointed by its shard, restored on resume, following the client at any shard count. `init(w0, server_ctx)`
+    gives the value at a client's first participation from the copies' round start w0 [m, dim] and the server
+    context's rows [m, ...]; None: the part is handed None there (and decides itself)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: "torch.dtype"
+    init: Callable[["torch.Tensor", Mapping[str, "torch.Tensor"]], "torch.Tensor"] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one (replica, client)'s value."""
+        import math
+
+        import torch  # here, not at the top: the contracts load no torch
+
+        return math.prod(self.shape) * torch.empty(0, dtype=self.dtype).element_size()
+
+
+@runtime_checkable
+class KeepsClientState(Protocol):
+    """A part (solver, update stage, model) that keeps something per client across rounds: it declares its slots,
+    which the run checks against memory_budget_gb before it starts and each shard's ClientStore keeps."""
+
+    def client_slots(self, problem: "Problem") -> tuple[ClientSlot, ...]:
+        """The slots this part reads and writes for `problem` (names unique within the run)."""
 
 
 # --- the model and the problem ------------------------------------------------------------------------------

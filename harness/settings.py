@@ -333,6 +333,9 @@ class RunSettings:
                            "faster, the bits depend on the split)", ("exact", "float")))
     memory_budget_gb: float | None = key(number("GB (10^9 bytes) a batched training or evaluation step may use",
                                                 lo=0, lo_open=True, null="half the device's free memory"))
+    client_slots_on_disk: bool = key(boolean("keep the clients' slots (SCAFFOLD's c_i, FedBN's buffers, error "
+                                             "feedback's residual, personal models) in a memory-mapped file per "
+                                             "shard instead of memory: for slots beyond memory_budget_gb"))
     reference_timeout_s: float | None = key(number("each exact solve (w*; all clients' F_k* together) gives up "
                                                    "after this long", lo=0, lo_open=True, null="no bound"))
     scale: str | None = key(text("an experiment's scale: an entry of its `scales` (smoke, paper)"))

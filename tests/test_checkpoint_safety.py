@@ -44,7 +44,10 @@ def test_resume_from_a_weights_only_checkpoint_is_bit_identical(tmp_path):
     _crash_at(tmp_path / "cut", 10)  # last checkpoint at round 8
     state = tmp_path / "cut" / "checkpoints" / "run_id=victim" / "state.pt"
     payload = torch.load(state, weights_only=True)  # plain data: no class needs unpickling
-    assert payload["round"] == 8 and payload["client_state"]
+    # one shard: its c_i written by itself at rounds 4 and 8, the state naming both files
+    assert payload["round"] == 8 and [f.split("/")[-1] for f in payload["client_files"]] == [
+        "round=00000004-clients=0-12.pt", "round=00000008-clients=0-12.pt"]
+    assert "client_state" not in payload  # the driver holds no client's slots
     execute(load_settings([f"results_dir={tmp_path / 'cut'}", *RUN, "resume=victim"]))
     got, want = read_rounds(tmp_path / "cut", "victim"), read_rounds(tmp_path / "whole", "whole")
     assert [(r["series"], r["round"], r["replica"]) for r in got] == [(r["series"], r["round"], r["replica"])
@@ -80,8 +83,22 @@ def test_a_checkpoint_of_another_format_is_refused(tmp_path):
     results = tmp_path / "results"
     _crash_at(results, 6)
     torch.save({"format": 1, "round": 4}, results / "checkpoints" / "run_id=victim" / "state.pt")
-    with pytest.raises(ConfigError, match="not a format-2 fedharness checkpoint"):
+    with pytest.raises(ConfigError, match="a format-1 checkpoint, this version resumes format 3 only"):
         execute(load_settings([f"results_dir={results}", *RUN, "resume=victim"]))
+
+
+def test_a_checkpoint_from_before_the_client_store_is_refused_in_one_line(tmp_path, capsys):
+    """Format 2 kept every client's state in state.pt, read by the driver: refused, nothing written."""
+    results = tmp_path / "results"
+    _crash_at(results, 6)
+    state = results / "checkpoints" / "run_id=victim" / "state.pt"
+    torch.save({"format": 2, "round": 4, "run_state": {}, "client_state": {(0, 1): {"control": torch.zeros(3)}}},
+               state)
+    before = sorted((p, p.stat().st_mtime_ns) for p in results.rglob("*") if p.is_file())
+    assert cli.main(["run", f"results_dir={results}", *RUN, "resume=victim"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "invalid value for 'resume'" in err and "format-2 checkpoint" in err
+    assert sorted((p, p.stat().st_mtime_ns) for p in results.rglob("*") if p.is_file()) == before
 
 
 def test_numpy_values_keep_their_bits():

@@ -190,7 +190,10 @@ def kept_state(settings, run_id: str) -> dict:
     """The client state of the run's last checkpoint, as `resume` loads it."""
     from fedharness.core.checkpoint import load_resume
 
-    return load_resume(settings.replace(resume=run_id)).client_state
+    from fedharness.core.client_store import checkpointed_values
+    from fedharness.results.store import open_store
+
+    return checkpointed_values(open_store(settings.results_dir), load_resume(settings.replace(resume=run_id)).client_files)
 
 
 def dim_of(settings) -> int:
@@ -284,8 +287,9 @@ def test_the_inline_bits_on_2_and_3_ray_shards(local_ray, tmp_path):
      "compress before dp"),
     (["compress=topk", "model=resnet18_bn", "kernel=loop"], "compress", "a model without buffers"),
     (["dataset=quadratic_lazy", "dataset.num_clients=100000000", "dataset.dim=1000", "rounds=100000",
-      "algorithm.clients_per_round=100", "memory_budget_gb=1", "compress=topk"], "compress.error_feedback",
-     "above the memory budget of 1 GB"),
+      "algorithm.clients_per_round=100", "memory_budget_gb=1", "compress=topk"], "memory_budget_gb",
+     "the client slot 'ef_residual' (8,000 bytes a client; all slots 8,000) x 10,000,000 clients that can hold one x "
+     "2 replicas"),
 ])
 def test_bad_compression_input_is_one_line_exit_2_and_nothing_written(overrides, key, hint, tmp_path, capsys):
     results = tmp_path / "out"

@@ -177,7 +177,7 @@ def test_executors_references_and_exact_solve_capabilities_satisfy_their_protoco
     from fedharness.core.executors import InlineExecutor, LoopExecutor
     from fedharness.references.solve import Reference, solve_reference
 
-    members = ("local_updates", "get_state", "set_state", "close")
+    members = ("local_updates", "checkpoint", "restore", "keep_replicas", "client_scores", "close")
     for cls in (InlineExecutor, LoopExecutor, RayExecutor):
         assert all(callable(getattr(cls, m, None)) for m in members), cls
     problem = _quadratic()

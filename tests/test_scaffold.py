@@ -67,9 +67,9 @@ def test_scaffold_server_control_is_weighted_sum_of_client_controls(run_config):
                      "algorithm.clients_per_round=4", "replicas=2", "rounds=7")
     _, _, engine, outcome = _run_weighted(cfg, 7)
     shard = engine.executor.shards[0]
-    c_clients = sum(UNEQUAL_P[k] * s["control"] for (r, k), s in shard.client_state.items() if r == 0)
+    c_clients = sum(UNEQUAL_P[k] * s["control"] for (r, k), s in shard.get_state().items() if r == 0)
     torch.testing.assert_close(outcome.state.server_ctx["control"][0], c_clients, rtol=1e-12, atol=0)
-    assert len(shard.client_state) > 6 and c_clients.abs().max() > 1e-3  # both replicas' clients, non-trivial
+    assert len(shard.get_state()) > 6 and c_clients.abs().max() > 1e-3  # both replicas' clients, non-trivial
 
 
 def test_scaffold_same_trajectory_across_shards_and_reference_loop(run_config):

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from fedharness.algorithms.byzantine import Adversary
-from fedharness.algorithms.compression import Compression, residual_bytes
+from fedharness.algorithms.compression import Compression
 from fedharness.algorithms.registry import build_algorithm
 from fedharness.assembly.privacy import privacy_for
 from fedharness.assembly.systems import sampled_per_round
 from fedharness.config.schema import check_data_clients, stage_name
 from fedharness.contracts import Attack, Compressor, IndependentInclusion, Labelled, UpdateAggregator, UpdateStage
 from fedharness.core.buffers import buffer_dim
-from fedharness.core.executors import require_fits_budget
+from fedharness.core.client_store import declared_slots, require_slots_fit, slot_holders
+from fedharness.core.executors import entry_bytes, require_fits_budget
 from fedharness.core.stages import Stages
 from fedharness.errors import ConfigError, require
 from fedharness.extend import register_targets, stage_defaults
@@ -57,8 +58,8 @@ def adversary_for(settings: RunSettings, algorithm, problem) -> Adversary | None
 
 def compression_for(settings: RunSettings, problem) -> Compression | None:
     """The run's compressed updates as an update stage (None: compress=none); refused on a model with buffers
-    (their running statistics are averaged, not sent as an update) and where error feedback's residuals could
-    outgrow the memory budget."""
+    (their running statistics are averaged, not sent as an update) (error feedback's residuals are checked with the run's
+    other client slots: check_slots)."""
     compress = settings.compress
     if compress is None or compress.name == "none":
         return None
@@ -68,22 +69,21 @@ def compression_for(settings: RunSettings, problem) -> Compression | None:
     require(buffer_dim(problem) == 0, "compress", compress.name, f"a model without buffers: model "
             f"{settings.model.name}'s {buffer_dim(problem)} running statistics (BatchNorm) are averaged as they "
             "are, not sent as a compressed update")
-    if compress.error_feedback and problem.memory_budget is not None:
-        check_residuals(settings, problem)
     return Compression(built, bool(compress.error_feedback))
 
 
-def check_residuals(settings: RunSettings, problem) -> None:
-    """ConfigError naming compress.error_feedback unless the residuals of every client that may take part fit
-    the memory budget (a lazy population of 10^8 clients keeps one only for each client that has trained)."""
+def check_slots(settings: RunSettings, problem, solver, stages) -> None:
+    """ConfigError naming memory_budget_gb, the largest client slot and client_slots_on_disk unless a shard's
+    slots (every part's: SCAFFOLD's c_i, FedBN's buffers, error feedback's residual, a user's) for each of its
+    clients that can take part, and one client copy's step, fit the memory budget (a lazy population of 10^8
+    clients keeps slots only for the clients that trained)."""
+    slots = declared_slots(problem, [solver, *stages.stages])
     alg = settings.algorithm
     per_round = problem.num_clients if alg.sampler == "full" else alg.clients_per_round
-    need = residual_bytes(settings.replicas, problem.num_clients, settings.rounds, per_round, problem.dim)
-    clients = min(problem.num_clients, settings.rounds * per_round)
-    require(need <= problem.memory_budget, "compress.error_feedback", True,
-            f"false here, or a smaller run: error feedback keeps a float64 residual for each client that takes "
-            f"part, up to {need / 1e9:.3g} GB ({settings.replicas} replicas x {clients} clients x {problem.dim} "
-            f"coordinates), above the memory budget of {problem.memory_budget / 1e9:.3g} GB (memory_budget_gb)")
+    shards = settings.ray.num_shards if settings.executor == "ray" else settings.num_shards
+    holders = slot_holders(problem.num_clients, shards, settings.rounds, per_round)
+    require_slots_fit(slots, problem.memory_budget, holders, settings.replicas, entry_bytes(problem, solver, 1),
+                      settings.client_slots_on_disk)
 
 
 def stages_for(settings: RunSettings, algorithm, problem) -> Stages:

@@ -11,10 +11,13 @@ streams keyed by (seed, replica, round, client), so the trajectory equals the
 inline one bit for bit (with `sums: float`, up to float reassociation of the shard sums).
 
 Faults: a shard whose actor dies (process killed, node lost) is started again in
-its reserved bundle, rebuilds its data, gets its clients' state as of the last
-snapshot, re-runs the rounds since that snapshot (same inputs, so the same state)
-and then the failed round. Snapshots are taken every SNAPSHOT_EVERY rounds when
-the solver keeps client state, and whenever the engine checkpoints.
+its reserved bundle, rebuilds its data, reads its clients' slots from the files of
+the resumed checkpoint and of the snapshots since, re-runs the rounds since the last
+snapshot (same inputs, so the same state) and then the failed round. Every
+SNAPSHOT_EVERY rounds while clients keep slots, each shard writes the rows changed
+since its last snapshot to a folder the driver names (a local temporary folder: on a
+cluster of several nodes, a folder every node sees; core/client_store.py): the driver
+holds the files' names only, never the slots.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import dataclasses
 import math
 import os
 import resource
+import shutil
+import tempfile
 
 import numpy as np
 import ray
@@ -32,7 +37,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from fedharness.core import ray_cluster
 from fedharness.errors import ConfigError, require
-from fedharness.core.executors import ClientShard, RoundPlan, ShardResult, balanced_ranges, shard_of
+from fedharness.contracts import ClientScores
+from fedharness.core.executors import ClientShard, RoundPlan, ShardResult, balanced_ranges, merge_scores
+from fedharness.results.store import open_store
 from fedharness.assembly.build import algorithm_for, build_parts
 from fedharness.registry.plugins import Carried, install, snapshot, travel_by_value
 from fedharness.problems.population import total_size
@@ -59,7 +66,8 @@ class ShardActor:
         except ConfigError as err:  # e.g. data_dir missing on this node: reported by ready(), with the node
             self.error = (err.key, err.value, err.allowed)
             return
-        self.shard = ClientShard(problem, algorithm.solver, owned, settings.sums == "exact")
+        self.shard = ClientShard(problem, algorithm.solver, owned, settings.sums == "exact",
+                                 settings.client_slots_on_disk)
         self.device = problem.device
 
     def ready(self) -> dict:
@@ -73,13 +81,28 @@ class ShardActor:
         dev = self.device
         plan = dataclasses.replace(plan, server_ctx={k: v.to(dev) for k, v in plan.server_ctx.items()})
         result = self.shard.train(x.to(dev), plan)
-        return result.reply(), bool(self.shard.client_state)  # the sums' words: the driver builds the grids
+        return result.reply(), bool(self.shard.store)  # the sums' words: the driver builds the grids
+
+    def checkpoint(self, url: str, prefix: str, rnd: int, reader: str) -> list[str]:
+        """This shard's changed slots written by itself into the store at `url`; the keys."""
+        return self.shard.checkpoint(open_store(url), prefix, rnd, reader)
+
+    def restore(self, parts: list[tuple[str, list[str]]]) -> None:
+        """Its clients' slots from the files `parts` [(store url, keys)], in order."""
+        for url, keys in parts:
+            self.shard.restore(open_store(url), keys)
+
+    def keep_replicas(self, rows: np.ndarray) -> None:
+        self.shard.keep_replicas(rows)
+
+    def client_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray) -> ClientScores:
+        return self.shard.client_scores(x.to(self.device), replicas, clients)
 
     def get_state(self) -> dict:
         return self.shard.get_state()
 
-    def set_state(self, client_state: dict) -> None:
-        self.shard.set_state(client_state)
+    def close(self) -> None:
+        self.shard.close()
 
     def memory(self) -> dict[str, int]:
         """Peak resident bytes of this process: at start (imports only) and so far."""
@@ -125,7 +148,9 @@ class RayExecutor:
         self.threads = max(1, int(cpus))
         self.pg, self.actors, self.infos = None, [], []
         self.restarts = 0
-        self._restore_state: dict = {}
+        self._restore: list[tuple[str, list[str]]] = []  # (store url, keys): the files a restarted shard reads
+        self._snapshots = tempfile.mkdtemp(prefix="fedharness-snapshots-")  # the shards' snapshot files
+        self._snapshot_round = 0
         self._history: list[tuple[ray.ObjectRef, ray.ObjectRef]] = []
         self.plugins = snapshot()  # the user's registrations, for every shard (and every restarted one)
         if ray_settings.address is None and not ray.is_initialized():
@@ -193,8 +218,7 @@ class RayExecutor:
         for _ in range(int(self.ray_settings.max_restarts)):
             try:
                 actor = self._respawn(s)
-                mine = {k: v for k, v in self._restore_state.items() if shard_of(self.owned, k[1]) == s}
-                ray.get(actor.set_state.remote(mine))
+                ray.get(actor.restore.remote(self._restore))
                 for x_ref, plan_ref in self._history:
                     ray.get(actor.train.remote(x_ref, plan_ref))
                 return None if current is None else ray.get(actor.train.remote(*current))
@@ -233,23 +257,40 @@ class RayExecutor:
         if stateful:
             self._history.append((x_ref, plan_ref))
             if len(self._history) >= SNAPSHOT_EVERY:
-                self.get_state()
+                self._snapshot()
         return total.to(x.device)  # with an UpdateAggregator's raw updates (on the CPU), else []
 
-    def get_state(self) -> dict:
-        """All clients' state; also the point a restarted shard resumes from."""
-        merged: dict = {}
-        for part in self._call_all("get_state"):
-            merged.update(part)
-        self._restore_state, self._history = merged, []
-        return merged
+    def _snapshot(self) -> None:
+        """Each shard writes its slots changed since its last snapshot; the point a restarted shard resumes from."""
+        self._snapshot_round += 1
+        keys = self._call_all("checkpoint", self._snapshots, "snapshots", self._snapshot_round, "snapshot")
+        self._restore.append((self._snapshots, [key for part in keys for key in part]))
+        self._history = []
 
-    def set_state(self, client_state: dict) -> None:
-        parts = [{} for _ in self.actors]
-        for key, value in client_state.items():
-            parts[shard_of(self.owned, key[1])][key] = value
-        ray.get([a.set_state.remote(p) for a, p in zip(self.actors, parts)])
-        self._restore_state, self._history = dict(client_state), []
+    def checkpoint(self, results, prefix: str, rnd: int) -> list[str]:
+        return [key for part in self._call_all("checkpoint", results.url, prefix, rnd, "checkpoint") for key in part]
+
+    def restore(self, results, keys: list[str]) -> None:
+        self._restore, self._history = [(results.url, list(keys))], []
+        self._call_all("restore", self._restore)
+
+    def keep_replicas(self, rows: np.ndarray) -> None:
+        self._call_all("keep_replicas", rows)
+        self._restore = []  # the files before name the old rows: the snapshot after holds every row (all changed)
+        self._snapshot()
+
+    def client_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray) -> ClientScores:
+        x_ref = ray.put(x.detach().cpu())
+        calls = {}
+        for s, (lo, hi) in enumerate(self.owned):
+            mine = clients[(clients >= lo) & (clients < hi)]
+            if len(mine):
+                calls[s] = self.actors[s].client_scores.remote(x_ref, replicas, mine)
+        return merge_scores(clients, self.owned, lambda s, mine: ray.get(calls[s]))
+
+    def get_state(self) -> dict:
+        """Every kept slot value by (replica, client): for inspection (tests); the engine never asks."""
+        return {key: value for part in self._call_all("get_state") for key, value in part.items()}
 
     def shard_nodes(self) -> list[str]:
         """The Ray node id each shard runs on."""
@@ -260,6 +301,7 @@ class RayExecutor:
         return self._call_all("memory")
 
     def close(self) -> None:
+        shutil.rmtree(self._snapshots, ignore_errors=True)
         for actor in self.actors:
             try:
                 ray.kill(actor, no_restart=True)

@@ -8,7 +8,7 @@ after a round are b + sum_k c_k (b_k - b): the average weighted by the round's a
 FedAvg's, which sum to 1, the weighted mean of the clients' buffers), never moved by a server optimizer.
 
 `model.buffers=local` (FedBN, Li et al. 2021): each client starts a round from its own buffers as it ended its
-last one (the server's on its first round), kept in its shard's client state under "buffers", checkpointed
+last one (the server's on its first round), kept in its shard's ClientStore as the slot "buffers" (core/client_store.py), checkpointed
 with it. The server still keeps the average above, which evaluating the global model uses.
 """
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from fedharness.contracts import ClientState, Problem
+from fedharness.contracts import ClientSlot, ClientState, Problem
 
-STATE_KEY = "buffers"  # a client's own buffers in its ClientState (model.buffers=local)
+STATE_KEY = "buffers"  # a client's own buffers: its slot's name (model.buffers=local)
 
 
 def buffer_dim(problem: Problem) -> int:
@@ -29,6 +29,14 @@ def buffer_dim(problem: Problem) -> int:
 def local_buffers(problem: Problem) -> bool:
     """Whether each client keeps its own buffers between rounds (model.buffers=local)."""
     return buffer_dim(problem) > 0 and problem.objective.buffers == "local"
+
+
+def buffer_slots(problem: Problem) -> tuple[ClientSlot, ...]:
+    """FedBN's slot (model.buffers=local): each client's buffers, at its first round the server's."""
+    if not local_buffers(problem):
+        return ()
+    b = buffer_dim(problem)
+    return (ClientSlot(STATE_KEY, (b,), problem.dtype, lambda w0, ctx: w0[:, -b:]),)
 
 
 def take_buffers(g: torch.Tensor, b: int) -> torch.Tensor:

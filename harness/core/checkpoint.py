@@ -1,8 +1,11 @@
 """Checkpoints and resume: `checkpoint_every` rounds, and `fedharness run ... resume=<run_id>`.
 
 Layout: `<results_dir>/checkpoints/run_id=<id>/meta.json` (the run's config, written when
-the run starts) and `state.pt` (the latest RunState and every client's state, replaced
-whole), both through the run's results store (harness/results/store.py). A checkpoint carries the rows evaluated
+the run starts), `state.pt` (the latest RunState, replaced whole, and the list of client-slot files it continues
+from) and `clients/`: each shard's slots (core/client_store.py) written since its last checkpoint, one file per shard
+and checkpoint, written by the shard itself (the driver never holds the clients' slots) before state.pt names it;
+all through the run's results store (harness/results/store.py). Resuming, each shard reads every listed file (in
+order, later ones overwriting) and keeps its own clients' rows, at any shard count. A checkpoint carries the rows evaluated
 since the last one as a Parquet part, and writes that part to `rounds/` only after state.pt: a process killed
 between the two leaves the part in the checkpoint, and `restore_rows` (resume, and the command that finds the run
 lost) puts it in place. So a `rounds/` part never straddles a checkpoint, and the rows on disk always reach the
@@ -35,11 +38,11 @@ from fedharness.settings import RunSettings
 from fedharness.results import layout
 from fedharness.results.store import ResultsStore, open_store
 
-FORMAT = 2  # 2: numpy arrays as plain (dtype, shape, bytes), loadable with weights_only=True
+FORMAT = 3  # 3: the clients' slots in the shards' own files (2: in state.pt, read by the driver: refused)
 _NDARRAY = "__ndarray__"  # marks an encoded numpy array in a checkpoint
 # Keys that may differ between a run and its resumption: where and how it executes, not what it computes.
 RESUME_FREE = ("resume", "progress", "executor", "num_shards", "ray", "checkpoint_every", "results_dir", "wandb",
-               "reference_timeout_s")
+               "reference_timeout_s", "client_slots_on_disk")
 
 
 def _store(settings: RunSettings, store: ResultsStore | None) -> ResultsStore:
@@ -59,6 +62,8 @@ class Checkpointer(Callback):
         self.run_id = run_id
         self.sink, self.store, self.executor = sink, sink.store, executor
         self.every, self.eval_every, self.rounds = settings.checkpoint_every, settings.eval_every, settings.rounds
+        payload = _load_state(self.store, run_id)  # a resumed run's files so far (the shards add what changed)
+        self.client_files: list[str] = [] if payload is None else list(payload["client_files"])
         meta = layout.checkpoint_meta_key(run_id)
         if not self.store.exists(meta):  # a resumed run keeps its original meta
             text = json.dumps({"format": FORMAT, "run_id": run_id, "started_at": started,
@@ -88,11 +93,15 @@ class Checkpointer(Callback):
         self.sink.flush_clients()  # before the state: a kill between the two resumes from the checkpoint before
         part = self.sink.pending_part()  # the rows up to this round: in the state first, then in rounds/
         run_state = dict(vars(state))  # its fields by name; the parts' states are named tensors (harness/contracts.py)
+        # each shard writes its changed slots first: a kill before state.pt leaves files no checkpoint names
+        files = self.client_files + self.executor.checkpoint(self.store, layout.checkpoint_clients_folder(self.run_id),
+                                                             state.round)
         payload = {"format": FORMAT, "round": state.round, "run_state": _map(_to(run_state, "cpu"), _encode_array),
-                   "client_state": _map(self.executor.get_state(), _encode_array), "rows_part": part}
+                   "client_files": files, "rows_part": part}
         buf = io.BytesIO()
         torch.save(payload, buf)
         self.store.write(layout.checkpoint_state_key(self.run_id), buf.getvalue())
+        self.client_files = files
         self.sink.flush(part)
 
 
@@ -137,7 +146,7 @@ class Resume:
     run_id: str
     started: str
     state: RunState | None
-    client_state: dict
+    client_files: list[str]  # the shards' client-slot files (core/client_store.py), in the order written
 
     @property
     def round(self) -> int:
@@ -184,9 +193,9 @@ def load_resume(settings: RunSettings, store: ResultsStore | None = None) -> Res
     require(status not in ("ok", "diverged"), "resume", run_id, f"this run already finished (status {status})")
     payload = _load_state(store, run_id)
     if payload is None:
-        return Resume(run_id, meta["started_at"], None, {})
+        return Resume(run_id, meta["started_at"], None, [])
     run_state = RunState(**_to(_map(payload["run_state"], _decode_array), torch.device(settings.device)))
-    return Resume(run_id, meta["started_at"], run_state, _map(payload["client_state"], _decode_array))
+    return Resume(run_id, meta["started_at"], run_state, list(payload["client_files"]))
 
 
 def restore_rows(sink, run_id: str) -> int | None:
@@ -216,8 +225,9 @@ def _load_state(store: ResultsStore, run_id: str) -> dict | None:
     except Exception as err:  # UnpicklingError for a foreign pickle, RuntimeError or EOFError for a broken file
         raise ConfigError("resume", run_id, f"{path} is not a checkpoint fedharness wrote; refused to load it "
                           f"({_why_refused(err)})") from None
-    require(isinstance(payload, dict) and payload.get("format") == FORMAT, "resume", run_id,
-            f"{path} is not a format-{FORMAT} fedharness checkpoint (written by another version?)")
+    written = payload.get("format") if isinstance(payload, dict) else None
+    require(written == FORMAT, "resume", run_id, f"{path} is a format-{written} checkpoint, this version resumes "
+            f"format {FORMAT} only (format 2 and before kept the clients' state in state.pt; start the run again)")
     return payload
 
 

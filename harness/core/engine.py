@@ -21,7 +21,7 @@ from fedharness.contracts import (Algorithm, Callback, ClientScores, Coefficient
                                   ReplicaLayout, RoundContext, RoundPlan, RunOutcome, RunState, SeriesHook,
                                   Selection, UpdateAggregator, WeightStats)
 from fedharness.base.interrupts import atomic
-from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, average_into, buffer_dim, local_buffers
+from fedharness.core.buffers import average_into, buffer_dim, local_buffers
 from fedharness.core.clock import SystemsClock, link_seconds, rescaled
 from fedharness.core.exact_sum import Grids
 from fedharness.core.executors import ShardResult
@@ -378,14 +378,13 @@ class Engine:
         return rows
 
     def _client_scores(self, x: torch.Tensor, replica_ids: np.ndarray) -> ClientScores:
-        """The iterate's per-client scores (eval.per_client); FedBN's clients (model.buffers=local) with their own
-        buffers, as they ended their last round (a client that has not trained yet: the server's)."""
-        buffers = None
+        """The iterate's per-client scores (eval.per_client); FedBN's clients (model.buffers=local) scored in the
+        shards that keep their own buffers, as they ended their last round (a client that has not trained yet: the
+        server's)."""
         if local_buffers(self.problem):
-            row_of = {int(r): j for j, r in enumerate(replica_ids)}  # executor row -> row of x
-            buffers = {(row_of[r], k): s[BUFFERS_KEY] for (r, k), s in self.executor.get_state().items()
-                       if r in row_of and BUFFERS_KEY in s}
-        scores = self.problem.client_scores(x, self.client_eval, buffers)
+            scores = self.executor.client_scores(x, np.asarray(replica_ids), self.client_eval)
+        else:
+            scores = self.problem.client_scores(x, self.client_eval)
         self._scores = (np.asarray(replica_ids), scores)
         return scores
 
@@ -628,7 +627,6 @@ class BatchedEngine(Engine):
     def _keep_rows(self, state: RunState, rows: np.ndarray) -> None:
         """The remaining slots' rows of every per-replica array (state, plan parts, executor's client state)."""
         index = torch.as_tensor(rows, device=state.x.device)
-        client_state = self.executor.get_state()
         self.alg = slot_algorithm(self.slots, self.trainer)
         self.send_updates = isinstance(self.alg.aggregator, UpdateAggregator)
         self.layout = self.slots.layout()
@@ -644,9 +642,7 @@ class BatchedEngine(Engine):
             d = self._last_diag
             self._last_diag = replace(d, coef=d.coef[rows], tau_eff=d.tau_eff[rows], chi2=d.chi2[rows],
                                       slowdown=d.slowdown[rows])
-        if client_state:  # per (replica, client) state (SCAFFOLD's c_i, FedBN's buffers) follows its replica
-            new_row = {int(old): new for new, old in enumerate(rows)}
-            self.executor.set_state({(new_row[r], k): v for (r, k), v in client_state.items() if r in new_row})
+        self.executor.keep_replicas(rows)  # the slots (SCAFFOLD's c_i, FedBN's buffers) follow their replica
 
 
 

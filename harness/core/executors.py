@@ -1,7 +1,8 @@
 """Executors: where the sampled clients train. `inline` runs ClientShards in the driver process.
 
-A ClientShard owns a fixed set of clients and their state (SCAFFOLD control
-variates). It trains all its sampled clients of all replicas as one batched
+A ClientShard owns a fixed set of clients and their state: the slots parts declare (SCAFFOLD's c_i, FedBN's
+buffers, error feedback's residual) in its ClientStore (core/client_store.py), which it checkpoints, restores,
+re-keys and evaluates with itself, so the driver never holds them. It trains all its sampled clients of all replicas as one batched
 computation and returns, per replica, exact partial sums (sum_k c_k Delta_k and
 any control-variate sums; core/exact_sum.py), so traffic is O(shards x model), not O(clients x model), and the
 round's result has the same bits for any split of the clients into shards. Only for an aggregator that
@@ -19,9 +20,10 @@ import torch
 
 from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, buffer_dim, load_client_buffers, local_buffers, \
     take_buffers
+from fedharness.core.client_store import ClientStore, declared_slots, decode_part, encode_part
 from fedharness.core.exact_sum import ExactSum, FloatSum, Grids
-from fedharness.contracts import (ClientKeys, ClientState, ClientWork, LocalSolver, Problem, RoundPlan, SolverState,
-                                  UpdateChunk)
+from fedharness.contracts import (ClientKeys, ClientScores, ClientWork, LocalSolver, Problem, RoundPlan,
+                                  SolverState, UpdateChunk)
 from fedharness.errors import require
 
 
@@ -138,10 +140,12 @@ class ClientShard:
     sorted entries and their sums are added in entry order, so chunking does not change the result.
     """
 
-    def __init__(self, problem: Problem, solver: LocalSolver, owned: tuple[int, int], exact_sums: bool = True):
+    def __init__(self, problem: Problem, solver: LocalSolver, owned: tuple[int, int], exact_sums: bool = True,
+                 on_disk: bool = False):
         self.problem, self.solver, self.exact_sums = problem, solver, exact_sums  # sums: exact | float
         self.lo, self.hi = owned  # clients lo..hi-1 are this shard's: O(1) whatever N is
-        self.client_state: dict[tuple[int, int], ClientState] = {}  # (replica, client) -> e.g. SCAFFOLD's c_i
+        # (replica, client) -> the declared slots (SCAFFOLD's c_i, FedBN's buffers); a stage's are declared by it
+        self.store = ClientStore(declared_slots(problem, [solver]), on_disk)
         self.budget = problem.memory_budget
         self._views: dict[str, Problem] = {}  # the stages' data views by name (label flipping's), built once
         self._entry_bytes: dict[int, int] = {}  # steps -> entry_bytes
@@ -214,12 +218,13 @@ class ClientShard:
         problem, solver, dev = self.problem, self.solver, x.device
         w0 = x[e.replica]
         w = w0.clone()
-        saved = [self.client_state.get((int(r), int(k)), {}) for r, k in zip(e.replica, e.clients)] \
-            if self.client_state else [{} for _ in e.clients]  # a stateless solver's: no lookups
+        ctx = {k: v[e.replica] for k, v in plan.server_ctx.items()}
+        saved = self.store.read(e.replica, e.clients, w0, ctx) if self.store.tables \
+            else [{} for _ in e.clients]  # a stateless solver's: no lookups
         b = buffer_dim(problem)  # trailing buffer entries (BatchNorm statistics): set by forward passes
         if local_buffers(problem):
             load_client_buffers(w, saved, b)
-        state = solver.init_state(w0, {k: v[e.replica] for k, v in plan.server_ctx.items()}, saved)
+        state = solver.init_state(w0, ctx, saved)
         steps = int(e.tau[0])
         seed = plan.seed if np.ndim(plan.seed) == 0 else plan.seed[e.replica]  # streams broadcast over seeds
         batches = problem.round_batches(ClientKeys(e.clients, plan.stream_replicas[e.replica], plan.round, seed,
@@ -246,11 +251,8 @@ class ClientShard:
         new_state, extras = solver.finish(w0, w, lr_sum, state, p)
         if local_buffers(problem):
             new_state = {**new_state, BUFFERS_KEY: w[:, -b:]}
-        if new_state:
-            for i, (r, k) in enumerate(zip(e.replica, e.clients)):
-                key = (int(r), int(k))  # the stages' state of the client kept beside the solver's
-                self.client_state[key] = {**self.client_state.get(key, {}),
-                                          **{name: v[i].clone() for name, v in new_state.items()}}
+        for name, values in new_state.items():  # the stages' slots of the client are kept beside the solver's
+            self.store.write(name, e.replica, e.clients, values)
         index = torch.as_tensor(e.replica, device=dev)
         delta = self.transformed(plan, w - w0, e, result) if transforms(plan) else None
         if plan.send_updates:  # leaves the device batch by batch, so device memory stays within the budget
@@ -272,21 +274,55 @@ class ClientShard:
             if work.kept is None:
                 out, counts = work.transform(out, e.replica, e.clients)
             else:
-                keys = [(int(r), int(k)) for r, k in zip(e.replica, e.clients)]
-                before = [self.client_state.get(key, {}).get(work.kept) for key in keys]
+                before = self.store.get(work.kept, e.replica, e.clients)
                 out, counts, after = work.transform(out, e.replica, e.clients, before)
-                for i, key in enumerate(keys):
-                    self.client_state.setdefault(key, {})[work.kept] = after[i].clone()
+                self.store.write(work.kept, e.replica, e.clients, after)
             for name, per_entry in counts.items():
                 per_replica = np.bincount(e.replica, weights=per_entry, minlength=result.shape[0]).astype(np.int64)
                 result.add_counts(name, per_replica)
         return out
 
-    def get_state(self) -> dict:
-        return {k: {n: v.cpu() for n, v in s.items()} for k, s in self.client_state.items()}
+    def checkpoint(self, results, prefix: str, rnd: int, reader: str = "checkpoint") -> list[str]:
+        """This shard's slots written since its last checkpoint (`reader` snapshot: since its last snapshot), as
+        one file under `prefix` in the results store (harness/results/store.py); the keys written (none: nothing
+        changed)."""
+        changed = self.store.take_changed(reader)
+        if not changed:
+            return []
+        key = f"{prefix}/round={rnd:08d}-clients={self.lo}-{self.hi}.pt"
+        results.write(key, encode_part(changed))
+        return [key]
 
-    def set_state(self, client_state: dict) -> None:
-        self.client_state = {k: dict(s) for k, s in client_state.items() if self.lo <= k[1] < self.hi}
+    def restore(self, results, keys: list[str]) -> None:
+        """This shard's clients' slots from the checkpoint files `keys` (every shard's, in order: later ones
+        overwrite), whatever the split that wrote them."""
+        for key in keys:
+            data = results.read(key)
+            if data is None:
+                raise FileNotFoundError(f"{results.url}/{key}: a client-slot file of the checkpoint is missing")
+            self.store.load(decode_part(data, f"{results.url}/{key}"), lambda k: (k >= self.lo) & (k < self.hi))
+        self.store.settle()
+
+    def keep_replicas(self, rows: np.ndarray) -> None:
+        self.store.keep_replicas(rows)
+
+    def client_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray) -> ClientScores:
+        """`clients` (this shard's) scored on their own held-out data by the models x [S, dim] of executor rows
+        `replicas` [S]; FedBN's with their own buffers (a client that has not trained yet: the server's)."""
+        buffers = None
+        if local_buffers(self.problem) and BUFFERS_KEY in self.store.tables:
+            buffers = {}
+            for j, r in enumerate(replicas):
+                own = self.store.get(BUFFERS_KEY, np.full(len(clients), r), clients)
+                buffers.update({(j, int(k)): v.to(x.device) for k, v in zip(clients, own) if v is not None})
+        return self.problem.client_scores(x, clients, buffers)
+
+    def get_state(self) -> dict:
+        """Every kept slot value by (replica, client): for inspection (tests); the engine never asks."""
+        return self.store.values()
+
+    def close(self) -> None:
+        self.store.close()
 
 
 def transforms(plan: RoundPlan) -> bool:
@@ -297,6 +333,21 @@ def transforms(plan: RoundPlan) -> bool:
 def prefix_state(state: SolverState, n: int) -> SolverState:
     """A solver's per-round state restricted to its first n client copies (every tensor has them on axis 0)."""
     return {k: v[:n] if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+def merge_scores(clients: np.ndarray, ranges: list[tuple[int, int]], score) -> ClientScores:
+    """The scores of `clients` (in their order) from `score(s, mine)`: shard s's scores of its own `mine`."""
+    parts = []
+    for s, (lo, hi) in enumerate(ranges):
+        at = np.flatnonzero((clients >= lo) & (clients < hi))
+        if len(at):
+            parts.append((at, score(s, clients[at])))
+    first = parts[0][1]
+    n = np.zeros(len(clients), dtype=first.n.dtype)
+    loss, acc = np.zeros((first.loss.shape[0], len(clients))), np.zeros((first.acc.shape[0], len(clients)))
+    for at, part in parts:
+        n[at], loss[:, at], acc[:, at] = part.n, part.loss, part.acc
+    return ClientScores(np.asarray(clients, dtype=np.int64), n, loss, acc, first.population)
 
 
 COST_GRID = 1 << 16  # clients at which a split reads the cost: every client up to this N, evenly spread above
@@ -332,11 +383,18 @@ class Executor(Protocol):
     def local_updates(self, x: torch.Tensor, plan: RoundPlan) -> ShardResult:
         """Train the plan's clients from the server models x [R, dim]; the shards' reduced sums."""
 
-    def get_state(self) -> dict:
-        """The clients' persistent state (SCAFFOLD's c_i), for a checkpoint."""
+    def checkpoint(self, results, prefix: str, rnd: int) -> list[str]:
+        """Each shard writes its clients' slots changed since its last checkpoint under `prefix` in the results
+        store; the keys written."""
 
-    def set_state(self, client_state: dict) -> None:
-        """Restore `get_state`'s state (resuming a run)."""
+    def restore(self, results, keys: list[str]) -> None:
+        """Each shard loads its clients' slots from the checkpoint files `keys` (resuming a run)."""
+
+    def keep_replicas(self, rows: np.ndarray) -> None:
+        """Only the slots of executor rows `rows`, renumbered 0.. (slots of a batch left)."""
+
+    def client_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray) -> ClientScores:
+        """`clients` scored in the shards that own them by the models x [S, dim] of executor rows `replicas`."""
 
     def close(self) -> None:
         """Release the shards (Ray actors); the executor is not used again."""
@@ -345,9 +403,9 @@ class Executor(Protocol):
 class InlineExecutor:
     """Shards in the driver process: the embedded default."""
 
-    def __init__(self, problem, solver, num_shards: int = 1, exact_sums: bool = True):
+    def __init__(self, problem, solver, num_shards: int = 1, exact_sums: bool = True, on_disk: bool = False):
         # one process: the split only decides whose state is whose, so equal counts do
-        self.shards = [ClientShard(problem, solver, owned, exact_sums) for owned in
+        self.shards = [ClientShard(problem, solver, owned, exact_sums, on_disk) for owned in
                        balanced_ranges(lambda k: np.ones(len(k)), problem.num_clients, num_shards)]
 
     def local_updates(self, x: torch.Tensor, plan: RoundPlan) -> ShardResult:
@@ -356,25 +414,35 @@ class InlineExecutor:
             total.add(shard.train(x, plan))
         return total
 
-    def get_state(self) -> dict:
-        merged: dict = {}
-        for shard in self.shards:
-            merged.update(shard.get_state())
-        return merged
+    def checkpoint(self, results, prefix: str, rnd: int) -> list[str]:
+        return [key for shard in self.shards for key in shard.checkpoint(results, prefix, rnd)]
 
-    def set_state(self, client_state: dict) -> None:
+    def restore(self, results, keys: list[str]) -> None:
         for shard in self.shards:
-            shard.set_state(client_state)
+            shard.restore(results, keys)
+
+    def keep_replicas(self, rows: np.ndarray) -> None:
+        for shard in self.shards:
+            shard.keep_replicas(rows)
+
+    def client_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray) -> ClientScores:
+        return merge_scores(clients, [(shard.lo, shard.hi) for shard in self.shards],
+                            lambda s, mine: self.shards[s].client_scores(x, replicas, mine))
+
+    def get_state(self) -> dict:
+        """Every kept slot value by (replica, client): for inspection (tests); the engine never asks."""
+        return {key: value for shard in self.shards for key, value in shard.get_state().items()}
 
     def close(self) -> None:
-        pass
+        for shard in self.shards:
+            shard.close()
 
 
 class LoopExecutor(InlineExecutor):
     """The slow path: one client at a time, gradients by plain autograd. Kept to check the fast path."""
 
-    def __init__(self, problem, solver, num_shards: int = 1, exact_sums: bool = True):
-        super().__init__(problem, solver, 1, exact_sums)
+    def __init__(self, problem, solver, num_shards: int = 1, exact_sums: bool = True, on_disk: bool = False):
+        super().__init__(problem, solver, 1, exact_sums, on_disk)
 
     def local_updates(self, x: torch.Tensor, plan: RoundPlan) -> ShardResult:
         shard = self.shards[0]

@@ -79,6 +79,11 @@ def checkpoint_meta_key(run_id: str) -> str:
     return f"{checkpoint_folder(run_id)}/meta.json"
 
 
+def checkpoint_clients_folder(run_id: str) -> str:
+    """Where the shards write their clients' slots (core/client_store.py), one file per shard and checkpoint."""
+    return f"{checkpoint_folder(run_id)}/clients"
+
+
 def checkpoint_state_key(run_id: str) -> str:
     return f"{checkpoint_folder(run_id)}/state.pt"
 

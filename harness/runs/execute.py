@@ -27,7 +27,7 @@ from fedharness.base.extras import require_extra
 from fedharness.runs.batch import Slot, batch_settings, check_batch, per_copy_values
 from fedharness.runs.lifecycle import (EvalFunction, RunInterrupted, RunRecord, end_status, error_text,
                                        interrupts_raised)
-from fedharness.assembly.build import algorithm_for, build_parts, stages_for
+from fedharness.assembly.build import algorithm_for, build_parts, check_slots, stages_for
 from fedharness.assembly.privacy import calibrated
 from fedharness.assembly.systems import clock_for
 from fedharness.base.runtime import apply_runtime, auto_threads, step_work, use_threads
@@ -52,13 +52,15 @@ def new_run_id() -> str:
 
 def build_executor(settings: RunSettings, problem, solver):
     if settings.executor == "loop":
-        return LoopExecutor(problem, solver, exact_sums=settings.sums == "exact")
+        return LoopExecutor(problem, solver, exact_sums=settings.sums == "exact",
+                            on_disk=settings.client_slots_on_disk)
     if settings.executor == "ray":
         require_extra("ray", "executor", "ray")  # without the extra: one line naming fedharness[ray]
         from fedharness.backends.ray_executor import RayExecutor
 
         return RayExecutor(settings, problem, solver)
-    return InlineExecutor(problem, solver, settings.num_shards, settings.sums == "exact")
+    return InlineExecutor(problem, solver, settings.num_shards, settings.sums == "exact",
+                          settings.client_slots_on_disk)
 
 
 @dataclass
@@ -85,6 +87,7 @@ def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Pre
     layout, series = build_series(settings.replicas, **settings.algorithm.params)  # rr=H needs a fixed H
     stages = stages_for(settings, algorithm, problem)  # before kernel timing and the reference solve: a refused
     # stage (a compressor on a model with buffers, ...) costs nothing and writes no cache entry
+    check_slots(settings, problem, algorithm.solver, stages)  # the clients' slots fit the budget, before any work
     resumed_kernel = checkpointed(settings, "kernel", store) if settings.resume else None
     settings = settings.replace(kernel=resolve_kernel(settings, problem, resumed_kernel))
     clock = clock_for(settings, algorithm, problem, client_bytes(problem, algorithm.solver, stages or Stages()),
@@ -231,7 +234,7 @@ def _execute(slots: Sequence[Slot], batch_id: str | None, store: ResultsStore | 
             if writes is not None:
                 writes.drain()  # every run is recorded running before any trains
             if resumed is not None and resumed.state is not None:
-                executor.set_state(resumed.client_state)
+                executor.restore(store, resumed.client_files)  # each shard reads its own clients' slots
             engine.run(resumed.state if resumed else None)
         except BaseException as err:  # every run still training ends with it, recorded; a signal goes on up
             engine.abort(err)

@@ -13,6 +13,7 @@ from fedharness import cli
 from fedharness.algorithms.solvers import LocalSGD
 from fedharness.config.load import load_settings
 from fedharness.contracts import Callback, ClientSlot
+from fedharness.registry.groups import PARTS
 from fedharness.core.client_store import ClientStore, checkpointed_values
 from fedharness.results.store import open_store
 from fedharness.runs.execute import execute
@@ -48,7 +49,18 @@ class PersonalSGD(LocalSGD):
         return {"personal": w.double()}, {}
 
 
-fedharness.register_part("solver", "personal_sgd", PersonalSGD, keys={"pull": fedharness.keys.number("pull", lo=0)})
+@pytest.fixture(autouse=True, scope="module")
+def personal_sgd():
+    """The user's solver registered as from a notebook, and the part registries restored afterwards (a key of its
+    own, `pull`, must not leak into other test files that run in this process)."""
+    saved = [(reg, dict(reg), dict(reg.option_keys)) for reg in PARTS.values()]
+    fedharness.register_part("solver", "personal_sgd", PersonalSGD, keys={"pull": fedharness.keys.number("pull", lo=0)})
+    yield
+    for reg, options, keys in saved:
+        reg.clear()
+        reg.update(options)
+        reg.option_keys.clear()
+        reg.option_keys.update(keys)
 
 RUN = ["dataset=quadratic", "dataset.num_clients=12", "dataset.dim=6", "dataset.curvature=diagonal", "dtype=float64",
        "replicas=2", "algorithm.sampler=scheme_ii", "algorithm.clients_per_round=4", "algorithm.local_steps=3",

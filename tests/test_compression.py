@@ -132,6 +132,8 @@ def test_each_compressor_sends_what_an_independent_numpy_version_does(option, re
     keys, v = stacked(before)
     _, sent = stacked(after)
     want = reference(v, draws(keys, v.shape[1]))
+    # exact: the product documents its order of additions (tree_sums, repeated here by np_halves); the rest are
+    # selections and single correctly rounded operations (*, /, sqrt, floor): the same bits on any CPU
     assert np.array_equal(sent, want)
     assert not np.array_equal(sent, v)  # the update was compressed
 

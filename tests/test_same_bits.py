@@ -99,6 +99,7 @@ def test_exact_sums_do_not_depend_on_grouping_or_order():
         cuts = sorted(rng.choice(np.arange(1, 60), size=trial + 1, replace=False))
         assert torch.equal(split_sums(index, terms, grid, np.split(perm, cuts)), whole)
     rounded = on_grid(terms, grid)
+    # exact: no order of additions enters either side (the product's grid sum is exact, fsum's partials too)
     assert whole[0].tolist() == [math.fsum(rounded[:, j].tolist()) for j in range(3)]
     assert torch.equal(LimbSum.zeros((1, 3)).add_rows(index, rounded).value(), whole)
     oracle = LimbSum.zeros((1, 3)).add_rows(index, terms).value()  # the oracle on the terms themselves: their sum
@@ -118,6 +119,7 @@ def test_many_terms_in_one_row_stay_exact():
     total = split_sums(index, terms, grid, [np.arange(12000)])
     assert torch.equal(split_sums(index, terms, grid, [np.arange(7000), np.arange(7000, 12000)]), total)
     rounded = on_grid(terms, grid)
+    # exact: no order of additions enters either side (the product's grid sum is exact, fsum's partials too)
     assert total[0].tolist() == [math.fsum(rounded[:, j].tolist()) for j in range(2)]
     assert torch.equal(LimbSum.zeros((1, 2)).add_rows(index, rounded).value(), total)
     oracle = LimbSum.zeros((1, 2)).add_rows(index, terms).value()  # carries normalised on the way: still exact

@@ -22,6 +22,8 @@ from fedharness.runs.execute import execute
 from round_rows import rows, run_rows
 from test_same_bits import StopAt
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 BASE = ["dataset=digits", "rounds=4", "eval_every=2", "progress=false", "threads=1", "reference=off",
         "heterogeneity=false", "dtype=float64", "replicas=2", "algorithm.local_steps=5", "dataset.data_seed=0",
         "algorithm.sampler=scheme_ii", "algorithm.clients_per_round=5"]

@@ -16,10 +16,13 @@ independent operand, unless a line of the comparison, or the line above it, carr
   the matrix product `@`; a call of a numpy, scipy, torch or math function, or a method, named in FLOATING
   (sums, means, products, norms, linear algebra, transcendental functions; any function of scipy); or a call of
   a function that the same file defines whose body contains such work (followed through the file's functions).
-  Names are followed back through what the enclosing function assigned to them (`=`, `+=`, `for`, `with`).
+  Names are followed back through what the enclosing function assigned to them (`=`, `+=`, `for`, `with`): as
+  far back as assignments go for the calls, one assignment back for `==` and `!=` (which also compare counts,
+  names and shapes everywhere: one operand that cannot hold a float, len(...), a string, a shape, a literal, is
+  left out, and so are comparisons outside an assert's test, inside a subscript (a filter) or with pytest.approx).
 * Not flagged: elementwise +, -, *, /, sqrt (correctly rounded: the same bits everywhere), selections, copies,
-  casts, and integer work under names outside FLOATING. `.sum()` on counts is left out of FLOATING for that
-  reason; `np.sum`, `torch.sum` and `.mean()` are in.
+  casts, and integer work under names outside FLOATING. For that reason the method x.sum() (of counts as often
+  as not) is left out; `np.sum`, `torch.sum` and `.mean()` are in.
 
 Run `python tests/test_exact_comparisons.py` for every exact comparison with an independent operand, marked or not.
 """
@@ -62,14 +65,12 @@ class Finding:
 
 
 def _dotted(node: ast.AST) -> list[str]:
-    """`np.linalg.norm` -> ["np", "linalg", "norm"]; anything else ending in an attribute -> [..., attr]."""
+    """`np.linalg.norm` -> ["np", "linalg", "norm"]; [] for what is no chain of attributes from a name."""
     out = []
     while isinstance(node, ast.Attribute):
         out.append(node.attr)
         node = node.value
-    if isinstance(node, ast.Name):
-        out.append(node.id)
-    return out[::-1]
+    return [node.id, *out[::-1]] if isinstance(node, ast.Name) else []
 
 
 def _floating_call(call: ast.Call, helpers: set[str]) -> bool:

@@ -11,6 +11,8 @@ from fedharness.errors import ConfigError
 from fedharness.core.executors import InlineExecutor, entry_bytes
 from fedharness.runs.execute import execute, prepare
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 STEPS_HIGH = 9
 
 

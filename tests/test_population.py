@@ -16,6 +16,8 @@ from fedharness.assembly.build import build_parts
 from fedharness.problems import synthetic
 from fedharness.problems.population import BLOCK, ClientSizes, ClientWeights
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 SEED = 3
 
 

@@ -24,6 +24,8 @@ from fedharness.core.executors import InlineExecutor, RoundPlan
 from fedharness.core.stages import Stages
 from fedharness.runs.execute import execute
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 DIGITS = ["dataset=digits", "algorithm.sampler=poisson", "rounds=5", "eval_every=1", "progress=false", "threads=1", "reference=off",
           "heterogeneity=false", "dp.noise_multiplier=1.0", "dp.clip_norm=1.0", "dp.delta=1e-5"]
 COLUMNS = ("replica", "round", "train_loss", "test_loss", "test_acc", "epsilon", "dp_clip_norm", "local_steps",

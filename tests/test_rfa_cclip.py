@@ -15,6 +15,8 @@ from fedharness.core.executors import InlineExecutor
 from closeness import EPS64
 from ray_support import max_rel_diff, trajectory
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 
 def np_geometric_median(u: np.ndarray, w: np.ndarray, iters: int, nu: float) -> np.ndarray:
     a = w / w.sum()

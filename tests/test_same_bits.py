@@ -21,6 +21,8 @@ from fedharness.core.exact_sum import ExactSum, Grid
 from fedharness.runs.execute import execute
 from limb_sum import LimbSum
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 SMALL = ["dataset.num_clients=30", "algorithm.clients_per_round=10", "eval_every=250", "rounds=1000",
          "reference=off", "heterogeneity=false", "threads=1", "progress=false"]
 CASES = {

@@ -24,10 +24,11 @@ test: $(STAMP)  ## fast test suite on every core (slow tests too when FEDHARNESS
 test-all: $(STAMP)
 	FEDHARNESS_SLOW=1 $(MAKE) test
 
-# OpenBLAS and ATen pick their kernels by CPU, and comparisons with independent computations must hold under any:
-# ATen's plain (non-vectorized) kernels and OpenBLAS's Prescott ones run on every x86-64 machine (issue 46)
-test-kernels: $(STAMP)  ## the tests marked numeric under other kernels than this CPU's (ATen default, OpenBLAS Prescott)
-	ATEN_CPU_CAPABILITY=default OPENBLAS_CORETYPE=Prescott $(MAKE) test PYTEST_ARGS="-m numeric $(PYTEST_ARGS)"
+# OpenBLAS (numpy, scipy), MKL and ATen (torch) pick their kernels by CPU, and comparisons with independent
+# computations must hold under any: ATen's plain (non-vectorized) kernels, OpenBLAS's Prescott ones and MKL's
+# compatible code path run on every x86-64 machine (issue 46; MKL_CBWR is ignored where torch has no MKL)
+test-kernels: $(STAMP)  ## the tests marked numeric under other kernels than this CPU's (ATen default, OpenBLAS Prescott, MKL compatible)
+	ATEN_CPU_CAPABILITY=default OPENBLAS_CORETYPE=Prescott MKL_CBWR=COMPATIBLE $(MAKE) test PYTEST_ARGS="-m numeric $(PYTEST_ARGS)"
 
 bench: $(STAMP)  ## performance workloads (about 13 minutes); figures go to docs/performance.md
 	$(BIN)/python benchmarks/run.py $(ARGS)

@@ -35,4 +35,4 @@ def mean_rounding(values, eps: float = EPS64) -> float:
     sum|x| (sum_rounding) over n, and the division's eps/2 |mean| <= eps/2 mean|x|). Two computations of the mean
     (a table's and a test's own) differ by at most twice this."""
     values = np.abs(np.asarray(values, dtype=np.float64))
-    return float((len(values) + 1) * eps * values.mean())
+    return float((sum_rounding(values, eps=eps) + eps * values.sum()) / len(values))

@@ -8,11 +8,11 @@ import pytest
 import torch
 from scipy.optimize import minimize
 
+from closeness import EPS64
 from fedharness.algorithms.robust import CenteredClip, CoordinateMedian, GeometricMedian, Krum, TrimmedMean, WeightedMean
 from fedharness.assembly.build import build_parts
 from fedharness.base import streams
 from fedharness.core.executors import InlineExecutor
-from closeness import EPS64
 from ray_support import max_rel_diff, trajectory
 
 pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
@@ -139,7 +139,7 @@ def test_bucketing_averages_random_buckets_first(rule, n, size):
 def test_bucketing_serves_the_median_trimmed_mean_and_krum(n):
     u, w = updates(n=n)
     key = streams.stream_key(2, streams.BUCKETS, 0, 3, 0)
-    bu, bw = np_buckets(u, w, 2, key)
+    bu, _ = np_buckets(u, w, 2, key)
     # the product's bucket means and numpy's (w[g] @ u[g] goes to OpenBLAS, whose kernel depends on the CPU) are
     # each within np_bucket_rounding of the exact ones, so within `slack` of each other, never the same bits
     slack = 2 * np_bucket_rounding(u, w, 2, key)

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages bench-compression bench-systems reproduce robustness compression systems async-table async-speedup mutants list clean
+.PHONY: run test test-all test-kernels bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages bench-compression bench-systems reproduce robustness compression systems async-table async-speedup mutants list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -23,6 +23,12 @@ test: $(STAMP)  ## fast test suite on every core (slow tests too when FEDHARNESS
 
 test-all: $(STAMP)
 	FEDHARNESS_SLOW=1 $(MAKE) test
+
+# OpenBLAS (numpy, scipy), MKL and ATen (torch) pick their kernels by CPU, and comparisons with independent
+# computations must hold under any: ATen's plain (non-vectorized) kernels, OpenBLAS's Prescott ones and MKL's
+# compatible code path run on every x86-64 machine (issue 46; MKL_CBWR is ignored where torch has no MKL)
+test-kernels: $(STAMP)  ## the tests marked numeric under other kernels than this CPU's (ATen default, OpenBLAS Prescott, MKL compatible)
+	ATEN_CPU_CAPABILITY=default OPENBLAS_CORETYPE=Prescott MKL_CBWR=COMPATIBLE $(MAKE) test PYTEST_ARGS="-m numeric $(PYTEST_ARGS)"
 
 bench: $(STAMP)  ## performance workloads (about 13 minutes); figures go to docs/performance.md
 	$(BIN)/python benchmarks/run.py $(ARGS)

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pandas as pd
+from closeness import mean_rounding
 from study_sweeps import TARGET, at, mb_at, parquet_replicas, table_of, tiny_sweep, written
 
 from fedharness.studies import async_table
@@ -62,7 +63,9 @@ def test_the_table_matches_the_parquet_rows(tmp_path):
         assert row.seeds == REPLICAS == len(m) and row.reached == len(hit) and row.last_round == rounds
         assert (m["last_round"] == rounds).all()
         if len(hit):
-            assert row.sim_s_mean == hit["sim_s"].mean() and row.steps_mean == hit["step"].mean()
+            # two computations of a mean of seconds (the table's, pandas' here): within twice mean_rounding
+            assert abs(row.sim_s_mean - hit["sim_s"].mean()) <= 2 * mean_rounding(hit["sim_s"])
+            assert row.steps_mean == hit["step"].mean()  # exact: integer steps, summed exactly, divided once
             assert np.isclose(row.mb_mean, hit["mb"].mean())
             if len(hit) > 1:
                 assert np.isclose(row.sim_s_std, hit["sim_s"].std()) and np.isclose(row.steps_std,

@@ -25,6 +25,8 @@ from fedharness.core.stages import Stages
 from fedharness.registry.groups import ATTACKS
 from ray_support import trajectory
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 # 12 clients, 10 drawn without replacement a round: 10 distinct clients, so floor(0.2 * 10) = 2 are Byzantine.
 BASE = ["dataset.num_clients=12", "dataset.samples_per_client=30", "dtype=float64", "replicas=2",
         "algorithm.batch_size=10", "algorithm.local_steps=3", "algorithm.clients_per_round=10",

@@ -18,6 +18,8 @@ from fedharness.problems import MODELS, build_problem
 from fedharness.problems.client_eval import _by_owner, label_matched_split, evaluated_clients
 from fedharness.runs.execute import build_engine, build_executor, execute, prepare_run
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 DIGITS = ["dataset=digits", "dataset.num_clients=6", "algorithm.batch_size=8", "algorithm.local_steps=2",
           "algorithm.sampler=full", "rounds=2", "eval_every=1", "heterogeneity=false", "reference=off"]
 

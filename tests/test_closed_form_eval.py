@@ -13,6 +13,8 @@ from fedharness.problems import data
 from fedharness.problems.data import DataProblem
 from fedharness.problems.objectives import LinearRegression, SoftmaxRegression
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 FEATURES, CLASSES, TRAIN, TEST = 7, 4, 300, 120
 MODELS = {"logreg": SoftmaxRegression, "linreg": LinearRegression}
 

@@ -23,6 +23,8 @@ from fedharness.core.executors import InlineExecutor
 from fedharness.runs.execute import build_executor, execute
 from fakes import fake_mnist
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 W1 = ["dataset.samples_per_client=200", "dataset.num_clients=100", "algorithm.clients_per_round=10",
       "algorithm.local_steps=20", "algorithm.batch_size=24", "algorithm.client_lr=0.05"]
 WORKLOADS = {"w1": W1, "scaffold": [*W1, "algorithm=scaffold", "dtype=float64"],

@@ -23,6 +23,8 @@ from fedharness.runs.execute import execute
 from round_rows import rows, run_rows
 from test_same_bits import StopAt
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 BASE = ["dataset=digits", "rounds=4", "eval_every=2", "progress=false", "threads=1", "reference=off",
         "heterogeneity=false", "dtype=float64", "replicas=2", "algorithm.local_steps=5", "dataset.data_seed=0",
         "algorithm.sampler=scheme_ii", "algorithm.clients_per_round=5"]
@@ -133,6 +135,8 @@ def test_each_compressor_sends_what_an_independent_numpy_version_does(option, re
     keys, v = stacked(before)
     _, sent = stacked(after)
     want = reference(v, draws(keys, v.shape[1]))
+    # exact: the product documents its order of additions (tree_sums, repeated here by np_halves); the rest are
+    # selections and single correctly rounded operations (*, /, sqrt, floor): the same bits on any CPU
     assert np.array_equal(sent, want)
     assert not np.array_equal(sent, v)  # the update was compressed
 

@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pandas as pd
+from closeness import mean_rounding
 from study_sweeps import TARGET, at, mb_at, parquet_replicas, table_of, tiny_sweep, written
 
 from fedharness.studies import compression
@@ -44,8 +45,9 @@ def test_the_table_matches_the_parquet_rows(tmp_path):
         hit = m[m["reached"]]
         assert row.seeds == REPLICAS and row.reached == len(hit) and row.last_round == ROUNDS
         if len(hit):
-            assert row.rounds_mean == hit["round"].mean()
-            assert row.mb_mean == hit["mb"].mean()
+            assert row.rounds_mean == hit["round"].mean()  # exact: integer rounds, summed exactly, divided once
+            # two computations of a mean of megabytes (the table's, pandas' here): within twice mean_rounding
+            assert abs(row.mb_mean - hit["mb"].mean()) <= 2 * mean_rounding(hit["mb"])
             if len(hit) > 1:
                 assert np.isclose(row.rounds_std, hit["round"].std()) and np.isclose(row.mb_std, hit["mb"].std())
         else:

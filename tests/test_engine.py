@@ -13,6 +13,8 @@ from fedharness.core.executors import InlineExecutor, LoopExecutor
 from fedharness.references.solve import _newton_cg, solve_reference
 from fedharness.runs.execute import prepare
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 
 def _trajectory(cfg, executor_cls, rounds: int, num_shards: int = 1) -> torch.Tensor:
     problem, algorithm, _ = prepare(cfg)

@@ -15,6 +15,8 @@ from fedharness.problems.estimate import (AUTO_EXACT_SAMPLES, AUTO_SAMPLES, GRAD
                                           squared_norm_estimate)
 from fedharness.problems.objectives import NetObjective, SoftmaxRegression
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 N, CLASSES, FEATURES = 3000, 4, 6
 SEEDS = np.arange(400)
 

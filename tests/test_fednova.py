@@ -17,6 +17,8 @@ from fedharness.algorithms.solvers import LocalSGD
 from fedharness.references import closed_forms as cf
 from quadratic_runs import factor_layout, run_engine
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 TAU = [1, 2, 3, 5, 8, 13]
 BASE_LR = 0.05
 LR_FACTORS = [10.0, 1.0, 0.5, 0.25]  # eta = 0.5 (large), 0.05, 0.025, 0.0125

@@ -14,6 +14,8 @@ from fedharness.core.engine import Engine
 from fedharness.core.executors import InlineExecutor
 from fedharness.runs.execute import execute
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 
 def test_fedavg_with_heterogeneous_local_steps_stalls_at_the_lemma_1_surrogate_on_a_small_case():
     """Wang et al. (FedNova), Lemma 1: on F_i = 1/2 ||x - e_i||^2 with fixed tau_i, FedAvg's limit as eta -> 0 is

@@ -19,6 +19,8 @@ from fedharness.contracts import ClientKeys
 from fedharness.runs.execute import execute, prepare, prepare_run
 from fedharness.config.schema import TOP
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 
 def _prepared(settings) -> tuple[dict, object]:
     """prepare(settings); and the config the run records, its kernel resolved (prepare used to write it into a

@@ -10,6 +10,8 @@ from fedharness.core.executors import InlineExecutor
 from fedharness.assembly.build import build_parts
 from ray_support import trajectory
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 COMMON = ["dataset.num_clients=15", "dataset.alpha=0.5", "dataset.beta=0.5", "algorithm.clients_per_round=4",
           "algorithm.local_steps=5", "algorithm.batch_size=8", "algorithm.client_lr=0.1", "dtype=float64",
           "replicas=2", "rounds=6"]

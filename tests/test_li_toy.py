@@ -12,6 +12,8 @@ from fedharness.references import closed_forms as cf
 from fedharness.problems.li_toy import LiToyProblem, li_toy_matrices
 from quadratic_runs import factor_layout, run_engine
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 # N = 3 clients, p = 2: R^7. mu = 0.05 keeps the slowest rate (E eta lambda_min ~ 0.02 per round) testable.
 TOY = ("dataset=li_toy", "dataset.num_clients=3", "dataset.block=2", "dataset.mu=0.05",
        "algorithm.sampler=full", "algorithm.local_steps=1", "dtype=float64")

@@ -20,6 +20,8 @@ from fedharness.contracts import RoundPlan, UpdateChunk
 from fedharness.studies.tuning.optuna_parts import ask_trial, make_sampler, open_study
 from fedharness.studies.tuning.spec import build_spec
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 
 def test_a_run_of_no_rounds_spends_nothing_in_a_composition_even_without_noise():
     """A trial pruned before its first round released nothing: it adds nothing to what a study spent, even at z = 0

@@ -18,6 +18,8 @@ from fedharness.problems.nets import (
     count_params,
 )
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 
 def _vgg11_cifar_params() -> int:
     """VGG-11 on 3x32x32 by hand: 3x3 convs (k*k*c_in*c_out + c_out) and the classifier."""

@@ -16,6 +16,8 @@ from fedharness.assembly.build import build_parts
 from fedharness.problems import synthetic
 from fedharness.problems.population import BLOCK, ClientSizes, ClientWeights
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 SEED = 3
 
 
@@ -78,7 +80,7 @@ def test_block_draws_equal_the_cumulative_sum_search():
     u = np.random.default_rng(1).random((4, 5000))
     cdf = np.cumsum(full)
     want = np.searchsorted(cdf, np.floor(u * cdf[-1]), side="right")
-    assert np.array_equal(sizes.draw(u), want)
+    assert np.array_equal(sizes.draw(u), want)  # exact: integer sizes sum exactly; u * total rounds once, as here
     weights = ClientWeights(sizes)
     assert np.allclose(weights[np.array([0, 5, n - 1])], full[[0, 5, n - 1]] / full.sum(), rtol=1e-15)
     fixed = ClientSizes(n, constant=7)

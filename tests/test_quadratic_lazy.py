@@ -12,6 +12,8 @@ import fedharness
 from fedharness.problems.estimate import sample_clients, weighted_sum_estimate
 from fedharness.problems.quadratic_lazy import QuadraticPopulation
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 
 def _population(n: int, eval_clients: int = 10**9, eval_seed: int = 0, dim: int = 6) -> QuadraticPopulation:
     return QuadraticPopulation(n, dim, spread=0.7, mu=0.5, L=8.0, curvature_spread=0.6, noise=0.0, seed=3,

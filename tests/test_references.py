@@ -12,6 +12,8 @@ from fedharness.references import closed_forms as cf
 from fedharness.problems.li_toy import LiToyProblem
 from fedharness.runs.execute import execute, prepare
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 
 def _random_quadratic(seed: int = 0, n: int = 4, d: int = 3):
     rng = np.random.default_rng(seed)

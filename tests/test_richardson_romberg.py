@@ -13,6 +13,8 @@ from fedharness.errors import ConfigError
 from fedharness.runs.execute import execute
 from quadratic_runs import run_engine
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 H = 4
 # Heterogeneous gradients and Hessians (random curvature in [1, 3]): b_h != 0. Full participation, equal weights.
 QUAD = ("dataset=quadratic", "dataset.num_clients=5", "dataset.dim=3", "dataset.curvature=random",

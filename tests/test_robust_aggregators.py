@@ -25,6 +25,8 @@ from fedharness.core.executors import InlineExecutor, LoopExecutor, RoundPlan, e
 from fedharness.assembly.build import build_parts
 from ray_support import max_rel_diff, trajectory
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 # --- the rules, written plainly in numpy --------------------------------------------------------------------
 
 

@@ -4,6 +4,7 @@ samples, and the buffer is allocated once per round (a fresh one each step made 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from closeness import assert_close_to_scale
@@ -11,6 +12,8 @@ from fedharness.contracts import ClientKeys
 from fedharness.problems import data
 from fedharness.problems.data import DataProblem
 from fedharness.problems.objectives import SoftmaxRegression
+
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
 
 FEATURES, CLASSES, SAMPLES, CLIENTS, STEPS, BATCH = 5, 3, 200, 4, 6, 8
 

@@ -21,6 +21,8 @@ from fedharness.core.exact_sum import ExactSum, Grid
 from fedharness.runs.execute import execute
 from limb_sum import LimbSum
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 SMALL = ["dataset.num_clients=30", "algorithm.clients_per_round=10", "eval_every=250", "rounds=1000",
          "reference=off", "heterogeneity=false", "threads=1", "progress=false"]
 CASES = {
@@ -99,6 +101,7 @@ def test_exact_sums_do_not_depend_on_grouping_or_order():
         cuts = sorted(rng.choice(np.arange(1, 60), size=trial + 1, replace=False))
         assert torch.equal(split_sums(index, terms, grid, np.split(perm, cuts)), whole)
     rounded = on_grid(terms, grid)
+    # exact: no order of additions enters either side (the product's grid sum is exact, fsum's partials too)
     assert whole[0].tolist() == [math.fsum(rounded[:, j].tolist()) for j in range(3)]
     assert torch.equal(LimbSum.zeros((1, 3)).add_rows(index, rounded).value(), whole)
     oracle = LimbSum.zeros((1, 3)).add_rows(index, terms).value()  # the oracle on the terms themselves: their sum
@@ -118,6 +121,7 @@ def test_many_terms_in_one_row_stay_exact():
     total = split_sums(index, terms, grid, [np.arange(12000)])
     assert torch.equal(split_sums(index, terms, grid, [np.arange(7000), np.arange(7000, 12000)]), total)
     rounded = on_grid(terms, grid)
+    # exact: no order of additions enters either side (the product's grid sum is exact, fsum's partials too)
     assert total[0].tolist() == [math.fsum(rounded[:, j].tolist()) for j in range(2)]
     assert torch.equal(LimbSum.zeros((1, 2)).add_rows(index, rounded).value(), total)
     oracle = LimbSum.zeros((1, 2)).add_rows(index, terms).value()  # carries normalised on the way: still exact

@@ -17,6 +17,8 @@ from fedharness.problems.data import DataProblem
 from fedharness.problems.objectives import SoftmaxRegression
 from fedharness.runs.execute import prepare
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 N, K, DIM = 8, 3, 3
 DRAWS = 40_000  # Monte Carlo draws: one per replica of a single select call
 

@@ -14,6 +14,8 @@ from fedharness.assembly.build import algorithm_for
 from fedharness.runs.execute import prepare
 from quadratic_runs import run_engine
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 HETEROGENEOUS = ("dataset=quadratic", "dataset.num_clients=6", "dataset.dim=3", "dataset.curvature=random",
                  "dataset.mu=0.5", "dataset.L=2.0", "dataset.spread=2.0", "algorithm.local_steps=5",
                  "algorithm.client_lr=0.05", "dtype=float64", "rounds=400")

@@ -13,6 +13,8 @@ from fedharness.problems.objectives import LinearRegression, SoftmaxRegression
 from fedharness.problems.quadratic import QuadraticProblem
 from fedharness.runs.execute import prepare
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 
 def test_constant_and_inverse_round_exact():
     np.testing.assert_array_equal(schedules.Constant(0.3).step_lrs(7, 4), [0.3] * 4)

@@ -12,6 +12,8 @@ from fedharness.errors import ConfigError
 from fedharness.core.executors import InlineExecutor
 from fedharness.runs.execute import prepare
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 X0 = torch.tensor([[1.0, -2.0]], dtype=torch.float64)
 
 

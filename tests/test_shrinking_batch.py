@@ -17,6 +17,8 @@ from fedharness.core.executors import ClientShard, InlineExecutor, RoundPlan
 from fedharness.contracts import ClientKeys
 from fedharness.runs.execute import prepare
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 CASES = {
     "fedavg_random_epochs": ("algorithm.local_work=random_epochs", "algorithm.epochs_low=1",
                              "algorithm.epochs_high=3", "algorithm.batch_size=16"),

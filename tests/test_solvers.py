@@ -10,6 +10,8 @@ import torch
 from fedharness.algorithms.solvers import LocalSGD, ScaffoldSGD
 from fedharness.references import closed_forms as cf
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 TAU = np.array([[1, 2, 3, 7], [10, 20, 5, 1]])
 
 

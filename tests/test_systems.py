@@ -148,6 +148,7 @@ def test_deadline_and_over_selection_keep_the_clients_a_client_by_client_simulat
     if late_work == "partial":
         assert any(s < STEPS[k] for kept, *_ in log for k, s in kept)  # someone sent partial work
     counters = outcome.state.counters  # 24 bytes each way: the model reached more clients than it heard from
+    # exact: byte counts (integers)
     assert counters["bytes_down"][0] == 24 * sum(r for *_, r in log) > counters["bytes_up"][0] == 24 * sum(
         len(k) for k, *_ in log)
     final = outcome.state.x.double().numpy()[0]

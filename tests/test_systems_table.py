@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pandas as pd
+from closeness import mean_rounding
 from study_sweeps import TARGET, at, parquet_replicas, table_of, tiny_sweep, written
 
 from fedharness.studies import systems
@@ -44,7 +45,7 @@ def independent(res: str) -> pd.DataFrame:
 def test_the_table_matches_the_parquet_rows(tmp_path):
     res = sweep(tmp_path)
     mine = independent(res)
-    assert len(mine) == 4 * REPLICAS and (mine["last_round"] == ROUNDS).all()
+    assert len(mine) == 4 * REPLICAS and (mine["last_round"] == ROUNDS).all()  # exact: round numbers
     table = table_of(systems, res)
     names = [systems.label(r.algorithm, r.over_selection, r.deadline_s, r.late_work) for r in table.itertuples()]
     assert names == ["FedAvg", f"FedAvg, deadline {DEADLINE:g} s (drop)", "FedAvg, over-selection 1.5",
@@ -56,7 +57,9 @@ def test_the_table_matches_the_parquet_rows(tmp_path):
         hit = m[m["reached"]]
         assert row.seeds == REPLICAS == len(m) and row.reached == len(hit) and row.last_round == ROUNDS
         if len(hit):
-            assert row.sim_s_mean == hit["sim_s"].mean() and row.rounds_mean == hit["round"].mean()
+            # two computations of a mean of seconds (the table's, pandas' here): within twice mean_rounding
+            assert abs(row.sim_s_mean - hit["sim_s"].mean()) <= 2 * mean_rounding(hit["sim_s"])
+            assert row.rounds_mean == hit["round"].mean()  # exact: integer rounds, summed exactly, divided once
             if len(hit) > 1:
                 assert np.isclose(row.sim_s_std, hit["sim_s"].std()) and np.isclose(row.rounds_std,
                                                                                     hit["round"].std())

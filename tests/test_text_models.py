@@ -21,6 +21,8 @@ from fedharness.problems.objectives import NetObjective
 from fedharness.problems.text_nets import LSTM
 from fedharness.runs.execute import prepare
 
+pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
+
 SEQ, VOCAB = 80, 80  # LEAF's Shakespeare: 80 characters to the next one, an 80-letter vocabulary
 
 

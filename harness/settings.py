@@ -81,7 +81,8 @@ class RaySettings:
     address: str | None = key(Key(lambda v: v is None or (isinstance(v, str) and v != ""), "null, auto or host:port",
                                   "null: start a local Ray on 127.0.0.1; auto | host:port: join a running cluster"))
     num_shards: int = key(integer("long-lived ClientShard actors, each owning a cost-balanced set of clients", lo=1))
-    cpus_per_shard: float = key(number("CPUs reserved per shard (fractions allowed)", lo=0, lo_open=True))
+    cpus_per_shard: float = key(number("CPUs reserved per shard (fractions allowed); also the most torch threads "
+                                       "a shard uses", lo=0, lo_open=True))
     gpus_per_shard: float = key(number("GPU share per shard (needs device=cuda), e.g. 0.25", lo=0))
     placement: str = key(choice("spread (one shard per node where possible) | pack", ("spread", "pack")))
     connect_timeout_s: float = key(number("bounded wait for the cluster to answer (s)", lo=0, lo_open=True))

@@ -122,7 +122,9 @@ class RayExecutor:
         self.settings, self.ray_settings, self.problem = settings, ray_settings, problem
         n, cpus, gpus = ray_settings.num_shards, float(ray_settings.cpus_per_shard), float(ray_settings.gpus_per_shard)
         self.bundle = {"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {})}
-        self.threads = max(1, int(cpus))
+        # the run's threads (resolved and recorded: a resumed run's shards compute as before), within the CPUs a
+        # shard reserves
+        self.threads = max(1, min(int(cpus), settings.threads or int(cpus)))
         self.pg, self.actors, self.infos = None, [], []
         self.restarts = 0
         self._restore_state: dict = {}

@@ -315,9 +315,10 @@ class RunSettings:
                                       "optimizer, in order (docs/architecture.md): attack (the attack group), dp "
                                       "(the dp section), compress (the compress group) and your own "
                                       "(fedharness.register_stage)"))
-    threads: int | None = key(integer("torch threads; null: from the work of one local step, dim x clients per "
-                                      "round x batch x replicas: one thread per 2^20 of it, at least 1, at most "
-                                      "torch's default", lo=1, null="automatic"))
+    threads: int | None = key(integer("torch threads; null: at the run's start, from the work of one local step, "
+                                      "dim x clients per round x batch x replicas: one thread per 2^20 of it, at "
+                                      "least 1, at most torch's default and the cores other processes leave free; "
+                                      "recorded, and reused on resume", lo=1, null="automatic"))
     heterogeneity: bool = key(boolean("convex problems: solve every client's F_k* for Gamma = F* - sum p_k F_k*"))
     reference: str | bool = key(Key(lambda v: v in ("auto", "on", "off") or isinstance(v, bool),
                                     "one of: auto, on, off", "exact w*, F* for subopt/dist_to_opt: auto (where "

@@ -9,15 +9,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from fedharness.assembly.build import build_parts
 from fedharness.base import runtime
 from fedharness.config.load import load_settings
 from fedharness.runs.execute import execute, prepare_run
-from ray_support import read_rounds
+from ray_support import QUADRATIC, read_rounds
 
 # dim 100,000: the loss sums more than 2^16 values, and torch splits such a sum over its threads, so the rows'
 # bits differ between 1 and 2 threads (checked below); a step's work, dim x 5 clients x batch 24 = 12M, asks for 2.
-RUN = ["dataset=quadratic_lazy", "dataset.dim=100000", "dataset.num_clients=1000", "dataset.noise=0.5",
-       "dtype=float64", "algorithm.clients_per_round=5", "algorithm.local_steps=2", "rounds=4", "eval_every=1",
+RUN = ["dataset=quadratic_lazy", "dataset.dim=100000", "dataset.num_clients=100",
+       "dtype=float64", "algorithm.clients_per_round=5", "algorithm.local_steps=2", "eval_every=1",
        "reference=off", "heterogeneity=false", "progress=false"]
 COMPARED = ("train_loss", "grad_norm_sq", "subopt", "dist_to_opt")
 
@@ -61,41 +62,48 @@ def _crash_at(results, stop_round: int) -> None:
             raise RuntimeError("driver crashed")
 
     with pytest.raises(RuntimeError, match="driver crashed"):
-        execute(load_settings([f"results_dir={results}", *RUN, "checkpoint_every=2"]), run_id="cut", on_eval=on_eval)
+        execute(load_settings([f"results_dir={results}", *RUN, "rounds=4", "checkpoint_every=2"]), run_id="cut",
+                        on_eval=on_eval)
 
 
 def test_a_resumed_run_keeps_its_thread_count_under_another_load(tmp_path, two_cores):
+    """Started beside a busy process (1 core free: 1 thread), resumed on a quiet machine (2 free: a new run takes
+    2, with other bits): the resumed rounds repeat the uninterrupted run's bits."""
     free, _ = two_cores
-    execute(load_settings([f"results_dir={tmp_path / 'whole'}", *RUN]), run_id="whole")
-    assert _threads(tmp_path / "whole", "whole") == 2 and torch.get_num_threads() == 2
-    free["cores"] = 1  # another process now holds a core
-    execute(load_settings([f"results_dir={tmp_path / 'busy'}", *RUN]), run_id="busy")
-    assert _threads(tmp_path / "busy", "busy") == 1
-    assert _rows(tmp_path / "busy", "busy") != _rows(tmp_path / "whole", "whole")  # 1 and 2 threads: other bits
-
-    free["cores"] = 2
-    _crash_at(tmp_path / "cut", 3)  # last checkpoint at round 2
-    assert _checkpointed_threads(tmp_path / "cut", "cut") == 2
     free["cores"] = 1
-    execute(load_settings([f"results_dir={tmp_path / 'cut'}", *RUN, "checkpoint_every=2", "resume=cut"]))
-    assert _threads(tmp_path / "cut", "cut") == 2 and torch.get_num_threads() == 2
+    execute(load_settings([f"results_dir={tmp_path / 'whole'}", *RUN, "rounds=4"]), run_id="whole")
+    assert _threads(tmp_path / "whole", "whole") == 1 and torch.get_num_threads() == 1
+    free["cores"] = 2
+    execute(load_settings([f"results_dir={tmp_path / 'quiet'}", *RUN, "rounds=1"]), run_id="quiet")
+    assert _threads(tmp_path / "quiet", "quiet") == 2
+    quiet = _rows(tmp_path / "quiet", "quiet")  # rounds 0 and 1
+    assert quiet != _rows(tmp_path / "whole", "whole")[:2]  # 1 and 2 threads: other bits
+
+    free["cores"] = 1
+    _crash_at(tmp_path / "cut", 3)  # last checkpoint at round 2
+    assert _checkpointed_threads(tmp_path / "cut", "cut") == 1
+    free["cores"] = 2
+    execute(load_settings([f"results_dir={tmp_path / 'cut'}", *RUN, "rounds=4", "checkpoint_every=2",
+                           "resume=cut"]))
+    assert _threads(tmp_path / "cut", "cut") == 1 and torch.get_num_threads() == 1
     assert _rows(tmp_path / "cut", "cut") == _rows(tmp_path / "whole", "whole")  # the same bits, not just close
 
 
 def test_a_checkpoint_that_recorded_null_resumes_on_the_works_count(tmp_path, two_cores):
     """A checkpoint written before the count was recorded: the run resumes (its config still says null) on the
-    work's count, whatever the load."""
+    work's count, 2, whatever the load (1 core free here)."""
     free, calls = two_cores
-    execute(load_settings([f"results_dir={tmp_path / 'whole'}", *RUN]), run_id="whole")
+    free["cores"] = 1
     _crash_at(tmp_path / "cut", 3)
     meta = tmp_path / "cut" / "checkpoints" / "run_id=cut" / "meta.json"
     old = json.loads(meta.read_text())
     old["config"]["threads"] = None
     meta.write_text(json.dumps(old))
-    free["cores"], calls[:] = 1, []
-    execute(load_settings([f"results_dir={tmp_path / 'cut'}", *RUN, "checkpoint_every=2", "resume=cut"]))
-    assert _threads(tmp_path / "cut", "cut") is None and calls == []  # the load was not read
-    assert torch.get_num_threads() == 2 and _rows(tmp_path / "cut", "cut") == _rows(tmp_path / "whole", "whole")
+    calls[:] = []
+    result = execute(load_settings([f"results_dir={tmp_path / 'cut'}", *RUN, "rounds=4", "checkpoint_every=2",
+                                    "resume=cut"]))
+    assert result.status == "ok" and [r["round"] for r in result.rows] == [3, 4]
+    assert _threads(tmp_path / "cut", "cut") is None and torch.get_num_threads() == 2 and calls == []
 
 
 def test_tiny_work_takes_one_thread_without_reading_the_load(two_cores):
@@ -130,3 +138,18 @@ def test_free_cores_counts_a_core_idle_three_quarters_of_the_window(monkeypatch,
     monkeypatch.setattr(runtime, "_busy_seconds", lambda cpus: clock["busy"])
     monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 1})
     assert runtime.free_cores(0.2) == want
+
+
+@pytest.mark.slow  # starts a Ray shard process for each case
+@pytest.mark.parametrize("threads, cpus, want", [(1, 2, 1), (2, 1, 1), (2, 2, 2)])
+def test_ray_shards_take_the_runs_threads_within_their_cpus(local_ray, threads, cpus, want):
+    from fedharness.backends.ray_executor import RayExecutor
+
+    settings = load_settings([*QUADRATIC, "executor=ray", "ray.num_shards=1", f"ray.cpus_per_shard={cpus}",
+                              f"threads={threads}"])
+    problem, algorithm = build_parts(settings)
+    executor = RayExecutor(settings, problem, algorithm.solver)
+    try:
+        assert [info["threads"] for info in executor.infos] == [want]
+    finally:
+        executor.close()

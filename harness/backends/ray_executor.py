@@ -64,7 +64,7 @@ class ShardActor:
 
     def ready(self) -> dict:
         info = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "error": self.error,
-                "host_ip": ray.util.get_node_ip_address()}
+                "host_ip": ray.util.get_node_ip_address(), "threads": torch.get_num_threads()}
         if self.error is None:
             info["fingerprint"] = problem_fingerprint(self.shard.problem)
         return info

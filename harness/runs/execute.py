@@ -117,8 +117,8 @@ def set_threads(settings: RunSettings) -> None:
 
 def resolve_threads(settings: RunSettings, problem, store: ResultsStore | None = None) -> RunSettings:
     """`settings` with `threads: null` resolved, and torch set to it: threads_for now, or, for a resumed run, the
-    count its checkpoint recorded (GEMM's bits differ between thread counts: the resumed rounds must repeat the
-    uninterrupted ones whatever the load now). The runs/ row, the checkpoint and every Ray shard get the count. A
+    count its checkpoint recorded (torch splits a long sum between its threads, so the bits depend on the count:
+    the resumed rounds must repeat the uninterrupted ones whatever the load now). The runs/ row, the checkpoint and every Ray shard get the count. A
     checkpoint that recorded null (written before the count was recorded) keeps null, with the work's count."""
     threads = settings.threads
     if threads is None and settings.resume:

@@ -81,7 +81,8 @@ class RaySettings:
     address: str | None = key(Key(lambda v: v is None or (isinstance(v, str) and v != ""), "null, auto or host:port",
                                   "null: start a local Ray on 127.0.0.1; auto | host:port: join a running cluster"))
     num_shards: int = key(integer("long-lived ClientShard actors, each owning a cost-balanced set of clients", lo=1))
-    cpus_per_shard: float = key(number("CPUs reserved per shard (fractions allowed)", lo=0, lo_open=True))
+    cpus_per_shard: float = key(number("CPUs reserved per shard (fractions allowed); also the most torch threads "
+                                       "a shard uses", lo=0, lo_open=True))
     gpus_per_shard: float = key(number("GPU share per shard (needs device=cuda), e.g. 0.25", lo=0))
     placement: str = key(choice("spread (one shard per node where possible) | pack", ("spread", "pack")))
     connect_timeout_s: float = key(number("bounded wait for the cluster to answer (s)", lo=0, lo_open=True))
@@ -314,9 +315,10 @@ class RunSettings:
                                       "optimizer, in order (docs/architecture.md): attack (the attack group), dp "
                                       "(the dp section), compress (the compress group) and your own "
                                       "(fedharness.register_stage)"))
-    threads: int | None = key(integer("torch threads; null: from the work of one local step, dim x clients per "
-                                      "round x batch x replicas: one thread per 2^20 of it, at least 1, at most "
-                                      "torch's default", lo=1, null="automatic"))
+    threads: int | None = key(integer("torch threads; null: at the run's start, from the work of one local step, "
+                                      "dim x clients per round x batch x replicas: one thread per 2^20 of it, at "
+                                      "least 1, at most torch's default and the cores other processes leave free; "
+                                      "recorded, and reused on resume", lo=1, null="automatic"))
     heterogeneity: bool = key(boolean("convex problems: solve every client's F_k* for Gamma = F* - sum p_k F_k*"))
     reference: str | bool = key(Key(lambda v: v in ("auto", "on", "off") or isinstance(v, bool),
                                     "one of: auto, on, off", "exact w*, F* for subopt/dist_to_opt: auto (where "

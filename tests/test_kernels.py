@@ -116,6 +116,17 @@ def test_the_shard_count_does_not_change_autos_choice(run_config, tmp_path, time
     assert timed == [6]  # measured once: the other shard counts found the same entry
 
 
+def test_the_thread_count_does_not_change_autos_choice(run_config, tmp_path, timed):
+    """threads: null follows the load at a run's start: a run on another count reuses the choice (issue 47)."""
+    try:
+        for threads in (1, 2):
+            cfg, _ = _prepared(_cnn(run_config, tmp_path, f"threads={threads}"))
+            assert cfg["kernel"] == "loop" and cfg["threads"] == threads == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(1)  # the tests' setting (conftest)
+    assert timed == [3]  # measured once, at 1 thread
+
+
 def test_an_explicit_or_resumed_kernel_is_not_measured(run_config, tmp_path, timed):
     cfg = _cnn(run_config, tmp_path, "kernel=loop_channels_last")
     problem, _, _ = prepare(cfg)

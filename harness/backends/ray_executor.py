@@ -72,7 +72,7 @@ class ShardActor:
 
     def ready(self) -> dict:
         info = {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "error": self.error,
-                "host_ip": ray.util.get_node_ip_address()}
+                "host_ip": ray.util.get_node_ip_address(), "threads": torch.get_num_threads()}
         if self.error is None:
             info["fingerprint"] = problem_fingerprint(self.shard.problem)
         return info
@@ -145,7 +145,9 @@ class RayExecutor:
         self.settings, self.ray_settings, self.problem = settings, ray_settings, problem
         n, cpus, gpus = ray_settings.num_shards, float(ray_settings.cpus_per_shard), float(ray_settings.gpus_per_shard)
         self.bundle = {"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {})}
-        self.threads = max(1, int(cpus))
+        # the run's threads (resolved and recorded: a resumed run's shards compute as before), within the CPUs a
+        # shard reserves
+        self.threads = max(1, min(int(cpus), settings.threads or int(cpus)))
         self.pg, self.actors, self.infos = None, [], []
         self.restarts = 0
         self._restore: list[tuple[str, list[str]]] = []  # (store url, keys): the files a restarted shard reads

@@ -9,12 +9,16 @@ Keys (top level of the run config):
   memory_budget_gb  null | number > 0    bytes (10^9 per GB) one batched training or evaluation step may use;
                                          null: BUDGET_FRACTION of the device's free memory when the run starts
   threads           null | int >= 1      torch's intra-op threads; null: auto_threads of the work of one local
-                                         step, whatever the model is called (a built-in or a user's net)
+                                         step, whatever the model is called (a built-in or a user's net), and of
+                                         the cores other processes leave free (free_cores), at the run's start;
+                                         the run records the count, and a resumed run reuses it
 """
 
 from __future__ import annotations
 
+import math
 import os
+import time
 
 import torch
 
@@ -24,6 +28,11 @@ BUDGET_FRACTION = 0.5  # of the free device memory, for memory_budget_gb=null
 # handing work over (W1's 1 replica, 146k, runs no faster on 2 idle cores; its 64 replicas, 9.4M, run 1.5x
 # faster), and on a busy machine threads waiting for cores other processes hold cost 10-100x.
 WORK_PER_THREAD = 2**20
+# free_cores: the busy time of the cores is read over LOAD_WINDOW_S (100 Hz ticks: 0.2 s reads a core's share to
+# about 0.05), and a core counts as free when at least CORE_FREE of it was idle: a second thread that must share
+# its core waits for it at every parallel region (measured: benchmarks/bench_threads.py, docs/performance.md).
+LOAD_WINDOW_S = 0.2
+CORE_FREE = 0.75
 _SET: tuple[int, int] | None = None  # (threads use_threads set, the setting it replaced)
 
 
@@ -82,11 +91,40 @@ def available_threads() -> int:
     return _SET[1] if _SET is not None and _SET[0] == now else now
 
 
-def auto_threads(work: int, available: int | None = None) -> int:
+def auto_threads(work: int, available: int | None = None, load: bool = True) -> int:
     """`threads: null`: one thread per WORK_PER_THREAD multiply-adds of a step, at least 1, at most `available`
-    (default available_threads())."""
+    (default available_threads()) and, with `load`, at most free_cores() (measured only where the work wants
+    more than one thread)."""
     cap = available_threads() if available is None else available
-    return max(1, min(cap, work // WORK_PER_THREAD))
+    wanted = max(1, min(cap, work // WORK_PER_THREAD))
+    return min(wanted, free_cores()) if load and wanted > 1 else wanted
+
+
+def free_cores(window: float = LOAD_WINDOW_S) -> int:
+    """The cores of this process's CPU set that other processes leave free, at least 1: the cores less the time
+    they were busy over the next `window` seconds (/proc/stat), less this process's own CPU time in it; a core
+    counts when at least CORE_FREE of it is idle. Not the load average: it trails the load by a minute and
+    counts this process's own earlier work. Without /proc/stat (not Linux): the cores less the 1-minute load."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    try:
+        busy, own, start = _busy_seconds(cpus), time.process_time(), time.monotonic()
+        time.sleep(window)
+        others = (_busy_seconds(cpus) - busy - (time.process_time() - own)) / (time.monotonic() - start)
+    except (OSError, ValueError):
+        others = os.getloadavg()[0]
+    return max(1, math.floor(len(cpus) - others + 1 - CORE_FREE))
+
+
+def _busy_seconds(cpus: set[int]) -> float:
+    """Seconds the cpus `cpus` spent busy since boot: every /proc/stat field of theirs but idle and iowait."""
+    ticks = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                values = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal (guest: in user)
+                ticks += sum(values) - values[3] - values[4]
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def use_threads(threads: int) -> None:

@@ -187,6 +187,8 @@ def load_resume(settings: RunSettings, store: ResultsStore | None = None) -> Res
     if meta is None:
         raise ConfigError("resume", run_id, f"no checkpoint of this run under {store.url}/checkpoints/ (runs "
                           "write checkpoints when checkpoint_every > 0, under the same results_dir)")
+    if settings.threads is None:  # null resumes on the count the run recorded (runs/execute.py resolve_threads)
+        settings = settings.replace(threads=meta["config"].get("threads"))
     diffs = _differences(meta["config"], _plain(settings.config))
     require(not diffs, "resume", run_id, "the config differs from the checkpointed run's in: " + "; ".join(diffs))
     status = _run_status(store, run_id)

@@ -6,15 +6,18 @@
                        copies at once): wins where a grouped convolution is slower than K plain ones
   loop_channels_last   the loop with images and convolution weights in channels-last memory format (tensor cores
                        prefer it for convolutions on CUDA)
-  auto                 the fastest of those on this machine, for the run's model, batch size, dtype, precision,
-                       threads and copies per round: timed once (a few gradients each) and remembered in
+  auto                 the fastest of those on this machine, for the run's model, batch size, dtype, precision
+                       and copies per round: timed once (a few gradients each) and remembered in
                        $FEDHARNESS_CACHE/kernels.json, so later runs make the same choice and repeat bit for bit
                        (the formulations agree only up to rounding). Delete the entry to time it again.
                        Processes that miss the cache together measure one at a time (a lock beside the cache):
                        the first measures and writes, the others then read its choice, so runs started
                        together choose alike. The shard count is not in the key: a run's bits do not
                        depend on how its clients are split over shards (tests/test_same_bits.py), so 1 and
-                       3 shards must use the same formulation.
+                       3 shards must use the same formulation. Nor is the thread count: `threads: null`
+                       follows the machine's load at each run's start, and the kernels' times differ by 1-5%
+                       between 1 and 2 threads (issue 47), so a run at another count reuses the choice rather
+                       than timing again under whatever load made its count differ.
 Linear models have one formulation (their closed-form gradient) and ignore the key.
 """
 
@@ -109,8 +112,7 @@ def _auto(settings: RunSettings, problem) -> str:
     objective, device = problem.objective, problem.device
     copies = min(MEASURE_COPIES, copies_per_round(settings, problem.num_clients))
     key = json.dumps([CACHE_FORMAT, objective.name, objective.in_shape, objective.dim, copies, problem.batch_size,
-                      _device_name(device), str(problem.dtype), settings.precision,
-                      torch.get_num_threads(), torch.__version__])
+                      _device_name(device), str(problem.dtype), settings.precision, torch.__version__])
     remembered = _remembered(key, objective)
     if remembered is not None:
         return remembered

@@ -82,7 +82,7 @@ def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Pre
     """Build problem, algorithm and exact reference: every check that can fail happens here, before any file.
     `store`: where a resumed run's checkpoint is (default: settings.results_dir's store)."""
     problem, algorithm = build_parts(settings)
-    set_threads(settings, problem)  # threads=null follows the problem's size: before kernel timing and reference
+    settings = resolve_threads(settings, problem, store)  # before kernel timing and the reference
     settings = calibrated(settings)  # dp.target_epsilon: the noise multiplier, before the run starts
     layout, series = build_series(settings.replicas, **settings.algorithm.params)  # rr=H needs a fixed H
     stages = stages_for(settings, algorithm, problem)  # before kernel timing and the reference solve: a refused
@@ -111,22 +111,41 @@ def exact_references(settings: RunSettings, problem, reference) -> dict:
             "gamma_heterogeneity": None if minima is None else heterogeneity(problem, reference.f_star, minima)}
 
 
-def set_threads(settings: RunSettings, problem=None) -> None:
+def set_threads(settings: RunSettings) -> None:
     """The process's torch settings: `precision` and `deterministic` (harness/base/runtime.py), and intra-op
-    threads: `threads` if set; else, once the problem is built, threads_for(settings, problem)."""
-    if problem is None:
-        apply_runtime(settings.precision, settings.deterministic)  # cuBLAS reads `deterministic` at its 1st matmul
-    threads = settings.threads if settings.threads is not None or problem is None else threads_for(settings, problem)
-    if threads is not None:
-        use_threads(threads)
+    threads where `threads` is set (resolve_threads sets them once the problem is built)."""
+    apply_runtime(settings.precision, settings.deterministic)  # cuBLAS reads `deterministic` at its first matmul
+    if settings.threads is not None:
+        use_threads(settings.threads)
 
 
-def threads_for(settings: RunSettings, problem) -> int:
+def resolve_threads(settings: RunSettings, problem, store: ResultsStore | None = None) -> RunSettings:
+    """`settings` with `threads: null` resolved, and torch set to it: threads_for now, or, for a resumed run, the
+    count its checkpoint recorded (torch splits a long sum between its threads, so the bits depend on the count:
+    the resumed rounds must repeat the uninterrupted ones whatever the load now). The runs/ row, the checkpoint and every Ray shard get the count. A
+    checkpoint that recorded null (written before the count was recorded) keeps null, with the work's count."""
+    threads = settings.threads
+    if threads is None and settings.resume:
+        threads = checkpointed(settings, "threads", store)
+        if threads is None:
+            use_threads(threads_for(settings, problem, load=False))
+            return settings
+    if threads is None:
+        threads = threads_for(settings, problem)
+    use_threads(threads)
+    return settings.replace(threads=threads)
+
+
+def threads_for(settings: RunSettings, problem, load: bool = True) -> int:
     """`threads: null`: from the work of one local step (dim x clients per round x batch x replicas), not the
-    model's name, so a user's tiny net gets 1 thread like a built-in linear model and a big one gets more."""
+    model's name, so a user's tiny net gets 1 thread like a built-in linear model and a big one gets more; with
+    `load`, at most the cores other processes leave free on this machine (not measured for shards on a Ray
+    cluster elsewhere, `ray.address` set: their nodes' load is not this machine's)."""
     algo = settings.algorithm
     clients = problem.num_clients if algo.sampler == "full" else min(problem.num_clients, algo.clients_per_round)
-    return auto_threads(step_work(problem.dim, clients, settings.algorithm.batch_size, settings.replicas))
+    here = settings.executor != "ray" or settings.ray.address is None
+    return auto_threads(step_work(problem.dim, clients, settings.algorithm.batch_size, settings.replicas),
+                        load=load and here)
 
 
 def skips_grad_norm(problem) -> bool:
@@ -211,8 +230,8 @@ def _execute(slots: Sequence[Slot], batch_id: str | None, store: ResultsStore | 
     set_threads(base)
     store = open_store(base.results_dir) if store is None else store
     run = prepare_run(base, store)
-    recorded = [run.settings] if len(slots) == 1 else [s.replace(kernel=run.settings.kernel, dp=run.settings.dp)
-                                                       for s in settings]
+    recorded = [run.settings] if len(slots) == 1 else [s.replace(kernel=run.settings.kernel, dp=run.settings.dp,
+                                                                 threads=run.settings.threads) for s in settings]
     slots_of_batch = slot_set(run, recorded)
     exact = exact_references(run.settings, run.problem, run.reference)
     resumed = load_resume(run.settings, store) if run.settings.resume else None  # before any cluster or file

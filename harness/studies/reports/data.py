@@ -18,8 +18,8 @@ from fedharness.results.tables import read_run_table, run_table_keys
 from fedharness.runs.lifecycle import mark_lost_runs
 
 # Keys that do not change a trajectory, or that identify a run rather than a design point.
-IGNORED = ("seed", "results_dir", "study", "experiment", "progress", "executor", "num_shards", "device", "trial",
-           "eval_every", "heterogeneity", "checkpoint_every", "resume")
+IGNORED = ("seed", "results_dir", "study", "experiment", "progress", "executor", "num_shards", "threads", "device",
+           "trial", "eval_every", "heterogeneity", "checkpoint_every", "resume")
 IGNORED_PREFIXES = ("wandb.", "ray.")
 # When a key is fixed by the others (theory step sizes follow K and n; a horizon zipped with n), these go first.
 DERIVED_FIRST = ("algorithm.client_lr", "algorithm.server_lr", "rounds")

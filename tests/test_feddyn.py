@@ -64,9 +64,10 @@ def test_feddyn_reaches_the_optimum_where_fedavg_stalls_and_its_fixed_point_does
     problem, _, reference = prepare(cfg)
     dyn = {E: _final(run_config, "feddyn", E, *FULL) for E in (SOLVED, UNSOLVED)}
     avg = {E: _final(run_config, "fedavg", E, *FULL) for E in (SOLVED, UNSOLVED)}
-    assert _subopt(problem, dyn[SOLVED]).max() < 1e-10  # measured 9e-16: rounding of F in float64
+    assert _subopt(problem, dyn[SOLVED]).max() < 1e-10  # measured 0: F(x) rounds to F* in float64
     assert _subopt(problem, avg[SOLVED]).min() > 1e-3  # measured 0.019: FedAvg's heterogeneity bias
-    # FedDyn's fixed point is w* at any E (measured 4e-14 apart at E = 5 and 50); FedAvg's moves with E (0.03)
+    # FedDyn's fixed point is w* at any E (measured 1e-14 apart at E = 5 and 100, 7e-15 from w*); FedAvg's moves
+    # with E (0.032 apart)
     assert np.abs(dyn[SOLVED] - dyn[UNSOLVED]).max() < 1e-10
     assert np.abs(dyn[SOLVED] - reference.w_star).max() < 1e-10
     assert np.abs(avg[SOLVED] - avg[UNSOLVED]).max() > 1e-2
@@ -78,14 +79,14 @@ def test_feddyn_with_unequal_weights_reaches_the_weighted_optimum_and_keeps_each
     problem = engine.problem
     w_star, x = problem.optimum(), outcome.state.x.numpy()
     assert np.linalg.norm(w_star - prepare(cfg)[0].optimum()) > 0.5  # the weights move the optimum (0.84 here)
-    assert _subopt(problem, x).max() < 1e-10  # measured 0: F(x) rounds to F*
+    assert _subopt(problem, x).max() < 1e-10  # measured -4e-16: F(x) rounds to F*
     assert np.abs(x - w_star).max() < 1e-10  # measured 3e-13
     unsolved = _final(run_config, "feddyn", UNSOLVED, *FULL, rounds=100, weights=UNEQUAL_P)
-    assert np.abs(unsolved - x).max() < 1e-10  # the same fixed point at E = 5
+    assert np.abs(unsolved - x).max() < 1e-10  # the same fixed point at E = 5 (measured 4e-14 apart)
     fedavg = _final(run_config, "fedavg", SOLVED, *FULL, weights=UNEQUAL_P)
-    assert _subopt(problem, fedavg).min() > 1e-3  # FedAvg (q_k = p_k) with the same E: measured 0.016
+    assert _subopt(problem, fedavg).min() > 1e-3  # FedAvg (q_k = p_k) with the same E: measured 0.024
     # g_k is kept by the recursion g_k <- g_k - alpha (w_k - w), never recomputed; at the fixed point it is
-    # grad L_k(w*) = N p_k A_k (w* - e_k) (measured within 4e-13)
+    # grad L_k(w*) = N p_k A_k (w* - e_k) (measured within 5e-12)
     kept = engine.executor.shards[0].get_state()
     grads = 6 * UNEQUAL_P[:, None] * np.einsum("kde,ke->kd", problem.A_np, w_star[None] - problem.e_np)
     for (replica, k), slots in kept.items():
@@ -101,7 +102,7 @@ def test_feddyn_with_partial_participation_goes_below_fedavgs_floor(run_config):
 
     dyn, avg = subopts("feddyn"), subopts("fedavg")
     assert dyn[dyn[:, 0] == 100, 1].max() < 1e-10  # both replicas; measured 9e-16
-    assert avg[avg[:, 0] >= 50, 1].min() > 1e-3  # FedAvg's floor over its last 50 rounds: measured 0.27
+    assert avg[avg[:, 0] >= 50, 1].min() > 1e-3  # FedAvg's floor over its last 50 rounds: measured 0.18
 
 
 def test_h_is_the_mean_of_every_clients_g_k(run_config):

@@ -63,7 +63,7 @@ def test_feddyn_reaches_the_optimum_where_fedavg_stalls_and_its_fixed_point_does
     cfg = run_config(*QUADRATIC, "algorithm=feddyn", *FULL)
     problem, _, reference = prepare(cfg)
     dyn = {E: _final(run_config, "feddyn", E, *FULL) for E in (SOLVED, UNSOLVED)}
-    avg = {E: _final(run_config, "fedavg", E, *FULL) for E in (SOLVED, UNSOLVED)}
+    avg = {E: _final(run_config, "fedavg", E, *FULL, rounds=40) for E in (SOLVED, UNSOLVED)}  # at its fixed point
     assert _subopt(problem, dyn[SOLVED]).max() < 1e-10  # measured 0: F(x) rounds to F* in float64
     assert _subopt(problem, avg[SOLVED]).min() > 1e-3  # measured 0.019: FedAvg's heterogeneity bias
     # FedDyn's fixed point is w* at any E (measured 1e-14 apart at E = 5 and 100, 7e-15 from w*); FedAvg's moves
@@ -83,7 +83,7 @@ def test_feddyn_with_unequal_weights_reaches_the_weighted_optimum_and_keeps_each
     assert np.abs(x - w_star).max() < 1e-10  # measured 3e-13
     unsolved = _final(run_config, "feddyn", UNSOLVED, *FULL, rounds=100, weights=UNEQUAL_P)
     assert np.abs(unsolved - x).max() < 1e-10  # the same fixed point at E = 5 (measured 4e-14 apart)
-    fedavg = _final(run_config, "fedavg", SOLVED, *FULL, weights=UNEQUAL_P)
+    fedavg = _final(run_config, "fedavg", SOLVED, *FULL, rounds=40, weights=UNEQUAL_P)
     assert _subopt(problem, fedavg).min() > 1e-3  # FedAvg (q_k = p_k) with the same E: measured 0.024
     # g_k is kept by the recursion g_k <- g_k - alpha (w_k - w), never recomputed; at the fixed point it is
     # grad L_k(w*) = N p_k A_k (w* - e_k) (measured within 5e-12)
@@ -95,14 +95,14 @@ def test_feddyn_with_unequal_weights_reaches_the_weighted_optimum_and_keeps_each
 
 
 def test_feddyn_with_partial_participation_goes_below_fedavgs_floor(run_config):
-    def subopts(name: str) -> np.ndarray:
+    def subopts(name: str, rounds: int) -> np.ndarray:
         cfg = run_config(*QUADRATIC, f"algorithm={name}", f"algorithm.local_steps={SOLVED}", *PARTIAL)
-        _, outcome = _run(cfg, 100, eval_every=5)
+        _, outcome = _run(cfg, rounds, eval_every=5)
         return np.array([[r["round"], r["subopt"]] for r in outcome.rows])
 
-    dyn, avg = subopts("feddyn"), subopts("fedavg")
+    dyn, avg = subopts("feddyn", 100), subopts("fedavg", 60)
     assert dyn[dyn[:, 0] == 100, 1].max() < 1e-10  # both replicas; measured 9e-16
-    assert avg[avg[:, 0] >= 50, 1].min() > 1e-3  # FedAvg's floor over its last 50 rounds: measured 0.18
+    assert avg[avg[:, 0] >= 20, 1].min() > 1e-3  # FedAvg's floor from round 20 to 60: measured 0.18
 
 
 def test_h_is_the_mean_of_every_clients_g_k(run_config):

@@ -15,7 +15,8 @@ from fedharness.keys import Key, choice, number
 
 KEYS: dict[str, Key] = {  # harness/config/schema.py's rules add: tau_eff_value set when tau_eff=fixed
     "aggregator": choice("fedavg | fednova; seeing the updates (algorithms/robust.py): mean | "
-                         "median | trimmed_mean | krum | clipped_mean | geometric_median | centered_clip",
+                         "median | trimmed_mean | krum | clipped_mean | geometric_median | centered_clip; feddyn "
+                         "(FedDyn's plain mean)",
                          part_names("aggregator")),
     "tau_eff": choice("FedNova: steps (sum p tau) | l1 (sum p ||a||_1) | fixed", ("steps", "l1", "fixed")),
     "tau_eff_value": number("tau_eff=fixed: its value", lo=0, lo_open=True, null="not fixed"),
@@ -74,4 +75,20 @@ class NormalizedAverage(Aggregator):
             tau_eff = np.full(len(q), float(self.tau_eff_value))
         coef = q * tau_eff[:, None] / stats.l1
         chi2, slowdown = _diagnostics(p, coef, stats, tau, tau_eff)
+        return Coefficients(coef, tau_eff, chi2, slowdown)
+
+
+@part("aggregator", "feddyn")
+class PlainMean(Aggregator):
+    """FedDyn's server mean (Acar et al., Algorithm 1): Delta = (1/|P_t|) sum_{k in P_t} Delta_k, the plain mean of
+    the models of the |P_t| clients that returned, whatever their p_k (each f_k is scaled by N p_k instead:
+    FedDynSGD). Each returned draw is one client: FedDyn's samplers draw without replacement
+    (harness/config/schema.py feddyn_composes). tau_eff = sum_k c_k ||a_k||_1."""
+
+    def coefficients(self, q: np.ndarray, stats: WeightStats, tau: np.ndarray) -> Coefficients:
+        returned = (q != 0).astype(np.float64)
+        with np.errstate(invalid="ignore"):  # a replica nobody returned to: NaN, idled by the engine
+            coef = returned / returned.sum(1, keepdims=True)
+        tau_eff = (coef * stats.l1).sum(1)
+        chi2, slowdown = _diagnostics(coef, coef, stats, tau, tau_eff)
         return Coefficients(coef, tau_eff, chi2, slowdown)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedharness.contracts import AdamState, MomentumState, ServerOptimizer, ServerState
+from fedharness.contracts import AdamState, FedDynState, MomentumState, ServerOptimizer, ServerState
 from fedharness.registry.groups import part, part_names
 from fedharness.keys import Key, choice, number
 
@@ -101,3 +101,30 @@ class ServerAdam(ServerSGD):
         else:
             v.mul_(self.beta2).add_(sq, alpha=1.0 - self.beta2)
         return (x.double() + self.server_lr * m / (v.sqrt() + self.eps)).to(x.dtype)
+
+
+@part("server_optimizer", "feddyn")
+class FedDynServer(ServerOptimizer):
+    """FedDyn's server (Acar et al. 2021, Algorithm 1), from the plain mean Delta of the |P| returned clients'
+    updates (aggregator feddyn):
+
+        h <- h - alpha (1/N) sum_{k in P} Delta_k = h - alpha (|P| / N) Delta
+        x <- x + Delta - h / alpha                  (the mean of the clients' models, less h / alpha)
+
+    h starts at 0, so it stays the mean (1/N) sum_k g_k of every client's g_k (FedDynSGD); the N of 1/N is every
+    client, not only those of the round. |P| is the sampler's: N (full) or clients_per_round (yang_s2); the
+    schema refuses samplers, dropout and systems settings that would change it from round to round.
+    """
+
+    server_lr = None  # no server step size in FedDyn
+
+    def __init__(self, feddyn_alpha: float, num_clients: int, sampler: str, clients_per_round: int):
+        self.alpha = float(feddyn_alpha)
+        self.share = 1.0 if sampler == "full" else clients_per_round / num_clients  # |P| / N
+
+    def init_state(self, x: torch.Tensor) -> FedDynState:
+        return {"h": torch.zeros(x.shape, dtype=torch.float64, device=x.device)}
+
+    def step(self, x: torch.Tensor, delta: torch.Tensor, state: FedDynState, lr=None) -> torch.Tensor:
+        h = state["h"].sub_(self.alpha * self.share * delta)
+        return (x.double() + delta - h / self.alpha).to(x.dtype)

@@ -24,6 +24,8 @@ KEYS: dict[str, Key] = {
     "weight_decay": number("client weight decay", lo=0),
     "lr_decay": number("exponential decay of the local lr within a round", lo=0, hi=1, lo_open=True,
                        batchable=True),
+    "feddyn_alpha": number("FedDyn's alpha: client k minimizes N p_k f_k - <g_k, w> + alpha/2 ||w - w_r||^2 "
+                           "(solver, aggregator, server_optimizer feddyn)", lo=0, lo_open=True),
 }
 
 
@@ -131,7 +133,7 @@ def _plain_row_stats(tau: np.ndarray, step_lrs: np.ndarray, scale: np.ndarray) -
 
 
 def zero_control(w0: torch.Tensor, server_ctx) -> torch.Tensor:
-    """A client's c_i before its first round: 0 [m, dim] float64."""
+    """A client's vector before its first round (SCAFFOLD's c_i, FedDyn's g_k): 0 [m, dim] float64."""
     return torch.zeros(w0.shape, dtype=torch.float64, device=w0.device)
 
 
@@ -179,3 +181,51 @@ class ScaffoldSGD(LocalSGD):
 
     def update_server_ctx(self, ctx: ServerContext, extras: dict[str, torch.Tensor]) -> ControlVariate:
         return {**ctx, "control": ctx["control"] + extras["control"]}
+
+
+@part("solver", "feddyn")
+class FedDynSGD(LocalSGD):
+    """FedDyn's client (Acar et al. 2021, Algorithm 1): the minimizer of the dynamically regularized objective
+
+        L_k(w) - <g_k, w> + alpha/2 ||w - w_r||^2,   L_k = N p_k f_k,
+
+    found by local SGD on that objective divided by N p_k, f_k(w) - (<g_k, w> - alpha/2 ||w - w_r||^2) / (N p_k):
+    the same minimizer, with steps at the scale of f_k's own gradients (the authors' code divides alpha by the
+    client's N p_k so: alpha_coef / weight_list). After the round the client sets g_k+ = g_k - alpha (w_k - w_r),
+    the paper's recursion: with the local problem solved, g_k+ = grad L_k(w_k) (kept, never recomputed). g_k
+    starts at 0 and lives in the client's shard (slot feddyn_grad); a client that does not take part keeps its
+    own. Scaling f_k by N p_k (1 with equal weights) makes the fixed point argmin (1/N) sum_k L_k, the optimum of
+    sum_k p_k f_k. The shard gives each copy's p_k (SolverState p); sizing a step or reading the weights: 1.
+    """
+
+    def __init__(self, feddyn_alpha: float, num_clients: int, momentum: float = 0.0, nesterov: bool = False,
+                 mu: float = 0.0, weight_decay: float = 0.0, lr_decay: float = 1.0):
+        super().__init__(momentum, nesterov, mu, weight_decay, lr_decay)
+        self.alpha, self.num_clients = float(feddyn_alpha), num_clients
+
+    @property
+    def is_plain_sgd(self) -> bool:
+        return False  # the alpha term shrinks each gradient's weight in the delta, as a proximal term does
+
+    def client_slots(self, problem) -> tuple[ClientSlot, ...]:
+        """Each client's g_k: float64 [dim], zero at its first round (contracts.KeepsClientState)."""
+        return (ClientSlot("feddyn_grad", (problem.dim,), torch.float64, zero_control),)
+
+    def init_state(self, w0: torch.Tensor, server_ctx: ServerContext | None = None,
+                   saved: list[ClientState] | None = None) -> SolverState:
+        state = super().init_state(w0, server_ctx, saved)
+        zeros = torch.zeros(w0.shape, dtype=torch.float64, device=w0.device)
+        state["g_k"] = zeros if not saved else torch.stack([s["feddyn_grad"].to(w0.device) for s in saved])
+        state["linear"] = state["g_k"].to(w0.dtype)
+        return state
+
+    def update(self, w: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: SolverState) -> torch.Tensor:
+        pull = self.alpha * (w - state["w0"]) - state["linear"]
+        if "p" in state:
+            pull = pull / (self.num_clients * state["p"]).to(w.dtype)[:, None]
+        return super().update(w, g + pull, lr, state)
+
+    def finish(self, w0: torch.Tensor, w: torch.Tensor, lr_sum: torch.Tensor, state: SolverState,
+               p: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The client's new g_k (nothing summed: the server's h follows from the models, FedDynServer)."""
+        return {"feddyn_grad": state["g_k"] - self.alpha * (w - w0).double()}, {}

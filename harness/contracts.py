@@ -195,6 +195,12 @@ class AverageState(TypedDict):
     last: torch.Tensor  # the last iterate [R, dim]
 
 
+class FedDynState(TypedDict):
+    """FedDyn's server: h = (1/N) sum_k g_k, the mean of every client's g_k (Acar et al.)."""
+
+    h: torch.Tensor  # float64 [R, dim]
+
+
 class SolverState(TypedDict, total=False):
     """A local solver's state within one round: every tensor holds the M client copies on its first axis."""
 
@@ -205,6 +211,9 @@ class SolverState(TypedDict, total=False):
     correction: torch.Tensor  # SCAFFOLD: c - c_i in the model's dtype
     mu: torch.Tensor  # a batch of slots: each copy's own proximal mu [M, 1] (else the solver's own)
     momentum: torch.Tensor  # a batch of slots: each copy's own client momentum [M, 1]
+    p: torch.Tensor  # each copy's client weight p_k [M] float64, set by the shard after init_state
+    g_k: torch.Tensor  # FedDyn: the client's g_k [M, dim] float64
+    linear: torch.Tensor  # FedDyn: g_k in the model's dtype
 
 
 ServerState = Mapping[str, "torch.Tensor"]  # a server optimizer's: {} (sgd), MomentumState, AdamState

@@ -389,6 +389,34 @@ def dp_covered(cfg: dict[str, Any]) -> None:
                 f"> dp.noise_multiplier / 2 = {z / 2:g} (the count's noise is taken out of the update's budget)")
 
 
+FEDDYN_PARTS = ("solver", "aggregator", "server_optimizer")
+FEDDYN_SAMPLERS = ("full", "yang_s2")  # a fixed number of clients, uniformly without replacement
+
+
+def feddyn_composes(cfg: dict[str, Any]) -> None:
+    """FedDyn's three parts go together (the clients' g_k, the plain mean of their models, the server's h), and
+    every round the server hears from the |P| clients its h assumes (Acar et al., Algorithm 1)."""
+    acfg, systems = cfg["algorithm"], cfg["systems"]
+    named = [kind for kind in FEDDYN_PARTS if acfg[kind] == "feddyn"]
+    if not named:
+        return
+    why = f"with algorithm.{named[0]}=feddyn"
+    for kind in FEDDYN_PARTS:
+        require(acfg[kind] == "feddyn", f"algorithm.{kind}", acfg[kind], f"feddyn {why} (FedDyn's server step takes "
+                "the plain mean of its clients' models and its own h: algorithm=feddyn)")
+    require(acfg["sampler"] in FEDDYN_SAMPLERS, "algorithm.sampler", acfg["sampler"], f"full or yang_s2 {why} (its "
+            "server takes |P| / N from the sampler: a fixed number of clients, uniformly without replacement)")
+    require(acfg["dropout"] == 0, "algorithm.dropout", acfg["dropout"], f"0 {why} (its server assumes every sampled "
+            "client returns)")
+    for name, allowed in (("mode", "sync"), ("deadline_s", "null"), ("availability", "always"), ("over_selection", 1)):
+        value = "null" if systems[name] is None else systems[name]
+        require(value == allowed, f"systems.{name}", systems[name], f"{allowed} {why} (its server assumes every "
+                "sampled client returns, in its round)")
+    compress = (cfg.get("compress") or {}).get("name", NONE)
+    require(compress == NONE, "compress", compress, f"none {why} (its server's h must see the updates its clients' "
+            "g_k saw)")
+
+
 CLIENT_RULES = (shards_within_clients, sampled_within_clients, per_client_steps)  # the rules that need N
 
 
@@ -404,7 +432,7 @@ RULES: tuple[Callable[[dict[str, Any]], None], ...] = (
     sampled_within_clients,
     ranges_ordered, per_client_steps, part_groups_known, attack_known, stages_known, device_available,
     results_dir_writable,
-    dp_covered,
+    dp_covered, feddyn_composes,
 )
 
 

@@ -225,6 +225,8 @@ class ClientShard:
         if local_buffers(problem):
             load_client_buffers(w, saved, b)
         state = solver.init_state(w0, ctx, saved)
+        p = torch.as_tensor(problem.weights[e.clients], dtype=torch.float64, device=dev)
+        state["p"] = p  # each copy's client weight p_k (FedDyn scales f_k by N p_k)
         steps = int(e.tau[0])
         seed = plan.seed if np.ndim(plan.seed) == 0 else plan.seed[e.replica]  # streams broadcast over seeds
         batches = problem.round_batches(ClientKeys(e.clients, plan.stream_replicas[e.replica], plan.round, seed,
@@ -247,7 +249,6 @@ class ClientShard:
         sums = np.cumsum(plan.step_lrs, axis=-1)
         sums = sums[e.replica, e.tau - 1] if per_replica else sums[e.tau - 1]
         lr_sum = scale[:, 0].double() * torch.as_tensor(sums, dtype=torch.float64, device=dev)  # each client's steps
-        p = torch.as_tensor(problem.weights[e.clients], dtype=torch.float64, device=dev)
         new_state, extras = solver.finish(w0, w, lr_sum, state, p)
         if local_buffers(problem):
             new_state = {**new_state, BUFFERS_KEY: w[:, -b:]}

@@ -142,6 +142,7 @@ def test_slots_beyond_the_budget_are_refused_before_any_work_and_run_on_disk(tmp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'memory_budget_gb'" in err and "the client slot 'personal' (800 bytes" in err
     assert "x 200 clients that can hold one x 2 replicas" in err and "client_slots_on_disk=true" in err
+    assert "plus a batched step of 1 client copy (" in err  # the slots leave no room: one copy at least
     assert not refused.exists()  # nothing written
     execute(load_settings([f"results_dir={tmp_path / 'disk'}", *RUN, *BUDGET, "memory_budget_gb=0.0002",
                            "client_slots_on_disk=true"]), run_id="disk")

@@ -218,6 +218,13 @@ class ClientStore:
     def nbytes(self) -> int:
         return sum(table.nbytes for table in self.tables.values())
 
+    def held_bytes(self, new_clients: int) -> int:
+        """Memory the slots take once `new_clients` more (replica, client) pairs hold a row (an upper end: some may
+        hold one already); none on disk."""
+        if self.directory is not None:
+            return 0
+        return self.nbytes + new_clients * sum(table.slot.nbytes for table in self.tables.values())
+
     def close(self) -> None:
         self.tables = {}
         if self.directory is not None:
@@ -271,19 +278,24 @@ def declared_slots(problem: Problem, parts: Iterable[object]) -> tuple[ClientSlo
 
 
 def require_slots_fit(slots: Sequence[ClientSlot], budget: int | None, holders: int, replicas: int,
-                      step_bytes: int, on_disk: bool) -> None:
+                      copy_bytes: int, copies: int, on_disk: bool) -> None:
     """ConfigError naming the largest slot and client_slots_on_disk unless a shard's slots (slot bytes x the
-    clients of a shard that can hold one x replicas) and one batched step fit the memory budget."""
+    clients of a shard that can hold one x replicas) and its largest batched step fit the memory budget. The step
+    is `copies` client copies of `copy_bytes` each, or as many as the budget leaves beside the slots (the shard's
+    chunks: ClientShard.chunk_entries), at least one."""
     if budget is None or on_disk or not slots:
         return
     per_client = sum(slot.nbytes for slot in slots)
-    need = per_client * holders * replicas + step_bytes
+    held = per_client * holders * replicas
+    batch = min(copies, max(1, (budget - held) // copy_bytes))
+    need = held + batch * copy_bytes
     largest = max(slots, key=lambda slot: slot.nbytes)
     require(need <= budget, "memory_budget_gb", budget / 1e9,
             f"at least {need / 1e9:.3g} GB a shard: the client slot {largest.name!r} ({largest.nbytes:,} bytes a "
             f"client; all slots {per_client:,}) x {holders:,} clients that can hold one x {replicas} replicas, "
-            f"plus a batched step of {step_bytes / 1e9:.3g} GB; set {ON_DISK_KEY}=true to keep the slots in a "
-            "memory-mapped file per shard, or add shards")
+            f"plus a batched step of {batch:,} client cop{'y' if batch == 1 else 'ies'} ({batch * copy_bytes / 1e9:.3g} GB); "
+            f"set "
+            f"{ON_DISK_KEY}=true to keep the slots in a memory-mapped file per shard, or add shards")
 
 
 def slot_holders(num_clients: int, num_shards: int, rounds: int, per_round: int) -> int:

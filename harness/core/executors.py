@@ -151,12 +151,14 @@ class ClientShard:
         self._entry_bytes: dict[int, int] = {}  # steps -> entry_bytes
 
     def chunk_entries(self, steps: int, entries: int) -> int:
-        """Client copies per batched computation: all `entries`, or as many as the budget holds (>= 1)."""
+        """Client copies per batched computation: all `entries`, or as many as the budget holds beside the slots
+        kept in memory once every entry holds one (>= 1; the run's check made sure one copy fits)."""
         if self.budget is None:
             return entries
         if steps not in self._entry_bytes:  # a function of the round's length alone: worked out once per length
             self._entry_bytes[steps] = entry_bytes(self.problem, self.solver, steps)
-        return int(max(1, min(entries, self.budget // self._entry_bytes[steps])))
+        room = self.budget - self.store.held_bytes(entries)
+        return int(max(1, min(entries, room // self._entry_bytes[steps])))
 
     def entries(self, plan: RoundPlan) -> Entries:
         R, K = plan.clients.shape

@@ -83,9 +83,9 @@ class ShardActor:
         result = self.shard.train(x.to(dev), plan)
         return result.reply(), bool(self.shard.store)  # the sums' words: the driver builds the grids
 
-    def checkpoint(self, url: str, prefix: str, rnd: int, reader: str) -> list[str]:
-        """This shard's changed slots written by itself into the store at `url`; the keys."""
-        return self.shard.checkpoint(open_store(url), prefix, rnd, reader)
+    def checkpoint(self, url: str, prefix: str, rnd: int, reader: str, every: bool = False) -> list[str]:
+        """This shard's changed slots (`every`: all) written by itself into the store at `url`; the keys."""
+        return self.shard.checkpoint(open_store(url), prefix, rnd, reader, every)
 
     def restore(self, parts: list[tuple[str, list[str]]]) -> None:
         """Its clients' slots from the files `parts` [(store url, keys)], in order."""
@@ -267,8 +267,9 @@ class RayExecutor:
         self._restore.append((self._snapshots, [key for part in keys for key in part]))
         self._history = []
 
-    def checkpoint(self, results, prefix: str, rnd: int) -> list[str]:
-        return [key for part in self._call_all("checkpoint", results.url, prefix, rnd, "checkpoint") for key in part]
+    def checkpoint(self, results, prefix: str, rnd: int, every: bool = False) -> list[str]:
+        return [key for part in self._call_all("checkpoint", results.url, prefix, rnd, "checkpoint", every)
+                for key in part]
 
     def restore(self, results, keys: list[str]) -> None:
         self._restore, self._history = [(results.url, list(keys))], []

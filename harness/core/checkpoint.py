@@ -3,7 +3,9 @@
 Layout: `<results_dir>/checkpoints/run_id=<id>/meta.json` (the run's config, written when
 the run starts), `state.pt` (the latest RunState, replaced whole, and the list of client-slot files it continues
 from) and `clients/`: each shard's slots (core/client_store.py) written since its last checkpoint, one file per shard
-and checkpoint, written by the shard itself (the driver never holds the clients' slots) before state.pt names it;
+and checkpoint, written by the shard itself (the driver never holds the clients' slots) before state.pt names it
+(once the files listed come from COMPACT_AFTER checkpoints, the next one writes each shard's whole table and the
+files before it are deleted);
 all through the run's results store (harness/results/store.py). Resuming, each shard reads every listed file (in
 order, later ones overwriting) and keeps its own clients' rows, at any shard count. A checkpoint carries the rows evaluated
 since the last one as a Parquet part, and writes that part to `rounds/` only after state.pt: a process killed
@@ -39,6 +41,10 @@ from fedharness.results import layout
 from fedharness.results.store import ResultsStore, open_store
 
 FORMAT = 3  # 3: the clients' slots in the shards' own files (2: in state.pt, read by the driver: refused)
+# Once the listed client-slot files come from COMPACT_AFTER checkpoints, the next one writes every shard's whole
+# table and the files before it are dropped: a resume reads one full table and at most COMPACT_AFTER - 1 files of
+# changed rows a shard.
+COMPACT_AFTER = 8
 _NDARRAY = "__ndarray__"  # marks an encoded numpy array in a checkpoint
 # Keys that may differ between a run and its resumption: where and how it executes, not what it computes.
 RESUME_FREE = ("resume", "progress", "executor", "num_shards", "ray", "checkpoint_every", "results_dir", "wandb",
@@ -94,15 +100,25 @@ class Checkpointer(Callback):
         part = self.sink.pending_part()  # the rows up to this round: in the state first, then in rounds/
         run_state = dict(vars(state))  # its fields by name; the parts' states are named tensors (harness/contracts.py)
         # each shard writes its changed slots first: a kill before state.pt leaves files no checkpoint names
-        files = self.client_files + self.executor.checkpoint(self.store, layout.checkpoint_clients_folder(self.run_id),
-                                                             state.round)
+        folder = layout.checkpoint_clients_folder(self.run_id)
+        full = checkpoints_in(self.client_files) >= COMPACT_AFTER  # every shard's whole table, the chain dropped
+        written = self.executor.checkpoint(self.store, folder, state.round, full)
+        files = written if full else self.client_files + written
         payload = {"format": FORMAT, "round": state.round, "run_state": _map(_to(run_state, "cpu"), _encode_array),
                    "client_files": files, "rows_part": part}
         buf = io.BytesIO()
         torch.save(payload, buf)
         self.store.write(layout.checkpoint_state_key(self.run_id), buf.getvalue())
         self.client_files = files
+        if full:  # state.pt names the full tables alone now: the older files (and any a kill left) go
+            for key in set(self.store.list(folder)) - set(files):
+                self.store.delete(key)
         self.sink.flush(part)
+
+
+def checkpoints_in(client_files: list[str]) -> int:
+    """How many checkpoints wrote the chain of client-slot files (one file a shard and checkpoint, named by round)."""
+    return len({key.rsplit("/", 1)[-1].split("-clients=")[0] for key in client_files})
 
 
 def _map(obj, leaf: Callable[[Any], Any]):

@@ -88,10 +88,10 @@ class SlotTable:
         for dirty in self.dirty.values():
             dirty.update(at)
 
-    def take_changed(self, reader: str) -> dict[str, torch.Tensor]:
-        """The rows written since `reader`'s last call, as (replica, client, values) tensors; none are dirty for
-        it after."""
-        keys = sorted((row, key) for key, row in self.rows.items() if row in self.dirty[reader])
+    def take_changed(self, reader: str, every: bool = False) -> dict[str, torch.Tensor]:
+        """The rows written since `reader`'s last call (`every`: all rows), as (replica, client, values) tensors;
+        none are dirty for it after."""
+        keys = sorted((row, key) for key, row in self.rows.items() if every or row in self.dirty[reader])
         self.dirty[reader] = set()
         rows = [row for row, _ in keys]
         pairs = np.array([key for _, key in keys], dtype=np.int64).reshape(-1, 2)
@@ -182,9 +182,11 @@ class ClientStore:
             self.declare(ClientSlot(name, tuple(values.shape[1:]), values.dtype))
         self.tables[name].write(list(zip(replica.tolist(), clients.tolist())), values)
 
-    def take_changed(self, reader: str = "checkpoint") -> dict[str, dict[str, torch.Tensor]]:
-        """Every slot's rows written since `reader`'s last call (a checkpoint's part)."""
-        return {name: table.take_changed(reader) for name, table in self.tables.items() if table.dirty[reader]}
+    def take_changed(self, reader: str = "checkpoint", every: bool = False) -> dict[str, dict[str, torch.Tensor]]:
+        """Every slot's rows written since `reader`'s last call (a checkpoint's part); `every`: all of its rows (a
+        full table, which the files before it need not be read with)."""
+        return {name: table.take_changed(reader, every) for name, table in self.tables.items()
+                if (table.rows if every else table.dirty[reader])}
 
     def load(self, part: Mapping[str, Mapping[str, torch.Tensor]], owns: Callable[[np.ndarray], np.ndarray]) -> None:
         """The rows of a checkpoint part whose client `owns` says are this shard's (later parts overwrite)."""

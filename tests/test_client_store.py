@@ -14,7 +14,7 @@ from fedharness.algorithms.solvers import LocalSGD
 from fedharness.config.load import load_settings
 from fedharness.contracts import Callback, ClientSlot
 from fedharness.registry.groups import PARTS
-from fedharness.core import checkpoint
+from fedharness.core import client_store
 from fedharness.core.client_store import ClientStore, checkpointed_values
 from fedharness.results import layout
 from fedharness.results.store import FileStore, open_store
@@ -122,7 +122,7 @@ def test_the_chain_of_slot_files_is_compacted_and_a_resume_after_it_gives_the_sa
     """With COMPACT_AFTER = 2, a checkpoint every round: rounds 1, 2 write changed rows, round 3 every shard's whole
     table (the files before it deleted), round 4 changed rows again; cut at round 5 and resumed on 3 shards, the
     run has the bits of the uninterrupted one."""
-    monkeypatch.setattr(checkpoint, "COMPACT_AFTER", 2)
+    monkeypatch.setattr(client_store, "COMPACT_AFTER", 2)
     whole = tmp_path / "whole"
     execute(load_settings([f"results_dir={whole}", *RUN]), run_id="whole")
     want = _rows(whole, "whole")
@@ -136,7 +136,7 @@ def test_the_chain_of_slot_files_is_compacted_and_a_resume_after_it_gives_the_sa
                      "round=00000004-clients=0-6.pt", "round=00000004-clients=6-12.pt"]  # both shards trained
     assert _clients_folder(cut) == files  # rounds 1 and 2's files are gone
     # the full tables of round 3 hold what the chain of rounds 1-3 of a run that never compacts holds, bit for bit
-    monkeypatch.setattr(checkpoint, "COMPACT_AFTER", 100)
+    monkeypatch.setattr(client_store, "COMPACT_AFTER", 100)
     chain = tmp_path / "chain"
     with pytest.raises(RuntimeError, match="crashed at round 4"):
         execute(load_settings([f"results_dir={chain}", *RUN, "checkpoint_every=1"]), run_id="chain",
@@ -155,7 +155,7 @@ def test_a_kill_mid_compaction_leaves_the_checkpoint_before_readable(tmp_path, m
     """state.pt's third write (round 3, the compaction) fails after the shards wrote their whole tables: the
     checkpoint of round 2 and its files are intact, the resume gives the uninterrupted bits and its own compaction
     drops the files the kill left."""
-    monkeypatch.setattr(checkpoint, "COMPACT_AFTER", 2)
+    monkeypatch.setattr(client_store, "COMPACT_AFTER", 2)
     whole = tmp_path / "whole"
     execute(load_settings([f"results_dir={whole}", *RUN]), run_id="whole")
     plain_write, states = FileStore.write, []

@@ -34,6 +34,7 @@ import torch
 
 from fedharness.contracts import Callback, RoundContext
 from fedharness.base.mappings import differences
+from fedharness.core import client_store
 from fedharness.core.engine import RunState
 from fedharness.errors import ConfigError, require
 from fedharness.settings import RunSettings
@@ -41,10 +42,6 @@ from fedharness.results import layout
 from fedharness.results.store import ResultsStore, open_store
 
 FORMAT = 3  # 3: the clients' slots in the shards' own files (2: in state.pt, read by the driver: refused)
-# Once the listed client-slot files come from COMPACT_AFTER checkpoints, the next one writes every shard's whole
-# table and the files before it are dropped: a resume reads one full table and at most COMPACT_AFTER - 1 files of
-# changed rows a shard.
-COMPACT_AFTER = 8
 _NDARRAY = "__ndarray__"  # marks an encoded numpy array in a checkpoint
 # Keys that may differ between a run and its resumption: where and how it executes, not what it computes.
 RESUME_FREE = ("resume", "progress", "executor", "num_shards", "ray", "checkpoint_every", "results_dir", "wandb",
@@ -101,7 +98,7 @@ class Checkpointer(Callback):
         run_state = dict(vars(state))  # its fields by name; the parts' states are named tensors (harness/contracts.py)
         # each shard writes its changed slots first: a kill before state.pt leaves files no checkpoint names
         folder = layout.checkpoint_clients_folder(self.run_id)
-        full = checkpoints_in(self.client_files) >= COMPACT_AFTER  # every shard's whole table, the chain dropped
+        full = checkpoints_in(self.client_files) >= client_store.COMPACT_AFTER  # whole tables, the chain dropped
         written = self.executor.checkpoint(self.store, folder, state.round, full)
         files = written if full else self.client_files + written
         payload = {"format": FORMAT, "round": state.round, "run_state": _map(_to(run_state, "cpu"), _encode_array),

@@ -29,6 +29,10 @@ from fedharness.errors import ConfigError, require
 FORMAT = 3  # a checkpoint's slot files: {"format", "slots": {name: {replica, client, values}}}
 ON_DISK_KEY = "client_slots_on_disk"
 _FIRST_ROWS = 16  # a table's first capacity; it doubles as clients take part
+# Once the slot files a resume (or a restarted Ray shard) would read come from COMPACT_AFTER checkpoints (snapshots),
+# the next one writes every shard's whole table and the files before it are deleted: a reader reads one full table
+# and at most COMPACT_AFTER - 1 files of changed rows a shard.
+COMPACT_AFTER = 8
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:

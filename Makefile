@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all test-kernels bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages bench-compression bench-systems reproduce robustness compression systems async-table async-speedup mutants list clean
+.PHONY: run test test-all test-kernels bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages bench-compression bench-client-store bench-systems reproduce robustness compression systems async-table async-speedup mutants list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -45,6 +45,9 @@ bench-stages: $(STAMP)  ## a W1 round with no update stage against another check
 
 bench-compression: $(STAMP)  ## the 2NN on digits, top-k 1% with error feedback against none: ms/round and bytes_up, paired (docs/performance.md)
 	$(BIN)/python benchmarks/bench_compression.py $(ARGS)
+
+bench-client-store: $(STAMP)  ## a checkpoint of SCAFFOLD with slots for 10^4 clients: the client store (changed rows) against the code before it (b496318: every client's state in state.pt), time and bytes, paired (docs/performance.md)
+	$(BIN)/python benchmarks/bench_client_store.py $(ARGS)
 
 bench-systems: $(STAMP)  ## the systems clock: quadratic_lazy at N = 10^8 against 10^3 (set-up, peak memory, ms/round), W1 with every client on time against none, paired; the same population under FedBuff, W1 FedBuff against sync per server step (about 4 min; docs/performance.md)
 	$(BIN)/python benchmarks/bench_systems.py $(ARGS)

@@ -14,8 +14,10 @@ from fedharness.algorithms.solvers import LocalSGD
 from fedharness.config.load import load_settings
 from fedharness.contracts import Callback, ClientSlot
 from fedharness.registry.groups import PARTS
+from fedharness.core import client_store
 from fedharness.core.client_store import ClientStore, checkpointed_values
-from fedharness.results.store import open_store
+from fedharness.results import layout
+from fedharness.results.store import FileStore, open_store
 from fedharness.runs.execute import execute
 from ray_support import read_rounds
 
@@ -112,6 +114,72 @@ def test_a_users_slot_is_kept_checkpointed_resumed_and_the_same_on_1_and_3_shard
     assert _rows(cut, "victim") == want
 
 
+def _clients_folder(results) -> list[str]:
+    return open_store(str(results)).list(layout.checkpoint_clients_folder("victim"))
+
+
+def test_the_chain_of_slot_files_is_compacted_and_a_resume_after_it_gives_the_same_bits(tmp_path, monkeypatch):
+    """With COMPACT_AFTER = 2, a checkpoint every round: rounds 1, 2 write changed rows, round 3 every shard's whole
+    table (the files before it deleted), round 4 changed rows again; cut at round 5 and resumed on 3 shards, the
+    run has the bits of the uninterrupted one."""
+    monkeypatch.setattr(client_store, "COMPACT_AFTER", 2)
+    whole = tmp_path / "whole"
+    execute(load_settings([f"results_dir={whole}", *RUN]), run_id="whole")
+    want = _rows(whole, "whole")
+    cut = tmp_path / "cut"
+    with pytest.raises(RuntimeError, match="crashed at round 5"):
+        execute(load_settings([f"results_dir={cut}", *RUN, "checkpoint_every=1", "num_shards=2"]), run_id="victim",
+                callbacks=[CrashAt(5)])
+    files = torch.load(cut / "checkpoints" / "run_id=victim" / "state.pt", weights_only=True)["client_files"]
+    names = [key.rsplit("/", 1)[-1] for key in files]
+    assert names == ["round=00000003-clients=0-6.pt", "round=00000003-clients=6-12.pt",
+                     "round=00000004-clients=0-6.pt", "round=00000004-clients=6-12.pt"]  # both shards trained
+    assert _clients_folder(cut) == files  # rounds 1 and 2's files are gone
+    # the full tables of round 3 hold what the chain of rounds 1-3 of a run that never compacts holds, bit for bit
+    monkeypatch.setattr(client_store, "COMPACT_AFTER", 100)
+    chain = tmp_path / "chain"
+    with pytest.raises(RuntimeError, match="crashed at round 4"):
+        execute(load_settings([f"results_dir={chain}", *RUN, "checkpoint_every=1"]), run_id="chain",
+                callbacks=[CrashAt(4)])
+    kept = torch.load(chain / "checkpoints" / "run_id=chain" / "state.pt", weights_only=True)["client_files"]
+    assert len(kept) == 3  # one shard, rounds 1, 2 and 3
+    full, unmerged = (checkpointed_values(open_store(str(where)), keys) for where, keys in ((cut, files[:2]),
+                                                                                          (chain, kept)))
+    assert full.keys() == unmerged.keys() and len(full) > 8  # more pairs than one round's 2 x 4
+    assert all(torch.equal(full[key]["personal"], unmerged[key]["personal"]) for key in full)
+    execute(load_settings([f"results_dir={cut}", *RUN, "checkpoint_every=1", "num_shards=3", "resume=victim"]))
+    assert _rows(cut, "victim") == want
+
+
+def test_a_kill_mid_compaction_leaves_the_checkpoint_before_readable(tmp_path, monkeypatch):
+    """state.pt's third write (round 3, the compaction) fails after the shards wrote their whole tables: the
+    checkpoint of round 2 and its files are intact, the resume gives the uninterrupted bits and its own compaction
+    drops the files the kill left."""
+    monkeypatch.setattr(client_store, "COMPACT_AFTER", 2)
+    whole = tmp_path / "whole"
+    execute(load_settings([f"results_dir={whole}", *RUN]), run_id="whole")
+    plain_write, states = FileStore.write, []
+
+    def killed_at_third_state(self, key, data):
+        if key.endswith("state.pt"):
+            states.append(key)
+            if len(states) == 3:
+                raise KeyboardInterrupt("killed")
+        plain_write(self, key, data)
+
+    cut = tmp_path / "cut"
+    monkeypatch.setattr(FileStore, "write", killed_at_third_state)
+    with pytest.raises(KeyboardInterrupt):
+        execute(load_settings([f"results_dir={cut}", *RUN, "checkpoint_every=1"]), run_id="victim")
+    monkeypatch.setattr(FileStore, "write", plain_write)
+    state = torch.load(cut / "checkpoints" / "run_id=victim" / "state.pt", weights_only=True)
+    assert state["round"] == 2 and len(state["client_files"]) == 2  # one shard, rounds 1 and 2
+    left = [key for key in _clients_folder(cut) if key not in state["client_files"]]
+    assert [key.rsplit("/", 1)[-1] for key in left] == ["round=00000003-clients=0-12.pt"]  # the full table
+    execute(load_settings([f"results_dir={cut}", *RUN, "checkpoint_every=1", "resume=victim"]))
+    assert _rows(cut, "victim") == _rows(whole, "whole")
+
+
 def test_the_store_returns_the_bits_it_was_given_in_memory_and_on_disk():
     torch.manual_seed(0)
     for on_disk in (False, True):
@@ -142,6 +210,7 @@ def test_slots_beyond_the_budget_are_refused_before_any_work_and_run_on_disk(tmp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'memory_budget_gb'" in err and "the client slot 'personal' (800 bytes" in err
     assert "x 200 clients that can hold one x 2 replicas" in err and "client_slots_on_disk=true" in err
+    assert "plus a batched step of 1 client copy (" in err  # the slots leave no room: one copy at least
     assert not refused.exists()  # nothing written
     execute(load_settings([f"results_dir={tmp_path / 'disk'}", *RUN, *BUDGET, "memory_budget_gb=0.0002",
                            "client_slots_on_disk=true"]), run_id="disk")

@@ -12,10 +12,14 @@ from pathlib import Path
 
 import pytest
 import ray
+import torch
 
 from fedharness.config.load import load_settings
 from fedharness.errors import ConfigError
+from fedharness.backends import ray_executor
 from fedharness.backends.ray_executor import RayExecutor
+from fedharness.core import client_store
+from fedharness.results.store import open_store
 from fedharness.assembly.build import build_parts
 from fedharness.runs.execute import execute
 from ray_support import (QUADRATIC, assert_rows_match, inline_trajectory, max_rel_diff, read_rounds,
@@ -33,6 +37,46 @@ def _uninterrupted(tmp_path: Path, overrides: list[str]) -> list[dict]:
     result = execute(cfg, run_id="reference")
     assert result.status == "ok"
     return read_rounds(tmp_path / "reference", "reference")
+
+
+@pytest.mark.slow  # CI only: Ray actors
+def test_snapshots_are_compacted_and_a_shard_restarted_after_reads_the_whole_tables(local_ray, run_config,
+                                                                                      monkeypatch):
+    """Snapshots every 2 rounds, compacted once 2 are listed: snapshots 1, 2 and 4 hold changed rows, 3 every shard's
+    whole table (the files of 1 and 2 deleted). Shard 0 killed before round 9 restores from snapshots 3 and 4 and
+    replays round 9: the inline trajectory, bit for bit."""
+    monkeypatch.setattr(ray_executor, "SNAPSHOT_EVERY", 2)
+    monkeypatch.setattr(client_store, "COMPACT_AFTER", 2)
+    rounds = 10
+    cfg = run_config(*SCAFFOLD, f"rounds={rounds}", "executor=ray", "ray.num_shards=2")
+    want, want_state, inline = inline_trajectory(cfg, rounds)
+    problem, algorithm = build_parts(cfg)
+    executor = RayExecutor(cfg, problem, algorithm.solver)
+    step, seen = executor.local_updates, []
+
+    def local_updates_with_kill(x, plan):
+        if plan.round == 9:
+            seen.append(([key for _, keys in executor._restore for key in keys],
+                         open_store(executor._snapshots).list("snapshots")))
+            ray.kill(executor.actors[0], no_restart=True)
+        return step(x, plan)
+
+    executor.local_updates = local_updates_with_kill
+    try:
+        got, got_state = trajectory(cfg, executor, rounds, problem, algorithm)
+        assert executor.restarts == 1
+        kept, inline_kept = executor.get_state(), inline.get_state()  # every c_i, the restarted shard's too
+    finally:
+        executor.close()
+    listed, on_disk = seen[0]
+    assert sorted(listed) == on_disk  # the files before the compaction are gone
+    whole = [key for key in listed if key.startswith("snapshots/round=00000003-")]
+    assert len(whole) == 2 and {key.split("-", 1)[0] for key in listed} <= {"snapshots/round=00000003",
+                                                                           "snapshots/round=00000004"}
+    assert torch.equal(got, want)
+    assert torch.equal(got_state.server_ctx["control"], want_state.server_ctx["control"])
+    assert kept.keys() == inline_kept.keys()
+    assert all(torch.equal(kept[key]["control"], inline_kept[key]["control"]) for key in kept)
 
 
 @pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 20 s idle

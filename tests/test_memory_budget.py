@@ -31,9 +31,15 @@ def test_training_in_chunks_equals_one_batch(run_config):
     problem, algorithm, _ = prepare(cfg)
     problem.memory_budget = None
     whole, _ = _run(problem, algorithm, cfg, 3)
-    problem.memory_budget = 2 * entry_bytes(problem, algorithm.solver, STEPS_HIGH)
+    copy = entry_bytes(problem, algorithm.solver, STEPS_HIGH)
+    row = problem.dim * 8  # SCAFFOLD's c_i, float64, per (replica, client)
+    problem.memory_budget = 2 * copy + 36 * row  # 2 copies beside the slots of 24 pairs and 12 new ones
     chunked, shard = _run(problem, algorithm, cfg, 3)
-    assert shard.chunk_entries(STEPS_HIGH, 12) == 2  # 12 sampled copies go in 6 chunks or more
+    held = len(shard.store.tables["control"].rows) * row  # the c_i rows kept after 3 rounds (at most 2 x 12)
+    assert 0 < held <= 24 * row and shard.store.nbytes == held
+    # the slots the 12 entries may hold are left out of the step's room: 12 sampled copies go in 6 chunks or more
+    assert shard.chunk_entries(STEPS_HIGH, 12) == (problem.memory_budget - held - 12 * row) // copy >= 2
+    assert problem.memory_budget // copy > 2  # the budget alone would have held more copies
     assert_close_to_scale(chunked.x, whole.x, rtol=1e-12)
     assert_close_to_scale(chunked.server_ctx["control"], whole.server_ctx["control"], rtol=1e-12)
     assert chunked.x.abs().max() > 1e-2  # the model moved

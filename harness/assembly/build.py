@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from fedharness.algorithms.byzantine import Adversary
 from fedharness.algorithms.compression import Compression
 from fedharness.algorithms.registry import build_algorithm
@@ -75,15 +77,18 @@ def compression_for(settings: RunSettings, problem) -> Compression | None:
 def check_slots(settings: RunSettings, problem, solver, stages) -> None:
     """ConfigError naming memory_budget_gb, the largest client slot and client_slots_on_disk unless a shard's
     slots (every part's: SCAFFOLD's c_i, FedBN's buffers, error feedback's residual, a user's) for each of its
-    clients that can take part, and one client copy's step, fit the memory budget (a lazy population of 10^8
-    clients keeps slots only for the clients that trained)."""
+    clients that can take part, and its largest batched step (a round's copies in the shard, or as many as the
+    budget leaves beside the slots: at least one), fit the memory budget (a lazy population of 10^8 clients keeps
+    slots only for the clients that trained). A copy is counted at one local step: a round's length is drawn with
+    the round, and the shard sizes each round's chunks from it."""
     slots = declared_slots(problem, [solver, *stages.stages])
     alg = settings.algorithm
     per_round = problem.num_clients if alg.sampler == "full" else alg.clients_per_round
     shards = settings.ray.num_shards if settings.executor == "ray" else settings.num_shards
     holders = slot_holders(problem.num_clients, shards, settings.rounds, per_round)
+    copies = settings.replicas * min(per_round, math.ceil(problem.num_clients / shards))  # a shard's round, at most
     require_slots_fit(slots, problem.memory_budget, holders, settings.replicas, entry_bytes(problem, solver, 1),
-                      settings.client_slots_on_disk)
+                      copies, settings.client_slots_on_disk)
 
 
 def stages_for(settings: RunSettings, algorithm, problem) -> Stages:

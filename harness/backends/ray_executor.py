@@ -12,7 +12,8 @@ inline one bit for bit (with `sums: float`, up to float reassociation of the sha
 
 Faults: a shard whose actor dies (process killed, node lost) is started again in
 its reserved bundle, rebuilds its data, reads its clients' slots from the files of
-the resumed checkpoint and of the snapshots since, re-runs the rounds since the last
+the resumed checkpoint and of the snapshots since (since the last compacting snapshot,
+which holds every shard's whole table: client_store.COMPACT_AFTER), re-runs the rounds since the last
 snapshot (same inputs, so the same state) and then the failed round. Every
 SNAPSHOT_EVERY rounds while clients keep slots, each shard writes the rows changed
 since its last snapshot to a folder the driver names (a local temporary folder: on a
@@ -35,7 +36,7 @@ import torch
 from ray.exceptions import GetTimeoutError, NodeDiedError, ObjectLostError, RayActorError, WorkerCrashedError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from fedharness.core import ray_cluster
+from fedharness.core import client_store, ray_cluster
 from fedharness.errors import ConfigError, require
 from fedharness.contracts import ClientScores
 from fedharness.core.executors import ClientShard, RoundPlan, ShardResult, balanced_ranges, merge_scores
@@ -83,9 +84,9 @@ class ShardActor:
         result = self.shard.train(x.to(dev), plan)
         return result.reply(), bool(self.shard.store)  # the sums' words: the driver builds the grids
 
-    def checkpoint(self, url: str, prefix: str, rnd: int, reader: str) -> list[str]:
-        """This shard's changed slots written by itself into the store at `url`; the keys."""
-        return self.shard.checkpoint(open_store(url), prefix, rnd, reader)
+    def checkpoint(self, url: str, prefix: str, rnd: int, reader: str, every: bool = False) -> list[str]:
+        """This shard's changed slots (`every`: all) written by itself into the store at `url`; the keys."""
+        return self.shard.checkpoint(open_store(url), prefix, rnd, reader, every)
 
     def restore(self, parts: list[tuple[str, list[str]]]) -> None:
         """Its clients' slots from the files `parts` [(store url, keys)], in order."""
@@ -263,14 +264,23 @@ class RayExecutor:
         return total.to(x.device)  # with an UpdateAggregator's raw updates (on the CPU), else []
 
     def _snapshot(self) -> None:
-        """Each shard writes its slots changed since its last snapshot; the point a restarted shard resumes from."""
+        """Each shard writes its slots changed since its last snapshot; the point a restarted shard resumes from.
+        Once a restarted shard would read the files of COMPACT_AFTER snapshots (or a resume's checkpoint), each
+        writes its whole table instead, and the snapshot files before it are deleted."""
         self._snapshot_round += 1
-        keys = self._call_all("checkpoint", self._snapshots, "snapshots", self._snapshot_round, "snapshot")
-        self._restore.append((self._snapshots, [key for part in keys for key in part]))
+        full = len(self._restore) >= client_store.COMPACT_AFTER
+        keys = self._call_all("checkpoint", self._snapshots, "snapshots", self._snapshot_round, "snapshot", full)
+        written = (self._snapshots, [key for part in keys for key in part])
+        self._restore = [written] if full else [*self._restore, written]
         self._history = []
+        if full:
+            store = open_store(self._snapshots)
+            for key in set(store.list("snapshots")) - set(written[1]):
+                store.delete(key)
 
-    def checkpoint(self, results, prefix: str, rnd: int) -> list[str]:
-        return [key for part in self._call_all("checkpoint", results.url, prefix, rnd, "checkpoint") for key in part]
+    def checkpoint(self, results, prefix: str, rnd: int, every: bool = False) -> list[str]:
+        return [key for part in self._call_all("checkpoint", results.url, prefix, rnd, "checkpoint", every)
+                for key in part]
 
     def restore(self, results, keys: list[str]) -> None:
         self._restore, self._history = [(results.url, list(keys))], []

@@ -3,7 +3,9 @@
 Layout: `<results_dir>/checkpoints/run_id=<id>/meta.json` (the run's config, written when
 the run starts), `state.pt` (the latest RunState, replaced whole, and the list of client-slot files it continues
 from) and `clients/`: each shard's slots (core/client_store.py) written since its last checkpoint, one file per shard
-and checkpoint, written by the shard itself (the driver never holds the clients' slots) before state.pt names it;
+and checkpoint, written by the shard itself (the driver never holds the clients' slots) before state.pt names it
+(once the files listed come from COMPACT_AFTER checkpoints, the next one writes each shard's whole table and the
+files before it are deleted);
 all through the run's results store (harness/results/store.py). Resuming, each shard reads every listed file (in
 order, later ones overwriting) and keeps its own clients' rows, at any shard count. A checkpoint carries the rows evaluated
 since the last one as a Parquet part, and writes that part to `rounds/` only after state.pt: a process killed
@@ -32,6 +34,7 @@ import torch
 
 from fedharness.contracts import Callback, RoundContext
 from fedharness.base.mappings import differences
+from fedharness.core import client_store
 from fedharness.core.engine import RunState
 from fedharness.errors import ConfigError, require
 from fedharness.settings import RunSettings
@@ -94,15 +97,25 @@ class Checkpointer(Callback):
         part = self.sink.pending_part()  # the rows up to this round: in the state first, then in rounds/
         run_state = dict(vars(state))  # its fields by name; the parts' states are named tensors (harness/contracts.py)
         # each shard writes its changed slots first: a kill before state.pt leaves files no checkpoint names
-        files = self.client_files + self.executor.checkpoint(self.store, layout.checkpoint_clients_folder(self.run_id),
-                                                             state.round)
+        folder = layout.checkpoint_clients_folder(self.run_id)
+        full = checkpoints_in(self.client_files) >= client_store.COMPACT_AFTER  # whole tables, the chain dropped
+        written = self.executor.checkpoint(self.store, folder, state.round, full)
+        files = written if full else self.client_files + written
         payload = {"format": FORMAT, "round": state.round, "run_state": _map(_to(run_state, "cpu"), _encode_array),
                    "client_files": files, "rows_part": part}
         buf = io.BytesIO()
         torch.save(payload, buf)
         self.store.write(layout.checkpoint_state_key(self.run_id), buf.getvalue())
         self.client_files = files
+        if full:  # state.pt names the full tables alone now: the older files (and any a kill left) go
+            for key in set(self.store.list(folder)) - set(files):
+                self.store.delete(key)
         self.sink.flush(part)
+
+
+def checkpoints_in(client_files: list[str]) -> int:
+    """How many checkpoints wrote the chain of client-slot files (one file a shard and checkpoint, named by round)."""
+    return len({key.rsplit("/", 1)[-1].split("-clients=")[0] for key in client_files})
 
 
 def _map(obj, leaf: Callable[[Any], Any]):

@@ -29,6 +29,10 @@ from fedharness.errors import ConfigError, require
 FORMAT = 3  # a checkpoint's slot files: {"format", "slots": {name: {replica, client, values}}}
 ON_DISK_KEY = "client_slots_on_disk"
 _FIRST_ROWS = 16  # a table's first capacity; it doubles as clients take part
+# Once the slot files a resume (or a restarted Ray shard) would read come from COMPACT_AFTER checkpoints (snapshots),
+# the next one writes every shard's whole table and the files before it are deleted: a reader reads one full table
+# and at most COMPACT_AFTER - 1 files of changed rows a shard.
+COMPACT_AFTER = 8
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
@@ -88,10 +92,10 @@ class SlotTable:
         for dirty in self.dirty.values():
             dirty.update(at)
 
-    def take_changed(self, reader: str) -> dict[str, torch.Tensor]:
-        """The rows written since `reader`'s last call, as (replica, client, values) tensors; none are dirty for
-        it after."""
-        keys = sorted((row, key) for key, row in self.rows.items() if row in self.dirty[reader])
+    def take_changed(self, reader: str, every: bool = False) -> dict[str, torch.Tensor]:
+        """The rows written since `reader`'s last call (`every`: all rows), as (replica, client, values) tensors;
+        none are dirty for it after."""
+        keys = sorted((row, key) for key, row in self.rows.items() if every or row in self.dirty[reader])
         self.dirty[reader] = set()
         rows = [row for row, _ in keys]
         pairs = np.array([key for _, key in keys], dtype=np.int64).reshape(-1, 2)
@@ -182,9 +186,11 @@ class ClientStore:
             self.declare(ClientSlot(name, tuple(values.shape[1:]), values.dtype))
         self.tables[name].write(list(zip(replica.tolist(), clients.tolist())), values)
 
-    def take_changed(self, reader: str = "checkpoint") -> dict[str, dict[str, torch.Tensor]]:
-        """Every slot's rows written since `reader`'s last call (a checkpoint's part)."""
-        return {name: table.take_changed(reader) for name, table in self.tables.items() if table.dirty[reader]}
+    def take_changed(self, reader: str = "checkpoint", every: bool = False) -> dict[str, dict[str, torch.Tensor]]:
+        """Every slot's rows written since `reader`'s last call (a checkpoint's part); `every`: all of its rows (a
+        full table, which the files before it need not be read with)."""
+        return {name: table.take_changed(reader, every) for name, table in self.tables.items()
+                if (table.rows if every else table.dirty[reader])}
 
     def load(self, part: Mapping[str, Mapping[str, torch.Tensor]], owns: Callable[[np.ndarray], np.ndarray]) -> None:
         """The rows of a checkpoint part whose client `owns` says are this shard's (later parts overwrite)."""
@@ -217,6 +223,13 @@ class ClientStore:
     @property
     def nbytes(self) -> int:
         return sum(table.nbytes for table in self.tables.values())
+
+    def held_bytes(self, new_clients: int) -> int:
+        """Memory the slots take once `new_clients` more (replica, client) pairs hold a row (an upper end: some may
+        hold one already); none on disk."""
+        if self.directory is not None:
+            return 0
+        return self.nbytes + new_clients * sum(table.slot.nbytes for table in self.tables.values())
 
     def close(self) -> None:
         self.tables = {}
@@ -271,19 +284,24 @@ def declared_slots(problem: Problem, parts: Iterable[object]) -> tuple[ClientSlo
 
 
 def require_slots_fit(slots: Sequence[ClientSlot], budget: int | None, holders: int, replicas: int,
-                      step_bytes: int, on_disk: bool) -> None:
+                      copy_bytes: int, copies: int, on_disk: bool) -> None:
     """ConfigError naming the largest slot and client_slots_on_disk unless a shard's slots (slot bytes x the
-    clients of a shard that can hold one x replicas) and one batched step fit the memory budget."""
+    clients of a shard that can hold one x replicas) and its largest batched step fit the memory budget. The step
+    is `copies` client copies of `copy_bytes` each, or as many as the budget leaves beside the slots (the shard's
+    chunks: ClientShard.chunk_entries), at least one."""
     if budget is None or on_disk or not slots:
         return
     per_client = sum(slot.nbytes for slot in slots)
-    need = per_client * holders * replicas + step_bytes
+    held = per_client * holders * replicas
+    batch = min(copies, max(1, (budget - held) // copy_bytes))
+    need = held + batch * copy_bytes
     largest = max(slots, key=lambda slot: slot.nbytes)
     require(need <= budget, "memory_budget_gb", budget / 1e9,
             f"at least {need / 1e9:.3g} GB a shard: the client slot {largest.name!r} ({largest.nbytes:,} bytes a "
             f"client; all slots {per_client:,}) x {holders:,} clients that can hold one x {replicas} replicas, "
-            f"plus a batched step of {step_bytes / 1e9:.3g} GB; set {ON_DISK_KEY}=true to keep the slots in a "
-            "memory-mapped file per shard, or add shards")
+            f"plus a batched step of {batch:,} client cop{'y' if batch == 1 else 'ies'} ({batch * copy_bytes / 1e9:.3g} GB); "
+            f"set "
+            f"{ON_DISK_KEY}=true to keep the slots in a memory-mapped file per shard, or add shards")
 
 
 def slot_holders(num_clients: int, num_shards: int, rounds: int, per_round: int) -> int:

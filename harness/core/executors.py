@@ -151,12 +151,14 @@ class ClientShard:
         self._entry_bytes: dict[int, int] = {}  # steps -> entry_bytes
 
     def chunk_entries(self, steps: int, entries: int) -> int:
-        """Client copies per batched computation: all `entries`, or as many as the budget holds (>= 1)."""
+        """Client copies per batched computation: all `entries`, or as many as the budget holds beside the slots
+        kept in memory once every entry holds one (>= 1; the run's check made sure one copy fits)."""
         if self.budget is None:
             return entries
         if steps not in self._entry_bytes:  # a function of the round's length alone: worked out once per length
             self._entry_bytes[steps] = entry_bytes(self.problem, self.solver, steps)
-        return int(max(1, min(entries, self.budget // self._entry_bytes[steps])))
+        room = self.budget - self.store.held_bytes(entries)
+        return int(max(1, min(entries, room // self._entry_bytes[steps])))
 
     def entries(self, plan: RoundPlan) -> Entries:
         R, K = plan.clients.shape
@@ -283,11 +285,11 @@ class ClientShard:
                 result.add_counts(name, per_replica)
         return out
 
-    def checkpoint(self, results, prefix: str, rnd: int, reader: str = "checkpoint") -> list[str]:
-        """This shard's slots written since its last checkpoint (`reader` snapshot: since its last snapshot), as
-        one file under `prefix` in the results store (harness/results/store.py); the keys written (none: nothing
-        changed)."""
-        changed = self.store.take_changed(reader)
+    def checkpoint(self, results, prefix: str, rnd: int, reader: str = "checkpoint", every: bool = False) -> list[str]:
+        """This shard's slots written since its last checkpoint (`reader` snapshot: since its last snapshot;
+        `every`: all of them), as one file under `prefix` in the results store (harness/results/store.py); the keys
+        written (none: nothing changed)."""
+        changed = self.store.take_changed(reader, every)
         if not changed:
             return []
         key = f"{prefix}/round={rnd:08d}-clients={self.lo}-{self.hi}.pt"
@@ -384,9 +386,9 @@ class Executor(Protocol):
     def local_updates(self, x: torch.Tensor, plan: RoundPlan) -> ShardResult:
         """Train the plan's clients from the server models x [R, dim]; the shards' reduced sums."""
 
-    def checkpoint(self, results, prefix: str, rnd: int) -> list[str]:
-        """Each shard writes its clients' slots changed since its last checkpoint under `prefix` in the results
-        store; the keys written."""
+    def checkpoint(self, results, prefix: str, rnd: int, every: bool = False) -> list[str]:
+        """Each shard writes its clients' slots changed since its last checkpoint (`every`: all of them) under
+        `prefix` in the results store; the keys written."""
 
     def restore(self, results, keys: list[str]) -> None:
         """Each shard loads its clients' slots from the checkpoint files `keys` (resuming a run)."""
@@ -415,8 +417,8 @@ class InlineExecutor:
             total.add(shard.train(x, plan))
         return total
 
-    def checkpoint(self, results, prefix: str, rnd: int) -> list[str]:
-        return [key for shard in self.shards for key in shard.checkpoint(results, prefix, rnd)]
+    def checkpoint(self, results, prefix: str, rnd: int, every: bool = False) -> list[str]:
+        return [key for shard in self.shards for key in shard.checkpoint(results, prefix, rnd, every=every)]
 
     def restore(self, results, keys: list[str]) -> None:
         for shard in self.shards:

@@ -187,6 +187,19 @@ class AdamState(TypedDict):
     v: torch.Tensor  # float64 [R, dim]
 
 
+class FedExPState(TypedDict):
+    """FedExP: the server step size eta_g of each replica's last step (NaN before the first)."""
+
+    eta: torch.Tensor  # float64 [R, 1]
+
+
+class LastTwoState(TypedDict):
+    """The last two iterates (series last_two: FedExP's reported iterate is their average)."""
+
+    last: torch.Tensor  # [R, dim]
+    prev: torch.Tensor  # [R, dim]
+
+
 class AverageState(TypedDict):
     """A Polyak-Ruppert average (series hooks)."""
 
@@ -207,7 +220,7 @@ class SolverState(TypedDict, total=False):
     momentum: torch.Tensor  # a batch of slots: each copy's own client momentum [M, 1]
 
 
-ServerState = Mapping[str, "torch.Tensor"]  # a server optimizer's: {} (sgd), MomentumState, AdamState
+ServerState = Mapping[str, "torch.Tensor"]  # a server optimizer's: {} (sgd), MomentumState, AdamState, FedExPState
 ServerContext = Mapping[str, "torch.Tensor"]  # what a solver keeps on the server and sends the shards: {}, ControlVariate
 ClientState = Mapping[str, "torch.Tensor"]  # what a solver keeps per (replica, client) in its shard: {}, ControlVariate
 
@@ -534,6 +547,9 @@ class ServerOptimizer(Protocol):
     """x_{r+1} from x_r and the aggregated delta (algorithms/server.py)."""
 
     server_lr: float | None = None  # eta_g, recorded in the rounds table (None: the optimizer has none)
+    # The step also takes `sq_norms` [R] float64: sum_k c_k ||Delta_k||^2 over the updates Delta_k the aggregate
+    # Delta = sum_k c_k Delta_k was made of (FedExP); the shards send one number per trained client for it.
+    reads_sq_norms: bool = False
 
     def step(self, x: torch.Tensor, delta: torch.Tensor, state: ServerState, lr: np.ndarray | None = None) \
             -> torch.Tensor:
@@ -541,6 +557,11 @@ class ServerOptimizer(Protocol):
 
     def init_state(self, x: torch.Tensor) -> ServerState:
         return {}
+
+    def step_sizes(self, state: ServerState) -> np.ndarray | None:
+        """[R] the eta_g of each replica's last step where it changes from round to round (FedExP: the rounds
+        table's server_lr then has each row's own); None: the constant server_lr."""
+        return None
 
 
 @runtime_checkable
@@ -644,6 +665,7 @@ class RoundPlan:
     step_lrs: np.ndarray  # [max tau] step sizes of this round, or each replica's [R, max tau] (a batch of slots)
     server_ctx: ServerContext = field(default_factory=dict)  # e.g. SCAFFOLD's server control c
     send_updates: bool = False  # an UpdateAggregator: send each client's Delta_k, not the reduced sum
+    sq_norms: bool = False  # also send each trained client's c_k ||Delta_k||^2 (ServerOptimizer.reads_sq_norms)
     stages: tuple[ClientWork, ...] = ()  # the update stages' work in the shards this round, in the stages' order
 
     def returned(self, r: int) -> tuple[np.ndarray, np.ndarray]:

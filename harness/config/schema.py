@@ -260,6 +260,17 @@ def ranges_ordered(cfg: dict[str, Any]) -> None:
         require(dcfg["mu"] <= dcfg["L"], "dataset.mu", dcfg["mu"], f"must satisfy 0 < mu <= L = {dcfg['L']}")
 
 
+def fedexp_composes(cfg: dict[str, Any]) -> None:
+    """FedExP's eta_g is derived for an average of the clients' updates at one server version (the paper's)."""
+    acfg = cfg["algorithm"]
+    if acfg["server_optimizer"] != "fedexp":
+        return
+    require(acfg["aggregator"] == "fedavg", "algorithm.aggregator", acfg["aggregator"],
+            "fedavg with server_optimizer=fedexp (its step size is derived for a weighted average of the updates)")
+    mode = cfg["systems"]["mode"]
+    require(mode == "sync", "systems.mode", mode, "sync with server_optimizer=fedexp (a synchronous round's updates)")
+
+
 def per_client_steps(cfg: dict[str, Any]) -> None:
     acfg, n = cfg["algorithm"], cfg["dataset"]["num_clients"]
     if acfg["local_work"] == "per_client":
@@ -402,7 +413,7 @@ def check_data_clients(cfg: dict[str, Any], num_clients: int) -> None:
 RULES: tuple[Callable[[dict[str, Any]], None], ...] = (
     metrics_registered, model_fits_dataset, partition_fits_dataset, ray_keys_need_ray, shards_within_clients,
     sampled_within_clients,
-    ranges_ordered, per_client_steps, part_groups_known, attack_known, stages_known, device_available,
+    ranges_ordered, per_client_steps, fedexp_composes, part_groups_known, attack_known, stages_known, device_available,
     results_dir_writable,
     dp_covered,
 )

@@ -208,6 +208,7 @@ class Engine:
         plan, coefs = self.plan_round(state.round, state.counters["sim_s"])
         plan.server_ctx = state.server_ctx
         plan.stages = self.stages.client_work(plan, state.counters)
+        plan.sq_norms = self.alg.server.reads_sq_norms
         result = self.executor.local_updates(state.x, plan)
         if plan.send_updates:
             chunks = self.stages.on_updates(plan, result.updates)
@@ -219,12 +220,14 @@ class Engine:
         if extras:
             state.server_ctx = self.alg.solver.update_server_ctx(state.server_ctx, extras)
         self._count(state, plan)
-        return self._advance(state, delta, plan.step_lrs[..., 0], coefs)
+        sq_norms = {"sq_norms": result.weighted_sq_norms()} if plan.sq_norms else {}
+        return self._advance(state, delta, plan.step_lrs[..., 0], coefs, **sq_norms)
 
-    def _advance(self, state: RunState, delta: torch.Tensor, first: np.ndarray, coefs: Coefficients) -> RunState:
+    def _advance(self, state: RunState, delta: torch.Tensor, first: np.ndarray, coefs: Coefficients,
+                 **sq_norms: np.ndarray) -> RunState:
         """The server's step with the aggregated `delta` to the next version; `first`: the version's first client
-        step size ([] or, in a batch of slots, [R])."""
-        x = self.alg.server.step(state.x, delta, state.server_state, first * self.layout.lr_factor)
+        step size ([] or, in a batch of slots, [R]); `sq_norms`: what a server that reads_sq_norms takes."""
+        x = self.alg.server.step(state.x, delta, state.server_state, first * self.layout.lr_factor, **sq_norms)
         if buffer_dim(self.problem):  # running statistics: the aggregated average, no server optimizer step
             x = average_into(x, state.x, delta, buffer_dim(self.problem))
         for hook, hs in zip(self.series, state.series_state):
@@ -405,6 +408,8 @@ class Engine:
         # each column once as plain Python values (tolist: int64 -> int, float64 -> float, as .item() and float()
         # give), then one dict per replica: a run of many replicas evaluated often builds many rows
         n, server_lr = len(src), self.alg.server.server_lr
+        step_sizes = self.alg.server.step_sizes(state.server_state)  # per replica where eta_g adapts (FedExP)
+        server_lrs = [server_lr] * n if step_sizes is None else _column(step_sizes[src], n)
         train_loss, grad_norm_sq = _column(ev.train_loss, n), _column(ev.grad_norm_sq, n)
         lr = [None if math.isnan(v) else v for v in self._last_lr[src].tolist()]
         columns = {k: v[src].tolist() for k, v in state.counters.items()}
@@ -418,7 +423,7 @@ class Engine:
         rows = []
         for i, r in enumerate(replica_ids):
             row = {"replica": int(r), "series": series, "round": state.round, "wall_s": state.wall_s,
-                   "train_loss": train_loss[i], "grad_norm_sq": grad_norm_sq[i], "server_lr": server_lr,
+                   "train_loss": train_loss[i], "grad_norm_sq": grad_norm_sq[i], "server_lr": server_lrs[i],
                    "lr": lr[i], **staged}
             row.update({name: values[i] for name, values in columns.items()})
             if scores is not None:
@@ -603,8 +608,8 @@ class BatchedEngine(Engine):
     def slot_rows(self, rows: list[dict], i: int) -> list[dict]:
         """Slot i's rows of the batch's, its replicas renumbered from 0 and its own server lr."""
         rng, server_lr = self.slots.rows(i), self.slots.algorithms[i].server.server_lr
-        return [{**r, "replica": r["replica"] - rng.start, "server_lr": server_lr}
-                for r in rows if rng.start <= r["replica"] < rng.stop]
+        own = {} if server_lr is None else {"server_lr": server_lr}  # None: the row's own (an adaptive eta_g)
+        return [{**r, "replica": r["replica"] - rng.start, **own} for r in rows if rng.start <= r["replica"] < rng.stop]
 
     def slot_scores(self, i: int) -> ClientScores | None:
         """Slot i's replica rows of this evaluation's per-client scores, in its replicas' order."""

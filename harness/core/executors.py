@@ -56,6 +56,8 @@ class ShardResult:
     grids: Grids | None = None  # None: float sums, or a reply (added into a result that has them)
     exact: bool = True
     counts: dict[str, np.ndarray] = field(default_factory=dict)  # [R] int64 each: the stages' client-side counts
+    # plan.sq_norms: (replica [m], client [m], c_k ||Delta_k||^2 [m] float64) of each trained batch of entries
+    sq_norms: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
 
     @classmethod
     def zeros(cls, x: torch.Tensor, plan: RoundPlan, exact: bool = True) -> "ShardResult":
@@ -72,6 +74,7 @@ class ShardResult:
         for name, part in other.sums.items():
             self.sums[name] = self.sums[name].add(part) if name in self.sums else part
         self.updates.extend(other.updates)
+        self.sq_norms.extend(other.sq_norms)
         for name, count in other.counts.items():  # integer counts: exact in any order
             self.add_counts(name, count)
         return self
@@ -82,12 +85,21 @@ class ShardResult:
     def reply(self) -> "ShardResult":
         """What a shard sends: the sums' words on the CPU and the updates, without the grids."""
         return ShardResult(self.shape, "cpu", {name: part.to("cpu") for name, part in self.sums.items()},
-                           self.updates, None, self.exact, self.counts)
+                           self.updates, None, self.exact, self.counts, self.sq_norms)
 
     def to(self, device: torch.device | str) -> "ShardResult":
         return ShardResult(self.shape, device, {name: part.to(device) for name, part in self.sums.items()},
                            self.updates, None if self.grids is None else self.grids.to(device), self.exact,
-                           self.counts)
+                           self.counts, self.sq_norms)
+
+    def weighted_sq_norms(self) -> np.ndarray:
+        """[R] sum_k c_k ||Delta_k||^2 of every replica's trained clients, added in (replica, client) order, so the
+        same bits come out of any split into shards."""
+        if not self.sq_norms:
+            return np.zeros(self.shape[0])
+        replica, clients, values = (np.concatenate(parts) for parts in zip(*self.sq_norms))
+        order = np.lexsort((clients, replica))
+        return np.bincount(replica[order], weights=values[order], minlength=self.shape[0])
 
     def _value(self, name: str) -> torch.Tensor:
         return self.sums[name].value(self.grids[name] if self.exact else None)
@@ -260,6 +272,9 @@ class ClientShard:
             coef = torch.as_tensor(e.coef, dtype=torch.float64, device=dev)[:, None]
             delta = (w - w0).double() if delta is None else delta
             result.add_rows("delta", index, delta * coef)  # each product rounded on its own
+            if plan.sq_norms:
+                sq = (delta * delta).sum(1) * coef[:, 0]
+                result.sq_norms.append((e.replica.copy(), e.clients.copy(), sq.cpu().numpy()))
         for name, per_client in extras.items():
             result.add_rows(name, index, per_client.double())
 

@@ -1,0 +1,110 @@
+"""FedExP (Jhunjhunwala, Wang, Joshi, ICLR 2023): the extrapolated server step
+eta_g = max(1, sum_k c_k ||Delta_k||^2 / (2 (||Delta||^2 + eps))), checked against the updates the aggregator
+received; on a full-rank quadratic it reaches FedAvg's fixed point, faster; its rows do not depend on the shards."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from fedharness.core.exact_sum import FLOOR_EXP, MARGIN_BITS, WORD_BITS
+from fedharness.core.executors import InlineExecutor
+from fedharness.errors import ConfigError
+from fedharness.config.load import load_settings
+from quadratic_runs import run_engine
+
+QUADRATIC = ("dataset=quadratic", "dataset.num_clients=6", "dataset.dim=3", "dataset.curvature=random",
+             "dataset.mu=0.5", "dataset.L=2.0", "dataset.spread=2.0", "algorithm.local_steps=5",
+             "algorithm.client_lr=0.05", "dtype=float64")
+
+
+class Recording(InlineExecutor):
+    """Trains each round as the engine asks, then once more sending every client's Delta_k (a stateless solver:
+    the same bits): the updates the aggregator received, beside the aggregate the engine got."""
+
+    def __init__(self, problem, solver, num_shards: int = 1):
+        super().__init__(problem, solver, num_shards)
+        self.rounds = []
+
+    def local_updates(self, x, plan):
+        result = super().local_updates(x, plan)
+        probe = super().local_updates(x, replace(plan, send_updates=True, sq_norms=False))
+        self.rounds.append((x.clone(), plan, probe.updates, result.delta.clone()))
+        return result
+
+
+def _expected_eta(x, plan, updates, delta, eps: float) -> np.ndarray:
+    """eta_g of each replica from the raw updates; and the aggregate checked against sum_k c_k Delta_k."""
+    K = plan.clients.shape[1]
+    etas = []
+    for r in range(len(delta)):
+        ids, weights = plan.returned(r)
+        got = {int(k): d for c in updates for rr, k, d in zip(c.replica, c.clients, c.delta.double().numpy())
+               if rr == r}
+        deltas = np.stack([got[int(k)] for k in ids])
+        spread = float(np.sum(weights * (deltas ** 2).sum(1)))
+        # the engine's aggregate is an exact sum on the grid of x (core/exact_sum.py): each of K terms moves by at
+        # most half a step g = 2^(e + MARGIN_BITS - L), e the exponent of max |x| (at least FLOOR_EXP)
+        e = max(FLOOR_EXP, math.frexp(float(np.abs(x[r].numpy()).max()))[1])
+        g = 2.0 ** (e + MARGIN_BITS - (WORD_BITS - K.bit_length()))
+        aggregate = delta[r].numpy()
+        assert np.abs(aggregate - weights @ deltas).max() <= K * g / 2
+        etas.append(max(1.0, spread / (2 * (float(aggregate @ aggregate) + eps))))
+    return np.array(etas)
+
+
+def test_the_step_size_is_the_formula_of_the_updates_the_aggregator_received(run_config):
+    eps = 0.01
+    settings = run_config(*QUADRATIC, "algorithm=fedexp", f"algorithm.fedexp_eps={eps}", "algorithm.sampler=scheme_i",
+                          "algorithm.clients_per_round=3", "replicas=2", "rounds=8")
+    run = run_engine(settings, executor_cls=Recording, eval_every=1)
+    rows = {(r["replica"], r["round"]): r["server_lr"] for r in run.outcome.rows if r["series"] == "iterate"}
+    rounds = run.engine.executor.rounds
+    assert len(rounds) == 8 and rows[(0, 0)] is None  # no step yet
+    extrapolated = 0
+    for t, (x, plan, updates, delta) in enumerate(rounds):
+        expected = _expected_eta(x, plan, updates, delta, eps)
+        got = np.array([rows[(r, t + 1)] for r in range(2)])
+        # the shards' sum_k c_k ||Delta_k||^2 adds the same float64 products in another order: K roundings
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=0)
+        extrapolated += int((got > 1).sum())
+    assert extrapolated >= 8  # the extrapolation is exercised, not only the clamp at 1
+
+
+def test_on_a_full_rank_quadratic_it_reaches_fedavgs_fixed_point_faster(run_config):
+    full = (*QUADRATIC, "algorithm.sampler=full")
+    fixed_point = run_engine(run_config(*full, "rounds=1000")).x  # FedAvg's, converged (a contraction)
+    fedavg = run_engine(run_config(*full, "rounds=50")).x
+    fedexp = run_engine(run_config(*full, "algorithm=fedexp", "algorithm.fedexp_eps=0.1", "rounds=50"),
+                        series_from_config=True)
+    # the floor: FedExP's iterate and its last-two average sit at FedAvg's fixed point (x = x + eta Delta iff
+    # Delta = 0), up to float64 rounding of the O(1) iterates; w* is 0.03 away (the drift both keep)
+    assert np.abs(fedexp.x - fixed_point).max() < 1e-12
+    assert np.abs(fedexp.series()["last_two"] - fixed_point).max() < 1e-12
+    assert np.linalg.norm(fixed_point - fedexp.reference.w_star) > 0.02
+    # the speed: FedAvg after the same 50 rounds is still 1e-6 away; FedExP extrapolates there
+    assert np.abs(fedavg - fixed_point).max() > 1e-7
+    assert float(fedexp.outcome.state.server_state["eta"][0, 0]) > 2
+
+
+def test_its_rows_are_the_same_on_one_and_three_shards(run_config):
+    args = (*QUADRATIC, "algorithm=fedexp", "algorithm.sampler=scheme_i", "algorithm.clients_per_round=3",
+            "replicas=2", "rounds=20")
+    one = run_engine(run_config(*args), num_shards=1)
+    three = run_engine(run_config(*args), num_shards=3)
+    assert np.array_equal(one.x, three.x)
+    assert np.array_equal(one.outcome.state.server_state["eta"], three.outcome.state.server_state["eta"])
+
+
+@pytest.mark.parametrize("override,key", [
+    (("algorithm.aggregator=fednova",), "algorithm.aggregator"),
+    (("algorithm.aggregator=median",), "algorithm.aggregator"),
+    (("systems.mode=fedbuff",), "systems.mode"),
+])
+def test_combinations_the_paper_does_not_define_are_refused_naming_the_key(tmp_path, override, key):
+    with pytest.raises(ConfigError) as err:
+        load_settings([f"results_dir={tmp_path}", *QUADRATIC, "algorithm=fedexp", *override])
+    assert err.value.key == key and "fedexp" in str(err.value)

@@ -225,6 +225,12 @@ class ClientShard:
         sum_k tau_k gradient rows, not M max_k tau_k. Adds their c_k Delta_k (and extras) into `result`."""
         problem, solver, dev = self.problem, self.solver, x.device
         w0 = x[e.replica]
+        index = torch.as_tensor(e.replica, device=dev)
+        if plan.grads_only or solver.round_gradient == "after":  # Mime's exchange ahead of training; MimeLite's
+            coef = torch.as_tensor(e.coef, dtype=torch.float64, device=dev)[:, None]
+            result.add_rows("grad", index, problem.full_grads(w0, e.clients) * coef)
+            if plan.grads_only:
+                return
         w = w0.clone()
         saved = [self.client_state.get((int(r), int(k)), {}) for r, k in zip(e.replica, e.clients)] \
             if self.client_state else [{} for _ in e.clients]  # a stateless solver's: no lookups
@@ -247,6 +253,8 @@ class ClientShard:
                 w_t, scale_t, state_t = w[:n], scale[:n], prefix_state(state, n)
                 lr_t = lr_rows[:n] if per_replica else None
             g = grad_fn(w_t, batches, t)
+            if solver.anchor_grads:  # the same minibatch's gradient at the round's start (Mime)
+                state_t["anchor_g"] = grad_fn(w0[:n], batches, t)
             new_buffers = take_buffers(g, b) if b else None
             solver.update(w_t, g, scale_t * (lr_t[:, t:t + 1] if per_replica else float(plan.step_lrs[t])), state_t)
             if new_buffers is not None:
@@ -263,7 +271,6 @@ class ClientShard:
                 key = (int(r), int(k))  # the stages' state of the client kept beside the solver's
                 self.client_state[key] = {**self.client_state.get(key, {}),
                                           **{name: v[i].clone() for name, v in new_state.items()}}
-        index = torch.as_tensor(e.replica, device=dev)
         delta = self.transformed(plan, w - w0, e, result) if transforms(plan) else None
         if plan.send_updates:  # leaves the device batch by batch, so device memory stays within the budget
             sent = (w - w0) if delta is None else delta.to(w.dtype)

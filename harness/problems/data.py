@@ -187,6 +187,18 @@ class DataProblem(Problem, ExactSolve):
         (g,) = torch.autograd.grad(loss.sum() / len(idx) + self.objective.regularizer(w).sum(), w)
         return g
 
+    def full_grads(self, w: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
+        """Each client's full-batch gradient, its mean loss over all its samples plus the regularizer, by autograd
+        one client at a time (Mime and MimeLite: once a round per sampled client)."""
+        out = torch.empty(w.shape, dtype=torch.float64, device=w.device)
+        for m, k in enumerate(np.asarray(clients).tolist()):
+            rows = slice(int(self.offsets[k]), int(self.offsets[k] + self.sizes[k]))
+            wm = w[m:m + 1].detach().requires_grad_(True)
+            loss, _ = self.objective.loss_terms(wm, self._model_input(self.x[rows]), self.y[rows])
+            (g,) = torch.autograd.grad(loss.sum() / self.sizes[k] + self.objective.regularizer(wm).sum(), wm)
+            out[m] = g[0].double()
+        return out
+
     def entry_bytes(self, steps: int) -> int:
         """Bytes one client copy of a batched local step needs besides its parameter vectors: its minibatch
         indices for the round, one step's gathered features, and the model's activations."""

@@ -188,15 +188,15 @@ class DataProblem(Problem, ExactSolve):
         return g
 
     def full_grads(self, w: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
-        """Each client's full-batch gradient, its mean loss over all its samples plus the regularizer, by autograd
-        one client at a time (Mime and MimeLite: once a round per sampled client)."""
+        """Each client's full-batch gradient (its mean loss over all its samples plus the regularizer): the model's
+        own batched gradient with the client's samples as one minibatch, one client at a time (Mime and MimeLite:
+        once a round per sampled client; the kernels the local steps take, so the same bits in every process)."""
         out = torch.empty(w.shape, dtype=torch.float64, device=w.device)
         for m, k in enumerate(np.asarray(clients).tolist()):
-            rows = slice(int(self.offsets[k]), int(self.offsets[k] + self.sizes[k]))
-            wm = w[m:m + 1].detach().requires_grad_(True)
-            loss, _ = self.objective.loss_terms(wm, self._model_input(self.x[rows]), self.y[rows])
-            (g,) = torch.autograd.grad(loss.sum() / self.sizes[k] + self.objective.regularizer(wm).sum(), wm)
-            out[m] = g[0].double()
+            rows = torch.arange(int(self.offsets[k]), int(self.offsets[k] + self.sizes[k]), device=self.device)
+            x = self._model_input(self.x.index_select(0, rows))
+            chunk = self.objective.prepare_chunk(x[None, None], self.y.index_select(0, rows)[None, None])
+            out[m] = self.objective.batch_grad(w[m:m + 1], tuple(part[:, 0] for part in chunk))[0].double()
         return out
 
     def entry_bytes(self, steps: int) -> int:

@@ -85,7 +85,7 @@ def test_rows_are_the_same_on_one_and_three_shards(run_config, name):
 
 
 def test_mime_removes_the_drift_fedavg_keeps(run_config):
-    args = (*QUADRATIC, "dataset.noise=0", "algorithm.sampler=full", "algorithm.local_steps=5", "rounds=300")
+    args = (*QUADRATIC, "dataset.noise=0", "algorithm.sampler=full", "algorithm.local_steps=5", "rounds=250")
     fedavg, mime = run_engine(run_config(*args)), run_engine(run_config(*args, "algorithm=mime"))
     w_star = mime.reference.w_star
     assert np.linalg.norm(fedavg.x - w_star) > 0.02  # FedAvg's fixed point: 0.031 away

@@ -15,8 +15,11 @@ from fedharness.config.load import load_settings
 from fedharness.core.engine import Engine
 from fedharness.core.exact_sum import FLOOR_EXP, MARGIN_BITS, WORD_BITS
 from fedharness.core.executors import InlineExecutor
+from fedharness.runs.batch import Slot
+from fedharness.runs.execute import execute, execute_batch
 from overparam_lsq import LeastSquares, paper_data
 from quadratic_runs import run_engine
+from test_batched_slots import assert_same_rows, rounds_table
 
 QUADRATIC = ("dataset=quadratic", "dataset.num_clients=6", "dataset.dim=3", "dataset.curvature=random",
              "dataset.mu=0.5", "dataset.L=2.0", "dataset.spread=2.0", "algorithm.local_steps=5",
@@ -126,3 +129,19 @@ def test_on_the_papers_over_parameterized_least_squares_it_needs_fewer_rounds_th
         k = next(t for t, loss in enumerate(fedexp) if loss <= 0.05)
         faster += min(_losses(problem, "fedavg", k)) > 0.05
     assert faster == 5
+
+
+def test_in_a_batch_each_slot_gets_its_solo_rows_and_its_own_step_sizes(tmp_path):
+    def load(*extra: str):
+        return load_settings([f"results_dir={tmp_path}", "progress=false", *QUADRATIC, "algorithm=fedexp",
+                              "algorithm.last_two=false", "algorithm.fedexp_eps=0.01", "algorithm.sampler=scheme_i",
+                              "algorithm.clients_per_round=3", "replicas=2", "rounds=10", "eval_every=2", *extra])
+
+    lrs = ("0.05", "0.02")
+    for lr in lrs:
+        assert execute(load(f"algorithm.client_lr={lr}"), run_id=f"alone-{lr}").status == "ok"
+    execute_batch([Slot(load(f"algorithm.client_lr={lr}"), f"batch-{lr}") for lr in lrs], batch_id="b")
+    for lr in lrs:
+        want = rounds_table(tmp_path, f"alone-{lr}")
+        assert_same_rows(rounds_table(tmp_path, f"batch-{lr}"), want, 1e-12)  # server_lr: each row's eta_g
+        assert any(r["server_lr"] is not None and r["server_lr"] > 1 for r in want)

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all test-kernels bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages bench-compression bench-client-store bench-systems reproduce robustness compression systems async-table async-speedup mutants list clean
+.PHONY: run test test-all test-kernels bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages bench-compression bench-client-store bench-systems reproduce robustness compression systems async-table async-speedup drift mutants list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -95,6 +95,10 @@ async-speedup: $(STAMP)  ## FedBuff on W1 under the slow tail, concurrency C = 4
 	$(BIN)/fedharness report results/sweeps/async_speedup
 	mkdir -p docs/async_table
 	cp results/sweeps/async_speedup/report/figures/speedup_sim_s_test_acc_ge_0.5.png docs/async_table/speedup_sim_s.png
+
+drift: $(STAMP)  ## FedAvg, FedProx, SCAFFOLD, FedNova, FedExP, Mime, MimeLite on quadratics and Synthetic(1,1) with exact references, E = 1, 5, 20, full and K = 5 (84 runs of 5 seeds): subopt floor and rounds to 10x above it, docs/drift/table.md (docs/algorithms.md)
+	$(BIN)/fedharness sweep sweep=drift $(ARGS)
+	$(BIN)/python -m fedharness.studies.drift results/sweeps/drift --out docs/drift
 
 mutants: $(STAMP)  ## cosmic-ray over privacy, accounting, samplers, attacks, exact sums, robust rules, tuning samplers: 2-11 min a module on this shared 2-core machine, about 31 min for all seven (summed per module, load 4-9) (MODULE=privacy: one; docs/mutation.md)
 	nice -n 10 $(BIN)/python mutation/mutants.py $(MODULE)

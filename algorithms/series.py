@@ -20,12 +20,13 @@ import numpy as np
 import torch
 
 from fedharness.algorithms.extrapolation import rr_coefficients
-from fedharness.contracts import AverageState, ReplicaLayout, SeriesHook
+from fedharness.contracts import AverageState, LastTwoState, ReplicaLayout, SeriesHook
 from fedharness.errors import require
 from fedharness.keys import Key, boolean, choice, number
 
 KEYS: dict[str, Key] = {  # the algorithm keys build_series reads
     "average": boolean("also record the Polyak-Ruppert average of the iterates (series average)"),
+    "last_two": boolean("also record the average of the last two iterates (series last_two: FedExP's)"),
     "burn_in": number("fraction of the rounds before averaging starts", lo=0, hi=1, hi_open=True),
     "rr": choice("Richardson-Romberg: none | gamma (gamma and 2 gamma) | H (H and 2H)", ("none", "gamma", "H")),
     "rr_shared_noise": boolean("the coupled replicas share their random streams"),
@@ -61,6 +62,21 @@ class PolyakAverage(SeriesHook):
         return {"average": (self.average(hs), np.arange(len(hs["last"])))}
 
 
+class LastTwo(SeriesHook):
+    """(x_r + x_{r-1}) / 2, the iterate FedExP reports because its iterates oscillate (Jhunjhunwala et al.,
+    Section 5); x_0 itself before the first step."""
+
+    def init_state(self, x: torch.Tensor) -> LastTwoState:
+        return {"last": x.clone(), "prev": x.clone()}
+
+    def observe(self, hs: LastTwoState, x: torch.Tensor, rnd: int, rounds: int) -> None:
+        hs["prev"], hs["last"] = hs["last"], x.clone()
+
+    def series(self, hs: LastTwoState) -> dict[str, tuple[torch.Tensor, np.ndarray]]:
+        mean = ((hs["last"].double() + hs["prev"].double()) / 2).to(hs["last"].dtype)
+        return {"last_two": (mean, np.arange(len(mean)))}
+
+
 class RichardsonRomberg(PolyakAverage):
     """Average of all 2R replicas, plus the extrapolated iterate and the extrapolated average."""
 
@@ -81,13 +97,14 @@ class RichardsonRomberg(PolyakAverage):
 
 
 def build_series(replicas: int, *, rr: str = "none", rr_shared_noise: bool = True, burn_in: float = 0.5,
-                 average: bool = False, local_work: str | None = None, local_steps: int = 1,
+                 average: bool = False, last_two: bool = False, local_work: str | None = None, local_steps: int = 1,
                  **_other_keys: Any) -> tuple[ReplicaLayout, list]:
     """The replica layout and series hooks the algorithm's keys ask for (`rr`, `rr_shared_noise`, `burn_in`,
-    `average`), called with all of them: `build_series(settings.replicas, **settings.algorithm.params)`. The
-    schema has checked each key; ConfigError for rr=H without a fixed H."""
+    `average`, `last_two`), called with all of them: `build_series(settings.replicas, **settings.algorithm.params)`.
+    The schema has checked each key; ConfigError for rr=H without a fixed H."""
+    two = [LastTwo()] if last_two else []
     if rr == "none":
-        return ReplicaLayout.seeds(replicas), [PolyakAverage(burn_in)] if average else []
+        return ReplicaLayout.seeds(replicas), ([PolyakAverage(burn_in)] if average else []) + two
     if rr == "H":
         require(local_work == "steps", "algorithm.local_work", local_work,
                 "steps (a fixed H) when algorithm.rr=H: the extrapolation weights depend on H")
@@ -97,4 +114,4 @@ def build_series(replicas: int, *, rr: str = "none", rr_shared_noise: bool = Tru
     lr_factor = np.concatenate([ones, 2 * ones if rr == "gamma" else ones])
     tau_factor = np.concatenate([ones, 2 * ones if rr == "H" else ones]).astype(np.int64)
     layout = ReplicaLayout(streams, lr_factor, tau_factor, np.concatenate([base, base]))
-    return layout, [RichardsonRomberg(rr, replicas, local_steps if rr == "H" else 1, burn_in)]
+    return layout, [RichardsonRomberg(rr, replicas, local_steps if rr == "H" else 1, burn_in)] + two

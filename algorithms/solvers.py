@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedharness.contracts import (ClientSlot, ClientState, ControlVariate, LocalSolver, ServerContext, SolverState,
-                                  WeightStats)
+from fedharness.contracts import (ClientSlot, ClientState, ControlVariate, LocalSolver, MimeContext, ServerContext,
+                                  SolverState, WeightStats)
 from fedharness.registry.groups import part, part_names
 from fedharness.keys import Key, boolean, choice, number
 
@@ -26,6 +26,8 @@ KEYS: dict[str, Key] = {
                        batchable=True),
     "feddyn_alpha": number("FedDyn's alpha: client k minimizes N p_k f_k - <g_k, w> + alpha/2 ||w - w_r||^2 "
                            "(solver, aggregator, server_optimizer feddyn)", lo=0, lo_open=True),
+    "mime_momentum": number("solver=mime/mimelite: beta of the server momentum the clients hold fixed", lo=0, hi=1,
+                            hi_open=True),
 }
 
 
@@ -229,3 +231,50 @@ class FedDynSGD(LocalSGD):
                p: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """The client's new g_k (nothing summed: the server's h follows from the models, FedDynServer)."""
         return {"feddyn_grad": state["g_k"] - self.alpha * (w - w0).double()}, {}
+
+
+@part("solver", "mimelite", control=False)
+@part("solver", "mime", control=True)
+class MimeSGD(LocalSGD):
+    """Mime and MimeLite (Karimireddy et al. 2020, Algorithm 1) with SGD + momentum as the base algorithm, in the
+    paper's convention U(g, m) = (1 - beta) g + beta m (the step), V(g, m) = (1 - beta) g + beta m (the state).
+
+    The server's momentum m is sent to the clients and held fixed during their local steps:
+        y <- y - lr ((1 - beta) g + beta m),
+    with g = grad f_k(y; z) - grad f_k(x; z) + c for Mime (c = sum_k c_k grad F_k(x) over the round's clients,
+    computed in an exchange of its own before the local steps), g = grad f_k(y; z) for MimeLite. Every client also
+    sends its full-batch gradient grad F_k(x) (Mime: in that first exchange; MimeLite: with its update), and the
+    server sets m <- (1 - beta) sum_k c_k grad F_k(x) + beta m; the model takes the aggregate as FedAvg does.
+    Bytes: MimeLite x and m down, Delta_k and grad F_k(x) up; Mime also c down. Gradients: Mime's steps take two
+    minibatch gradients each; both add one full pass over each client's samples.
+    """
+
+    def __init__(self, mime_momentum: float = 0.9, control: bool = True):
+        super().__init__()
+        self.beta, self.control = float(mime_momentum), control
+        self.comm_factor, self.extra_down = 2, int(control)
+        self.round_gradient = "before" if control else "after"
+        self.anchor_grads = control
+
+    def init_server_ctx(self, x: torch.Tensor) -> MimeContext:
+        zeros = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+        return {"momentum": zeros, "grad": zeros.clone()}
+
+    def init_state(self, w0: torch.Tensor, server_ctx: ServerContext | None = None,
+                   saved: list[ClientState] | None = None) -> SolverState:
+        state = super().init_state(w0, server_ctx, saved)
+        ctx = server_ctx or self.init_server_ctx(w0)
+        state["held"] = (self.beta * ctx["momentum"]).to(w0.dtype)
+        if self.control:
+            state["c"] = ctx["grad"].to(w0.dtype)
+        return state
+
+    def update(self, w: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: SolverState) -> torch.Tensor:
+        if self.control:
+            g = g - state["anchor_g"] + state["c"]
+        step = torch.add(state["held"], g, alpha=1.0 - self.beta)
+        return w.addcmul_(step, lr, value=-1.0)
+
+    def update_server_ctx(self, ctx: ServerContext, extras: dict[str, torch.Tensor]) -> MimeContext:
+        grad = extras["grad"]
+        return {"momentum": (1.0 - self.beta) * grad + self.beta * ctx["momentum"], "grad": grad}

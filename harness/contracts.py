@@ -187,6 +187,26 @@ class AdamState(TypedDict):
     v: torch.Tensor  # float64 [R, dim]
 
 
+class FedExPState(TypedDict):
+    """FedExP: the server step size eta_g of each replica's last step (NaN before the first)."""
+
+    eta: torch.Tensor  # float64 [R, 1]
+
+
+class LastTwoState(TypedDict):
+    """The last two iterates (series last_two: FedExP's reported iterate is their average)."""
+
+    last: torch.Tensor  # [R, dim]
+    prev: torch.Tensor  # [R, dim]
+
+
+class MimeContext(TypedDict):
+    """Mime / MimeLite's server context: the server momentum m and the last round's sum_k c_k grad F_k(x)."""
+
+    momentum: torch.Tensor  # float64 [R, dim]
+    grad: torch.Tensor  # float64 [R, dim]
+
+
 class AverageState(TypedDict):
     """A Polyak-Ruppert average (series hooks)."""
 
@@ -209,6 +229,8 @@ class SolverState(TypedDict, total=False):
     c: torch.Tensor  # SCAFFOLD: the server's control variate, per copy
     c_i: torch.Tensor  # SCAFFOLD: the client's own
     correction: torch.Tensor  # SCAFFOLD: c - c_i in the model's dtype
+    anchor_g: torch.Tensor  # Mime: this step's minibatch gradient at w0 (LocalSolver.anchor_grads)
+    held: torch.Tensor  # Mime, MimeLite: beta m, the server's momentum term held fixed during the round
     mu: torch.Tensor  # a batch of slots: each copy's own proximal mu [M, 1] (else the solver's own)
     momentum: torch.Tensor  # a batch of slots: each copy's own client momentum [M, 1]
     p: torch.Tensor  # each copy's client weight p_k [M] float64, set by the shard after init_state
@@ -216,7 +238,7 @@ class SolverState(TypedDict, total=False):
     linear: torch.Tensor  # FedDyn: g_k in the model's dtype
 
 
-ServerState = Mapping[str, "torch.Tensor"]  # a server optimizer's: {} (sgd), MomentumState, AdamState
+ServerState = Mapping[str, "torch.Tensor"]  # a server optimizer's: {} (sgd), MomentumState, AdamState, FedExPState
 ServerContext = Mapping[str, "torch.Tensor"]  # what a solver keeps on the server and sends the shards: {}, ControlVariate
 ClientState = Mapping[str, "torch.Tensor"]  # a (replica, client)'s slots by name, as its shard's ClientStore keeps them
 
@@ -385,6 +407,14 @@ class ClientEvaluation(Protocol):
 
 
 @runtime_checkable
+class ClientGradients(Protocol):
+    """A problem that gives each client's full-batch gradient (Mime and MimeLite send it: LocalSolver.round_gradient)."""
+
+    def full_grads(self, w: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
+        """grad F_k(w_m) of client clients[m] at w [M, dim] (float64 [M, dim]): its whole local objective."""
+
+
+@runtime_checkable
 class ExactSolve(Protocol):
     """A problem whose global objective F is built whole, so harness/references/ can solve for the exact w*, F*
     (and each client's F_k*). A problem without it (lazily generated clients) has no exact reference."""
@@ -507,6 +537,12 @@ class LocalSolver(Protocol):
     """The update each client applies at every local step, vectorized over client copies (algorithms/solvers.py)."""
 
     comm_factor: int = 1  # model-sized vectors each way per client and round (SCAFFOLD: 2, its control variate)
+    extra_down: int = 0  # model-sized vectors sent down besides comm_factor's (Mime: the control variate c)
+    # The round's clients' full-batch gradients at the server model, sum_k c_k grad F_k(x) (a ClientGradients
+    # problem), reach update_server_ctx as extras["grad"]: "before" in a pass of their own ahead of the local steps,
+    # also sent in the server context as "grad" (Mime's control variate c); "after" with the training (MimeLite).
+    round_gradient: str = "none"
+    anchor_grads: bool = False  # each local step also takes the minibatch's gradient at w0: state["anchor_g"] (Mime)
     # step_lrs and weight_stats also take step sizes [R, T], each row (replica) its own: a batch of slots then asks
     # once for all the alike slots' rows (harness/core/slots.py SlotSolver), not slot by slot
     rows_of_step_sizes: bool = False
@@ -575,6 +611,9 @@ class ServerOptimizer(Protocol):
     """x_{r+1} from x_r and the aggregated delta (algorithms/server.py)."""
 
     server_lr: float | None = None  # eta_g, recorded in the rounds table (None: the optimizer has none)
+    # The step also takes `sq_norms` [R] float64: sum_k c_k ||Delta_k||^2 over the updates Delta_k the aggregate
+    # Delta = sum_k c_k Delta_k was made of (FedExP); the shards send one number per trained client for it.
+    reads_sq_norms: bool = False
 
     def step(self, x: torch.Tensor, delta: torch.Tensor, state: ServerState, lr: np.ndarray | None = None) \
             -> torch.Tensor:
@@ -582,6 +621,11 @@ class ServerOptimizer(Protocol):
 
     def init_state(self, x: torch.Tensor) -> ServerState:
         return {}
+
+    def step_sizes(self, state: ServerState) -> np.ndarray | None:
+        """[R] the eta_g of each replica's last step where it changes from round to round (FedExP: the rounds
+        table's server_lr then has each row's own); None: the constant server_lr."""
+        return None
 
 
 @runtime_checkable
@@ -685,6 +729,8 @@ class RoundPlan:
     step_lrs: np.ndarray  # [max tau] step sizes of this round, or each replica's [R, max tau] (a batch of slots)
     server_ctx: ServerContext = field(default_factory=dict)  # e.g. SCAFFOLD's server control c
     send_updates: bool = False  # an UpdateAggregator: send each client's Delta_k, not the reduced sum
+    sq_norms: bool = False  # also send each trained client's c_k ||Delta_k||^2 (ServerOptimizer.reads_sq_norms)
+    grads_only: bool = False  # no training: each client's c_k grad F_k(x) into the sum "grad" (round_gradient before)
     stages: tuple[ClientWork, ...] = ()  # the update stages' work in the shards this round, in the stages' order
 
     def returned(self, r: int) -> tuple[np.ndarray, np.ndarray]:

@@ -35,15 +35,16 @@ class Finished:
 
 
 def run_engine(settings: RunSettings, layout: ReplicaLayout | None = None, series_from_config: bool = False,
-               executor_cls=InlineExecutor, num_shards: int = 1) -> Finished:
-    """prepare + Engine.run with an optional replica layout (e.g. a grid of step-size or local-step factors)."""
+               executor_cls=InlineExecutor, num_shards: int = 1, eval_every: int | None = None) -> Finished:
+    """prepare + Engine.run with an optional replica layout (e.g. a grid of step-size or local-step factors),
+    evaluated at the end only (or every `eval_every` rounds)."""
     problem, algorithm, reference = prepare(settings)
     series = None
     if series_from_config:
         layout, series = build_series(settings.replicas, **settings.algorithm.params)
     executor = executor_cls(problem, algorithm.solver, num_shards)
     engine = Engine(problem, algorithm, executor, rounds=settings.rounds, seed=settings.seed,
-                    replicas=settings.replicas, eval_every=settings.rounds, reference=reference, layout=layout,
+                    replicas=settings.replicas, eval_every=eval_every or settings.rounds, reference=reference, layout=layout,
                     series=series)
     outcome = engine.run()
     assert outcome.status == "ok"

@@ -11,7 +11,8 @@ import pytest
 from fedharness.config import schema
 from fedharness.cli import main
 from fedharness.config.compose import group_options
-from fedharness.config.load import load_config
+from fedharness.config.load import load_config, load_settings
+from fedharness.errors import ConfigError
 
 CASES = [  # (overrides, the key the message must name, words of what is allowed)
     (["dataset.alpha=nan"], "dataset.alpha", "finite"),
@@ -126,3 +127,18 @@ def test_a_full_disk_during_the_run_is_one_line(tmp_path, monkeypatch, capsys):
     assert main(["run", f"results_dir={results}", "progress=false", "dataset=quadratic", "rounds=1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"fedharness: error: cannot write results to '{results}': No space left on device"]
+
+
+@pytest.mark.parametrize("algorithm,override,key", [
+    ("fedexp", "algorithm.aggregator=fednova", "algorithm.aggregator"),
+    ("fedexp", "algorithm.aggregator=median", "algorithm.aggregator"),
+    ("fedexp", "systems.mode=fedbuff", "systems.mode"),
+    ("mime", "algorithm.server_optimizer=adam", "algorithm.server_optimizer"),
+    ("mime", "algorithm.aggregator=fednova", "algorithm.aggregator"),
+    ("mimelite", "algorithm.momentum=0.5", "algorithm.momentum"),
+    ("mime", "systems.mode=fedbuff", "systems.mode"),
+])
+def test_fedexp_and_mime_refuse_combinations_their_papers_do_not_define(tmp_path, algorithm, override, key):
+    with pytest.raises(ConfigError) as err:
+        load_settings([f"results_dir={tmp_path}", "dataset=quadratic", f"algorithm={algorithm}", override])
+    assert err.value.key == key and ("mime" if "mime" in algorithm else "fedexp") in str(err.value)

@@ -260,6 +260,30 @@ def ranges_ordered(cfg: dict[str, Any]) -> None:
         require(dcfg["mu"] <= dcfg["L"], "dataset.mu", dcfg["mu"], f"must satisfy 0 < mu <= L = {dcfg['L']}")
 
 
+def fedexp_composes(cfg: dict[str, Any]) -> None:
+    """FedExP's eta_g is derived for an average of the clients' updates at one server version (the paper's)."""
+    acfg = cfg["algorithm"]
+    if acfg["server_optimizer"] != "fedexp":
+        return
+    require(acfg["aggregator"] == "fedavg", "algorithm.aggregator", acfg["aggregator"],
+            "fedavg with server_optimizer=fedexp (its step size is derived for a weighted average of the updates)")
+    mode = cfg["systems"]["mode"]
+    require(mode == "sync", "systems.mode", mode, "sync with server_optimizer=fedexp (a synchronous round's updates)")
+
+
+def mime_composes(cfg: dict[str, Any]) -> None:
+    """Mime and MimeLite apply the server's momentum in the local steps and average the models (the paper's)."""
+    acfg = cfg["algorithm"]
+    if acfg["solver"] not in ("mime", "mimelite"):
+        return
+    why = f"with solver={acfg['solver']} (its clients apply the server's momentum; the models are averaged)"
+    for key, allowed in (("server_optimizer", "sgd"), ("aggregator", "fedavg")):
+        require(acfg[key] == allowed, f"algorithm.{key}", acfg[key], f"{allowed} {why}")
+    for key in ("momentum", "mu", "weight_decay"):
+        require(acfg[key] == 0, f"algorithm.{key}", acfg[key], f"0 {why}")
+    require(cfg["systems"]["mode"] == "sync", "systems.mode", cfg["systems"]["mode"], f"sync {why}")
+
+
 def per_client_steps(cfg: dict[str, Any]) -> None:
     acfg, n = cfg["algorithm"], cfg["dataset"]["num_clients"]
     if acfg["local_work"] == "per_client":
@@ -381,8 +405,9 @@ def dp_covered(cfg: dict[str, Any]) -> None:
     require(acfg["aggregator"] == "fedavg", "algorithm.aggregator", acfg["aggregator"],
             "fedavg with dp (DP-FedAvg noises a weighted sum of clipped updates)")
     require(acfg["dropout"] == 0, "algorithm.dropout", acfg["dropout"], "0 with dp (dropout rescales the weights)")
-    require(acfg["solver"] != "scaffold", "algorithm.solver", acfg["solver"],
-            "not scaffold with dp (its control variates would leave the clients unclipped and unnoised)")
+    require(acfg["solver"] not in ("scaffold", "mime", "mimelite"), "algorithm.solver", acfg["solver"],
+            "not scaffold, mime or mimelite with dp (their control variates and gradients would leave the "
+            "clients unclipped and unnoised)")
     sigma_b, z = dp["count_noise_multiplier"], dp["noise_multiplier"]
     if dp["adaptive"] and sigma_b is not None and z is not None:
         require(2 * sigma_b > z, "dp.count_noise_multiplier", sigma_b,
@@ -430,7 +455,7 @@ def check_data_clients(cfg: dict[str, Any], num_clients: int) -> None:
 RULES: tuple[Callable[[dict[str, Any]], None], ...] = (
     metrics_registered, model_fits_dataset, partition_fits_dataset, ray_keys_need_ray, shards_within_clients,
     sampled_within_clients,
-    ranges_ordered, per_client_steps, part_groups_known, attack_known, stages_known, device_available,
+    ranges_ordered, per_client_steps, fedexp_composes, mime_composes, part_groups_known, attack_known, stages_known, device_available,
     results_dir_writable,
     dp_covered, feddyn_composes,
 )

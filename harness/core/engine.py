@@ -17,10 +17,12 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from fedharness.contracts import (Algorithm, Callback, ClientScores, Coefficients, LocalSolver, Metric, Problem,
+from fedharness.contracts import (Algorithm, Callback, ClientGradients, ClientScores, Coefficients, LocalSolver,
+                                  Metric, Problem,
                                   ReplicaLayout, RoundContext, RoundPlan, RunOutcome, RunState, SeriesHook,
                                   Selection, UpdateAggregator, WeightStats)
 from fedharness.base.interrupts import atomic
+from fedharness.errors import require
 from fedharness.core.buffers import average_into, buffer_dim, local_buffers
 from fedharness.core.clock import SystemsClock, link_seconds, rescaled
 from fedharness.core.exact_sum import Grids
@@ -98,6 +100,8 @@ class Engine:
         held-out data (the problem is a contracts.ClientEvaluation); None: none. `grad_norm` (eval.grad_norm):
         whether evaluations compute grad_norm_sq (else null)."""
         self.problem, self.alg, self.executor, self.reference = problem, algorithm, executor, reference
+        require(algorithm.solver.round_gradient == "none" or isinstance(problem, ClientGradients), "algorithm.solver",
+                algorithm.name, "a problem that gives each client's full-batch gradient (quadratic, the data sets)")
         # an UpdateAggregator is a runtime Protocol: isinstance reads its members, too slow to ask every round
         self.send_updates = isinstance(algorithm.aggregator, UpdateAggregator)
         self.slots, self.trainer = slots, trainer
@@ -190,7 +194,10 @@ class Engine:
         c = state.counters
         distinct, work = trained_clients(plan.clients, plan.coef, plan.tau)
         c["local_steps"] += np.where(distinct > 0, np.where(plan.coef != 0, plan.tau, 0).max(1), 0)
-        c["grad_evals"] += work * self.alg.batch_size
+        solver = self.alg.solver
+        c["grad_evals"] += work * self.alg.batch_size * (2 if solver.anchor_grads else 1)
+        if solver.round_gradient != "none":  # one pass over each trained client's samples
+            c["grad_evals"] += self._full_batch_samples(plan)
         down, up = self._client_bytes
         c["bytes_down"] += distinct * down if self._downloads is None else self._downloads * down
         c["bytes_up"] += distinct * up
@@ -200,6 +207,11 @@ class Engine:
             c["sim_s"] += self._sim_seconds
         c["participants"] = distinct  # the clients that took part in the round just done (not cumulative)
 
+    def _full_batch_samples(self, plan: RoundPlan) -> np.ndarray:
+        """[R] the samples of each row's distinct trained clients (a full-batch gradient's sample gradients)."""
+        trains = np.where(plan.coef != 0, plan.clients, -1)
+        return np.array([int(np.sum(self.problem.sizes[np.unique(row[row >= 0])])) for row in trains], dtype=np.int64)
+
     def step(self, state: RunState) -> RunState:
         """One server version: a synchronous round, or (systems.mode fedbuff, fedasync) the clients that start from
         it and the arrivals its step aggregates."""
@@ -208,6 +220,11 @@ class Engine:
         plan, coefs = self.plan_round(state.round, state.counters["sim_s"])
         plan.server_ctx = state.server_ctx
         plan.stages = self.stages.client_work(plan, state.counters)
+        plan.sq_norms = self.alg.server.reads_sq_norms
+        ahead = {}
+        if self.alg.solver.round_gradient == "before":  # an exchange of its own: c, before the local steps (Mime)
+            ahead = self.executor.local_updates(state.x, replace(plan, grads_only=True, stages=())).extras
+            plan.server_ctx = {**state.server_ctx, **ahead}
         result = self.executor.local_updates(state.x, plan)
         if plan.send_updates:
             chunks = self.stages.on_updates(plan, result.updates)
@@ -215,16 +232,18 @@ class Engine:
         else:
             delta = result.delta
         delta = self.stages.on_aggregate(plan, delta, result.counts, state.counters)
-        extras = result.extras
+        extras = {**ahead, **result.extras}
         if extras:
             state.server_ctx = self.alg.solver.update_server_ctx(state.server_ctx, extras)
         self._count(state, plan)
-        return self._advance(state, delta, plan.step_lrs[..., 0], coefs)
+        sq_norms = {"sq_norms": result.weighted_sq_norms()} if plan.sq_norms else {}
+        return self._advance(state, delta, plan.step_lrs[..., 0], coefs, **sq_norms)
 
-    def _advance(self, state: RunState, delta: torch.Tensor, first: np.ndarray, coefs: Coefficients) -> RunState:
+    def _advance(self, state: RunState, delta: torch.Tensor, first: np.ndarray, coefs: Coefficients,
+                 **sq_norms: np.ndarray) -> RunState:
         """The server's step with the aggregated `delta` to the next version; `first`: the version's first client
-        step size ([] or, in a batch of slots, [R])."""
-        x = self.alg.server.step(state.x, delta, state.server_state, first * self.layout.lr_factor)
+        step size ([] or, in a batch of slots, [R]); `sq_norms`: what a server that reads_sq_norms takes."""
+        x = self.alg.server.step(state.x, delta, state.server_state, first * self.layout.lr_factor, **sq_norms)
         if buffer_dim(self.problem):  # running statistics: the aggregated average, no server optimizer step
             x = average_into(x, state.x, delta, buffer_dim(self.problem))
         for hook, hs in zip(self.series, state.series_state):
@@ -404,6 +423,8 @@ class Engine:
         # each column once as plain Python values (tolist: int64 -> int, float64 -> float, as .item() and float()
         # give), then one dict per replica: a run of many replicas evaluated often builds many rows
         n, server_lr = len(src), self.alg.server.server_lr
+        step_sizes = self.alg.server.step_sizes(state.server_state)  # per replica where eta_g adapts (FedExP)
+        server_lrs = [server_lr] * n if step_sizes is None else _column(step_sizes[src], n)
         train_loss, grad_norm_sq = _column(ev.train_loss, n), _column(ev.grad_norm_sq, n)
         lr = [None if math.isnan(v) else v for v in self._last_lr[src].tolist()]
         columns = {k: v[src].tolist() for k, v in state.counters.items()}
@@ -417,7 +438,7 @@ class Engine:
         rows = []
         for i, r in enumerate(replica_ids):
             row = {"replica": int(r), "series": series, "round": state.round, "wall_s": state.wall_s,
-                   "train_loss": train_loss[i], "grad_norm_sq": grad_norm_sq[i], "server_lr": server_lr,
+                   "train_loss": train_loss[i], "grad_norm_sq": grad_norm_sq[i], "server_lr": server_lrs[i],
                    "lr": lr[i], **staged}
             row.update({name: values[i] for name, values in columns.items()})
             if scores is not None:
@@ -602,8 +623,8 @@ class BatchedEngine(Engine):
     def slot_rows(self, rows: list[dict], i: int) -> list[dict]:
         """Slot i's rows of the batch's, its replicas renumbered from 0 and its own server lr."""
         rng, server_lr = self.slots.rows(i), self.slots.algorithms[i].server.server_lr
-        return [{**r, "replica": r["replica"] - rng.start, "server_lr": server_lr}
-                for r in rows if rng.start <= r["replica"] < rng.stop]
+        own = {} if server_lr is None else {"server_lr": server_lr}  # None: the row's own (an adaptive eta_g)
+        return [{**r, "replica": r["replica"] - rng.start, **own} for r in rows if rng.start <= r["replica"] < rng.stop]
 
     def slot_scores(self, i: int) -> ClientScores | None:
         """Slot i's replica rows of this evaluation's per-client scores, in its replicas' order."""
@@ -648,11 +669,12 @@ class BatchedEngine(Engine):
 
 def client_bytes(problem: Problem, solver: LocalSolver, stages: Stages) -> tuple[int, int]:
     """(bytes down, bytes up) of one sampled client a round: the model (and a solver's control variates,
-    comm_factor) down; the update as its stages encode it (a compressor's size) and the rest dense, up."""
+    comm_factor, and extra_down's) down; the update as its stages encode it (a compressor's size) and the rest
+    dense, up."""
     bytes_per_param = torch.finfo(problem.dtype).bits // 8
     dense = problem.dim * bytes_per_param
     extra = dense * (solver.comm_factor - 1)
-    return dense + extra, stages.upload_bytes(problem.dim, bytes_per_param) + extra
+    return dense + extra + dense * solver.extra_down, stages.upload_bytes(problem.dim, bytes_per_param) + extra
 
 
 def trained_clients(clients: np.ndarray, coef: np.ndarray, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -58,6 +58,8 @@ class ShardResult:
     grids: Grids | None = None  # None: float sums, or a reply (added into a result that has them)
     exact: bool = True
     counts: dict[str, np.ndarray] = field(default_factory=dict)  # [R] int64 each: the stages' client-side counts
+    # plan.sq_norms: (replica [m], client [m], c_k ||Delta_k||^2 [m] float64) of each trained batch of entries
+    sq_norms: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=list)
 
     @classmethod
     def zeros(cls, x: torch.Tensor, plan: RoundPlan, exact: bool = True) -> "ShardResult":
@@ -74,6 +76,7 @@ class ShardResult:
         for name, part in other.sums.items():
             self.sums[name] = self.sums[name].add(part) if name in self.sums else part
         self.updates.extend(other.updates)
+        self.sq_norms.extend(other.sq_norms)
         for name, count in other.counts.items():  # integer counts: exact in any order
             self.add_counts(name, count)
         return self
@@ -84,12 +87,21 @@ class ShardResult:
     def reply(self) -> "ShardResult":
         """What a shard sends: the sums' words on the CPU and the updates, without the grids."""
         return ShardResult(self.shape, "cpu", {name: part.to("cpu") for name, part in self.sums.items()},
-                           self.updates, None, self.exact, self.counts)
+                           self.updates, None, self.exact, self.counts, self.sq_norms)
 
     def to(self, device: torch.device | str) -> "ShardResult":
         return ShardResult(self.shape, device, {name: part.to(device) for name, part in self.sums.items()},
                            self.updates, None if self.grids is None else self.grids.to(device), self.exact,
-                           self.counts)
+                           self.counts, self.sq_norms)
+
+    def weighted_sq_norms(self) -> np.ndarray:
+        """[R] sum_k c_k ||Delta_k||^2 of every replica's trained clients, added in (replica, client) order, so the
+        same bits come out of any split into shards."""
+        if not self.sq_norms:
+            return np.zeros(self.shape[0])
+        replica, clients, values = (np.concatenate(parts) for parts in zip(*self.sq_norms))
+        order = np.lexsort((clients, replica))
+        return np.bincount(replica[order], weights=values[order], minlength=self.shape[0])
 
     def _value(self, name: str) -> torch.Tensor:
         return self.sums[name].value(self.grids[name] if self.exact else None)
@@ -219,6 +231,12 @@ class ClientShard:
         sum_k tau_k gradient rows, not M max_k tau_k. Adds their c_k Delta_k (and extras) into `result`."""
         problem, solver, dev = self.problem, self.solver, x.device
         w0 = x[e.replica]
+        index = torch.as_tensor(e.replica, device=dev)
+        if plan.grads_only or solver.round_gradient == "after":  # Mime's exchange ahead of training; MimeLite's
+            coef = torch.as_tensor(e.coef, dtype=torch.float64, device=dev)[:, None]
+            result.add_rows("grad", index, problem.full_grads(w0, e.clients) * coef)
+            if plan.grads_only:
+                return
         w = w0.clone()
         ctx = {k: v[e.replica] for k, v in plan.server_ctx.items()}
         saved = self.store.read(e.replica, e.clients, w0, ctx) if self.store.tables \
@@ -244,6 +262,8 @@ class ClientShard:
                 w_t, scale_t, state_t = w[:n], scale[:n], prefix_state(state, n)
                 lr_t = lr_rows[:n] if per_replica else None
             g = grad_fn(w_t, batches, t)
+            if solver.anchor_grads:  # the same minibatch's gradient at the round's start (Mime)
+                state_t["anchor_g"] = grad_fn(w0[:n], batches, t)
             new_buffers = take_buffers(g, b) if b else None
             solver.update(w_t, g, scale_t * (lr_t[:, t:t + 1] if per_replica else float(plan.step_lrs[t])), state_t)
             if new_buffers is not None:
@@ -265,6 +285,9 @@ class ClientShard:
             coef = torch.as_tensor(e.coef, dtype=torch.float64, device=dev)[:, None]
             delta = (w - w0).double() if delta is None else delta
             result.add_rows("delta", index, delta * coef)  # each product rounded on its own
+            if plan.sq_norms:
+                sq = (delta * delta).sum(1) * coef[:, 0]
+                result.sq_norms.append((e.replica.copy(), e.clients.copy(), sq.cpu().numpy()))
         for name, per_client in extras.items():
             result.add_rows(name, index, per_client.double())
 

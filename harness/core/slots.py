@@ -211,7 +211,8 @@ class SlotSolver(LocalSolver):
 
     def __init__(self, slots: SlotSet, trainer: LocalSolver):
         self.slots, self.trainer = slots, trainer
-        self.comm_factor = trainer.comm_factor
+        self.comm_factor, self.extra_down = trainer.comm_factor, trainer.extra_down
+        self.round_gradient, self.anchor_grads = trainer.round_gradient, trainer.anchor_grads
         self.runs: list[tuple[LocalSolver, slice]] = []  # alike solvers taking each row's step sizes: one call
         for solver, run in _alike_positions([a.solver for a in slots.algorithms]):
             if solver.rows_of_step_sizes:
@@ -306,18 +307,29 @@ class SlotServer(ServerOptimizer):
     def __init__(self, slots: SlotSet):
         self.slots = slots
         self.runs = _alike_runs(slots, [a.server for a in slots.algorithms])  # a server step is row-wise
+        self.reads_sq_norms = any(server.reads_sq_norms for server, _ in self.runs)
 
     def init_state(self, x: torch.Tensor) -> dict:
         s = self.slots
         states = [a.server.init_state(x[s.rows(i)]) for i, a in enumerate(s.algorithms)]
         return {name: torch.cat([st[name] for st in states]) for name in states[0]}
 
-    def step(self, x: torch.Tensor, delta: torch.Tensor, state, lr=None) -> torch.Tensor:
+    def step(self, x: torch.Tensor, delta: torch.Tensor, state, lr=None, sq_norms=None) -> torch.Tensor:
         """Each run of adjacent alike optimizers (every slot of a study over client step sizes and E) in one call,
         on views of the state, so in-place updates land in it."""
         steps = [server.step(x[rows], delta[rows], {k: v[rows] for k, v in state.items()},
-                             None if lr is None else lr[rows]) for server, rows in self.runs]
+                             None if lr is None else lr[rows],
+                             **({"sq_norms": sq_norms[rows]} if server.reads_sq_norms else {}))
+                 for server, rows in self.runs]
         return steps[0] if len(steps) == 1 else torch.cat(steps)
+
+    def step_sizes(self, state) -> np.ndarray | None:
+        """Each row's adaptive eta_g (NaN in a slot whose optimizer has a constant one); None: none adapts."""
+        parts = [server.step_sizes({k: v[rows] for k, v in state.items()}) for server, rows in self.runs]
+        if all(p is None for p in parts):
+            return None
+        return np.concatenate([np.full(rows.stop - rows.start, np.nan) if p is None else p
+                               for p, (_, rows) in zip(parts, self.runs)])
 
 
 def slot_algorithm(slots: SlotSet, trainer: LocalSolver) -> Algorithm:

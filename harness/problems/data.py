@@ -187,6 +187,18 @@ class DataProblem(Problem, ExactSolve):
         (g,) = torch.autograd.grad(loss.sum() / len(idx) + self.objective.regularizer(w).sum(), w)
         return g
 
+    def full_grads(self, w: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
+        """Each client's full-batch gradient (its mean loss over all its samples plus the regularizer): the model's
+        own batched gradient with the client's samples as one minibatch, one client at a time (Mime and MimeLite:
+        once a round per sampled client; the kernels the local steps take, so the same bits in every process)."""
+        out = torch.empty(w.shape, dtype=torch.float64, device=w.device)
+        for m, k in enumerate(np.asarray(clients).tolist()):
+            rows = torch.arange(int(self.offsets[k]), int(self.offsets[k] + self.sizes[k]), device=self.device)
+            x = self._model_input(self.x.index_select(0, rows))
+            chunk = self.objective.prepare_chunk(x[None, None], self.y.index_select(0, rows)[None, None])
+            out[m] = self.objective.batch_grad(w[m:m + 1], tuple(part[:, 0] for part in chunk))[0].double()
+        return out
+
     def entry_bytes(self, steps: int) -> int:
         """Bytes one client copy of a batched local step needs besides its parameter vectors: its minibatch
         indices for the round, one step's gathered features, and the model's activations."""

@@ -61,6 +61,11 @@ class QuadraticProblem(Problem, ClosedForm):
 
     loop_grad = grad
 
+    def full_grads(self, w: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
+        """A_k (w - e_k): the noise-free gradient, each client's whole objective."""
+        idx = torch.as_tensor(clients, device=self.device)
+        return torch.bmm(self.A[idx], (w - self.e[idx]).unsqueeze(-1)).squeeze(-1).double()
+
     def entry_bytes(self, steps: int) -> int:
         """Bytes one client copy of a batched step needs besides its parameters: A_k gathered, its noise."""
         item = torch.empty((), dtype=self.dtype).element_size()

@@ -78,6 +78,8 @@ def check_batch(settings: Sequence[RunSettings]) -> None:
                 "none in a batched run (Richardson-Romberg couples replicas; run it alone)")
         require(not params.get("average", False), "algorithm.average", params.get("average"),
                 "false in a batched run (run Polyak averaging alone)")
+        require(not params.get("last_two", False), "algorithm.last_two", params.get("last_two"),
+                "false in a batched run (series are a run's alone; FedExP's rows then hold its iterate only)")
         require(s.dp.target_epsilon is None or s.rounds == first.rounds, "rounds", s.rounds,
                 f"equal in every run of a batch with dp.target_epsilon (the first has {first.rounds}): the noise "
                 "multiplier is calibrated to the rounds")

@@ -32,6 +32,8 @@ COMPRESS = 21
 # Clients' systems profiles (algorithms/systems.py): a client's speed and bandwidth, its availability phase, the
 # trace entry it maps to.
 SYSTEMS = 22
+# eval.personal's fine-tuning (core/personal.py): its minibatches are the training streams of a seed of its own.
+FINETUNE = 23
 
 
 def _u64(x) -> np.ndarray:

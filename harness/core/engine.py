@@ -25,6 +25,7 @@ from fedharness.core.buffers import average_into, buffer_dim, local_buffers
 from fedharness.core.clock import SystemsClock, link_seconds, rescaled
 from fedharness.core.exact_sum import Grids
 from fedharness.core.executors import ShardResult
+from fedharness.core.personal import FineTune, Personal
 from fedharness.core.flight import EMPTY, Busy, Draw, empty_flight, flight_rows, packed, run_version
 from fedharness.core.slots import SlotSet, slot_algorithm, takes_online
 from fedharness.core.stages import Stages
@@ -90,13 +91,15 @@ class Engine:
                series: list[SeriesHook], hooks: list[list[Callback]], *, trainer: LocalSolver | None = None,
                reference=None, network: NetworkModel | None = None, clock: SystemsClock | None = None,
                metrics: Sequence[Metric] = (), end_status: Callable[[BaseException], str] = _failed,
-               stages: Stages | None = None, client_eval: np.ndarray | None = None, grad_norm: bool = True) -> None:
+               stages: Stages | None = None, client_eval: np.ndarray | None = None, grad_norm: bool = True,
+               personal: Personal | None = None) -> None:
         """`clock` (the systems section, core/clock.py): clients' own speeds and availability, deadlines and
         over-selection on each replica's sim_s; None: every client the `network`'s, always online, no deadline.
         `stages` (the `stages` key): what happens to the updates between training and the server optimizer
         (core/stages.py). `client_eval` (eval.per_client): the clients each evaluation scores on their own
-        held-out data (the problem is a contracts.ClientEvaluation); None: none. `grad_norm` (eval.grad_norm):
-        whether evaluations compute grad_norm_sq (else null)."""
+        held-out data (the problem is a contracts.ClientEvaluation); None: none. `personal` (eval.personal): the
+        protocols they are scored with (None: global). `grad_norm` (eval.grad_norm): whether evaluations compute
+        grad_norm_sq (else null)."""
         self.problem, self.alg, self.executor, self.reference = problem, algorithm, executor, reference
         # an UpdateAggregator is a runtime Protocol: isinstance reads its members, too slow to ask every round
         self.send_updates = isinstance(algorithm.aggregator, UpdateAggregator)
@@ -120,6 +123,7 @@ class Engine:
         self.rows: dict[int, list[dict]] = {i: [] for i in slots.ids}  # each slot's evaluated rows
         self.outcomes: dict[int, RunOutcome] = {}
         self.client_eval = client_eval
+        self.personal = personal or Personal(("global",), 0, None, None)
         self.grad_norm = grad_norm
         self._scores: tuple[np.ndarray, ClientScores] | None = None  # the last evaluation's, with its replica ids
         self.rounds_done = 0  # the last completed round, also when an exception ends the run
@@ -388,12 +392,31 @@ class Engine:
         self._scores = (np.asarray(replica_ids), scores)
         return scores
 
+    def _finetune_scores(self, rnd: int, x: torch.Tensor,
+                         replica_ids: np.ndarray) -> tuple[dict[int, int], ClientScores] | None:
+        """eval.personal's finetune at this evaluation (core/personal.py), of the rows due (each slot's last round,
+        and multiples of finetune_every): {position in replica_ids: row of the scores}, the scores; None: none
+        due."""
+        spec = self.personal
+        due = np.flatnonzero(spec.finetune_due(rnd, self.slots.per_row(self.slots.rounds)[replica_ids]))
+        if not len(due):
+            return None
+        ids = replica_ids[due]
+        lrs = self.slots.per_row([a.schedule.client_lr if spec.lr is None else spec.lr
+                                  for a in self.slots.algorithms])
+        plan = FineTune(spec.steps, lrs[ids], rnd, self.row_seeds()[ids], self.stream_replicas[ids],
+                        self.client_eval)
+        scores = self.executor.client_scores(x[torch.as_tensor(due, device=x.device)], ids, self.client_eval, plan)
+        return {int(i): j for j, i in enumerate(due)}, scores
+
     def _evaluate_series(self, state: RunState, x: torch.Tensor, series: str, replica_ids: np.ndarray) -> list[dict]:
         ev = self.problem.evaluate(x) if self.grad_norm else self.problem.evaluate(x, grad_norm=False)
         ev.extra.update({m.name: m.values(self.problem, x) for m in self.metrics})
-        scores = None
+        scores = tuned = None
         if series == "iterate" and self.client_eval is not None:
-            scores = self._client_scores(x, replica_ids)
+            if "global" in self.personal.protocols:
+                scores = self._client_scores(x, replica_ids)
+            tuned = self._finetune_scores(state.round, x, np.asarray(replica_ids))
         subopt = dist = None
         if self.reference is not None:  # exact F where train_loss is an estimate yet F has a closed form
             subopt = (ev.train_loss if ev.exact_train_loss is None else ev.exact_train_loss) - self.reference.f_star
@@ -422,6 +445,8 @@ class Engine:
             row.update({name: values[i] for name, values in columns.items()})
             if scores is not None:
                 row.update(scores.columns(i))
+            if tuned is not None and i in tuned[0]:
+                row.update(tuned[1].columns(tuned[0][i], "finetune"))
             rows.append({k: _finite_or_none(v) for k, v in row.items()})
         return rows
 

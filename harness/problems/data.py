@@ -13,7 +13,7 @@ from typing import Mapping
 from fedharness.contracts import (ClientKeys, ClientScores, ClosedFormTerms, Evaluation, ExactSolve, Model, Problem,
                                   SampleTerms)
 from fedharness.base import streams
-from fedharness.problems.client_eval import client_scores
+from fedharness.problems.client_eval import client_scores, copy_scores
 from fedharness.problems.estimate import (AUTO_EXACT_SAMPLES, AUTO_SAMPLES, GRAD_GROUPS, TEST_ROWS, mean_estimate,
                                           sample_rows, squared_norm_estimate)
 from fedharness.errors import require
@@ -352,6 +352,14 @@ class DataProblem(Problem, ExactSolve):
         x_test = self._model_input(self.x_test)
         return client_scores(self.objective, x_test, self.y_test, self.client_test, w, clients,
                              self.eval_chunk(w.shape[0]), buffers)
+
+
+    def copy_scores(self, w: torch.Tensor, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Model w[m] on client clients[m]'s held-out samples (contracts.CopyEvaluation; problems/client_eval.py)."""
+        require(self.client_test is not None and self.x_test is not None, "eval.per_client", True,
+                "a data set with a test set, built with eval.per_client=true")
+        return copy_scores(self.objective, self._model_input(self.x_test), self.y_test, self.client_test, w,
+                           clients, self.eval_chunk(1))
 
 
 def eval_sample_size(setting: int | str | None, train_samples: int) -> int | None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 import torch
 
-from fedharness.contracts import ClientKeys, ClosedForm, Evaluation, Problem
+from fedharness.contracts import ClientKeys, ClientScores, ClosedForm, Evaluation, Problem
 from fedharness.errors import ConfigError
 from fedharness.registry.groups import DATASETS, MODELS
 from fedharness.base import streams
@@ -80,6 +82,26 @@ class QuadraticProblem(Problem, ClosedForm):
         value, g = self.objective_and_grad(w)  # closed forms: the gradient costs next to nothing
         return Evaluation(train_loss=value.cpu().numpy(),
                           grad_norm_sq=(g.double() ** 2).sum(-1).cpu().numpy() if grad_norm else None)
+
+    def client_scores(self, w: torch.Tensor, clients: np.ndarray,
+                      buffers: Mapping[tuple[int, int], torch.Tensor] | None = None) -> ClientScores:
+        """Each client's own objective f_k(w_r) as its loss, [R, S] in float64 (contracts.ClientEvaluation); no
+        accuracy (NaN), and n = 1: every client counts once."""
+        w64 = w.detach().double().cpu().numpy()
+        loss = np.stack([self._client_values(np.broadcast_to(row, (len(clients), self.dim)), clients)
+                         for row in w64])
+        return ClientScores(np.asarray(clients, dtype=np.int64), np.ones(len(clients), dtype=np.int64), loss,
+                            np.full_like(loss, np.nan), self.num_clients)
+
+    def copy_scores(self, w: torch.Tensor, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """f_k of copy m's model for client k = clients[m] (contracts.CopyEvaluation), as client_scores."""
+        loss = self._client_values(w.detach().double().cpu().numpy(), clients)
+        return np.ones(len(clients), dtype=np.int64), loss, np.full_like(loss, np.nan)
+
+    def _client_values(self, w: np.ndarray, clients: np.ndarray) -> np.ndarray:
+        """f_k(w_m) = 1/2 (w_m - e_k)^T A_k (w_m - e_k) of k = clients[m], in float64 from the float64 A and e."""
+        diff = w - self.e_np[clients]
+        return 0.5 * np.einsum("md,mde,me->m", diff, self.A_np[clients], diff)
 
     def hessians(self) -> np.ndarray:
         return self.A_np

@@ -89,6 +89,13 @@ class ClientScores:
         """The scores of replica rows `index` only."""
         return ClientScores(self.clients, self.n, self.loss[index], self.acc[index], self.population)
 
+    def part(self, training: int, unseen: bool) -> "ClientScores":
+        """The scores of the training clients (ids below `training`) or of the unseen ones (dataset.unseen_clients:
+        the ids from `training` on), each part its own population."""
+        at = (self.clients >= training) if unseen else (self.clients < training)
+        population = self.population - training if unseen else training
+        return ClientScores(self.clients[at], self.n[at], self.loss[:, at], self.acc[:, at], population)
+
     def columns(self, i: int, protocol: str = "global", unseen: bool = False) -> dict[str, float | None]:
         """Replica row i's rounds/ columns (client_columns(protocol, unseen)): the {mean,se,p10,p50,p90} of acc and
         loss over the clients with held-out data, each client counted once; percentiles by numpy's linear
@@ -110,6 +117,11 @@ class ClientScores:
                         names[name, "p10"]: float(p10), names[name, "p50"]: float(p50),
                         names[name, "p90"]: float(p90)})
         return out
+
+
+def training_clients(problem: Any) -> int:
+    """The clients a run trains, ids 0.. of this count: all, less dataset.unseen_clients' (numbered last)."""
+    return int(getattr(problem, "training_clients", None) or problem.num_clients)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """eval.personal (core/personal.py): the finetune protocol against its closed form on quadratic clients, each
 client's f_k as its per-client loss, the training columns untouched by fine-tuning, the same fine-tuned columns on
-1 and 3 shards, in a batch and resumed; the protocols' refusals."""
+1 and 3 shards, in a batch and resumed; the refusals of eval.personal's keys and dataset.unseen_clients."""
 
 from __future__ import annotations
 
@@ -120,6 +120,10 @@ def test_finetuned_columns_same_on_3_shards_in_a_batch_and_resumed(run_config, t
      "finetune: algorithm=fedavg keeps no personal model (the personal protocol needs an algorithm that does))"),
     ("eval.personal=[mine]", "invalid value for 'eval.personal': ['mine'] (one of global, finetune, personal, or a "
      "list of distinct ones)"),
+    ("dataset.unseen_clients=1", "invalid value for 'dataset.unseen_clients': 1 (a finite number in [0, 1))"),
+    ("dataset.unseen_clients=-0.1", "invalid value for 'dataset.unseen_clients': -0.1 (a finite number in [0, 1))"),
+    ("dataset.unseen_clients=0.8", "invalid value for 'dataset.unseen_clients': 0.8 (a share that leaves at least "
+     "algorithm.clients_per_round = 3 of the 8 clients to train (this one leaves 2))"),
 ])
 def test_bad_personal_settings_exit_2_writing_nothing(tmp_path, capsys, override, message):
     results = tmp_path / "r"

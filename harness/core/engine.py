@@ -19,7 +19,7 @@ import torch
 
 from fedharness.contracts import (Algorithm, Callback, ClientScores, Coefficients, LocalSolver, Metric, Problem,
                                   ReplicaLayout, RoundContext, RoundPlan, RunOutcome, RunState, SeriesHook,
-                                  Selection, UpdateAggregator, WeightStats)
+                                  Selection, UpdateAggregator, WeightStats, training_clients)
 from fedharness.base.interrupts import atomic
 from fedharness.core.buffers import average_into, buffer_dim, local_buffers
 from fedharness.core.clock import SystemsClock, link_seconds, rescaled
@@ -392,6 +392,15 @@ class Engine:
         self._scores = (np.asarray(replica_ids), scores)
         return scores
 
+    def _client_columns(self, scores: ClientScores, i: int, protocol: str) -> dict[str, float | None]:
+        """Row i's columns of a protocol's scores: the training clients' (client_*) and, with
+        dataset.unseen_clients, the unseen ones' (unseen_client_*) apart."""
+        training = training_clients(self.problem)
+        if training == self.problem.num_clients:
+            return scores.columns(i, protocol)
+        return {**scores.part(training, False).columns(i, protocol),
+                **scores.part(training, True).columns(i, protocol, unseen=True)}
+
     def _finetune_scores(self, rnd: int, x: torch.Tensor,
                          replica_ids: np.ndarray) -> tuple[dict[int, int], ClientScores] | None:
         """eval.personal's finetune at this evaluation (core/personal.py), of the rows due (each slot's last round,
@@ -444,9 +453,9 @@ class Engine:
                    "lr": lr[i], **staged}
             row.update({name: values[i] for name, values in columns.items()})
             if scores is not None:
-                row.update(scores.columns(i))
+                row.update(self._client_columns(scores, i, "global"))
             if tuned is not None and i in tuned[0]:
-                row.update(tuned[1].columns(tuned[0][i], "finetune"))
+                row.update(self._client_columns(tuned[1], tuned[0][i], "finetune"))
             rows.append({k: _finite_or_none(v) for k, v in row.items()})
         return rows
 

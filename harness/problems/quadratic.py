@@ -40,9 +40,21 @@ class QuadraticProblem(Problem, ClosedForm):
         self.A = torch.as_tensor(self.A_np, dtype=dtype, device=self.device)
         self.e = torch.as_tensor(self.e_np, dtype=dtype, device=self.device)
         self._p = torch.as_tensor(self.weights, dtype=dtype, device=self.device)
+        self.training_clients: int | None = None  # dataset.unseen_clients: the first ones train (unseen_last)
 
     def with_dtype(self, dtype: torch.dtype) -> "QuadraticProblem":
-        return QuadraticProblem(self.A_np, self.e_np, self.weights, self.noise, dtype, self.device, self.memory_budget)
+        made = QuadraticProblem(self.A_np, self.e_np, self.weights, self.noise, dtype, self.device, self.memory_budget)
+        made.training_clients = self.training_clients
+        return made
+
+    def unseen_last(self, order: np.ndarray, training: int) -> "QuadraticProblem":
+        """The clients renumbered by `order`, the first `training` the training population (dataset.unseen_clients,
+        problems/unseen.py): the weights uniform over them and 0 on the rest, so F, w* and F* are theirs."""
+        weights = np.where(np.arange(self.num_clients) < training, 1 / training, 0.0)
+        made = QuadraticProblem(self.A_np[order], self.e_np[order], weights, self.noise, self.dtype, self.device,
+                                self.memory_budget)
+        made.training_clients = training
+        return made
 
     def init_params(self, replicas: int, seed: int) -> torch.Tensor:
         return torch.zeros(replicas, self.dim, dtype=self.dtype, device=self.device)

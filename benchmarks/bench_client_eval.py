@@ -94,17 +94,17 @@ def timed(fn) -> float:
 
 def finetune_setup(clients: int, steps: int):
     """The digits problem of `clients` clients with the 2NN, its shard, the global model and the FineTune spec."""
+    from fedharness.algorithms.solvers import LocalSGD
     from fedharness.config.load import load_settings
     from fedharness.core.executors import ClientShard
     from fedharness.core.personal import FineTune
     from fedharness.problems import build_problem
-    from fedharness.runs.execute import prepare_run
 
     settings = load_settings(["dataset=digits", f"dataset.num_clients={clients}", "partition=iid", "model=2nn",
                               "algorithm.batch_size=10", "algorithm.client_lr=0.05", "eval.personal=[finetune]",
                               f"eval.finetune_steps={steps}", "memory_budget_gb=null", "progress=false"])
     problem = build_problem(settings, 10)
-    shard = ClientShard(problem, prepare_run(settings).algorithm.solver, (0, problem.num_clients))
+    shard = ClientShard(problem, LocalSGD(), (0, problem.num_clients))  # its solver only sizes the batches
     x = problem.init_params(1, 0)
     every = np.arange(problem.num_clients)
     spec = FineTune(steps, np.array([0.05]), 1, np.array([0]), np.array([0]), every)
@@ -132,14 +132,31 @@ def finetune_cases(clients: int, steps: int) -> dict:
             "loop": lambda: finetune_loop(problem, x, every, spec)}
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def finetune_peak(case: str, clients: int, steps: int) -> dict:
-    """A child's peak resident memory running one case once, beyond what building the problem took."""
-    import resource
+    """A child's resident memory running one case once: before it (the problem built, the case run once to warm
+    up) and its peak during the run, sampled every millisecond (ru_maxrss would hold the problem's build)."""
+    import threading
 
     fn = finetune_cases(clients, steps)[case]
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     fn()
-    return {"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "before_mb": before / 1024}
+    before, peak, done = _rss_mb(), [0.0], threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_mb())
+            time.sleep(1e-3)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    fn()
+    done.set()
+    watcher.join()
+    return {"peak_mb": max(peak[0], _rss_mb()), "before_mb": before}
 
 
 def finetune_main(args) -> None:
@@ -159,10 +176,11 @@ def finetune_main(args) -> None:
     record = {"clients": args.clients, "steps": args.steps, "model": "2nn", "ms": ms, "ms_all": times,
               "peak_mb": peaks}
     lines = [f"fine-tune-then-evaluate, {args.clients} digits clients, 2NN, {args.steps} steps, 1 thread",
-             f"{'case':8} {'median ms':>10} {'peak MB':>8} {'+ MB':>6}"]
+             f"{'case':8} {'median ms':>10} {'RSS before MB':>14} {'peak MB':>8} {'peak - before':>14}"]
     for name in cases:
         p = peaks[name]
-        lines.append(f"{name:8} {ms[name]:10.1f} {p['peak_mb']:8.0f} {p['peak_mb'] - p['before_mb']:6.0f}")
+        lines.append(f"{name:8} {ms[name]:10.1f} {p['before_mb']:14.0f} {p['peak_mb']:8.0f} "
+                     f"{p['peak_mb'] - p['before_mb']:14.0f}")
     lines.append(f"loop / batched: {ms['loop'] / ms['batched']:.1f}x; load average at end: {os.getloadavg()[0]:.2f}")
     publish(record, lines, "finetune_eval")
 

@@ -77,24 +77,26 @@ class ClientScores:
 
     `clients` [S] are the client ids evaluated (all N, or a fixed uniform sample of S drawn without replacement),
     `n` [S] their held-out samples, `loss` and `acc` [R, S] float64 their mean loss and accuracy per replica (NaN
-    where n = 0). `population` is N."""
+    where n = 0). `population` is N. `protocol`: the models scored (eval.personal: global, finetune)."""
 
     clients: np.ndarray
     n: np.ndarray
     loss: np.ndarray
     acc: np.ndarray
     population: int
+    protocol: str = "global"
 
     def rows(self, index: np.ndarray) -> "ClientScores":
         """The scores of replica rows `index` only."""
-        return ClientScores(self.clients, self.n, self.loss[index], self.acc[index], self.population)
+        return ClientScores(self.clients, self.n, self.loss[index], self.acc[index], self.population, self.protocol)
 
     def part(self, training: int, unseen: bool) -> "ClientScores":
         """The scores of the training clients (ids below `training`) or of the unseen ones (dataset.unseen_clients:
         the ids from `training` on), each part its own population."""
         at = (self.clients >= training) if unseen else (self.clients < training)
         population = self.population - training if unseen else training
-        return ClientScores(self.clients[at], self.n[at], self.loss[:, at], self.acc[:, at], population)
+        return ClientScores(self.clients[at], self.n[at], self.loss[:, at], self.acc[:, at], population,
+                            self.protocol)
 
     def columns(self, i: int, protocol: str = "global", unseen: bool = False) -> dict[str, float | None]:
         """Replica row i's rounds/ columns (client_columns(protocol, unseen)): the {mean,se,p10,p50,p90} of acc and
@@ -898,6 +900,7 @@ class RoundContext:
     rows: list[dict]
     state: Any = None
     clients: ClientScores | None = None  # eval.per_client: the evaluated clients' scores (on_evaluation only)
+    tuned: ClientScores | None = None  # eval.personal's finetune: their fine-tuned scores, where it ran
 
 
 class Callback(Protocol):

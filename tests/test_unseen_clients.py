@@ -49,10 +49,14 @@ def test_unseen_clients_are_never_selected_and_leave_f_star(run_config):
 def test_every_client_is_evaluated_and_the_unseen_recorded_apart(run_config, tmp_path):
     result = execute(run_config(*QUADRATIC))
     clients = pd.read_parquet(tmp_path / "results" / "clients")
-    for _, group in clients.groupby("round"):  # eval.clients null: each of the N clients, once
-        assert sorted(group["client"]) == list(range(N))
+    for (rnd, protocol), group in clients.groupby(["round", "protocol"]):  # eval.clients null: each client, once
+        assert sorted(group["client"]) == list(range(N)) and (protocol == "global" or rnd == 30)
+    assert set(clients["protocol"]) == {"global", "finetune"}  # fine-tuned at the last evaluation only
     last = result.rows[-1]
-    final = clients[clients["round"] == 30].set_index("client")["loss"]
+    tuned = clients[(clients["round"] == 30) & (clients["protocol"] == "finetune")].set_index("client")["loss"]
+    assert last["unseen_client_loss_finetune_mean"] == pytest.approx(tuned[tuned.index >= N - UNSEEN].mean(),
+                                                                     rel=1e-12)
+    final = clients[(clients["round"] == 30) & (clients["protocol"] == "global")].set_index("client")["loss"]
     assert last["client_loss_mean"] == pytest.approx(final[final.index < N - UNSEEN].mean(), rel=1e-12)
     assert last["unseen_client_loss_mean"] == pytest.approx(final[final.index >= N - UNSEEN].mean(), rel=1e-12)
     assert last["train_loss"] == pytest.approx(last["client_loss_mean"], rel=1e-12)  # F: the training clients'

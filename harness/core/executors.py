@@ -337,7 +337,7 @@ class ClientShard:
                     w0[m, -b:] = buffers[(j, k)]
             w = finetuned(self.problem, w0, clients, spec, j, chunk)
             n, loss[j], acc[j] = self.problem.copy_scores(w, clients)
-        return ClientScores(np.asarray(clients, dtype=np.int64), n, loss, acc, self.problem.num_clients)
+        return ClientScores(np.asarray(clients, dtype=np.int64), n, loss, acc, self.problem.num_clients, "finetune")
 
     def get_state(self) -> dict:
         """Every kept slot value by (replica, client): for inspection (tests); the engine never asks."""
@@ -369,7 +369,7 @@ def merge_scores(clients: np.ndarray, ranges: list[tuple[int, int]], score) -> C
     loss, acc = np.zeros((first.loss.shape[0], len(clients))), np.zeros((first.acc.shape[0], len(clients)))
     for at, part in parts:
         n[at], loss[:, at], acc[:, at] = part.n, part.loss, part.acc
-    return ClientScores(np.asarray(clients, dtype=np.int64), n, loss, acc, first.population)
+    return ClientScores(np.asarray(clients, dtype=np.int64), n, loss, acc, first.population, first.protocol)
 
 
 COST_GRID = 1 << 16  # clients at which a split reads the cost: every client up to this N, evenly spread above

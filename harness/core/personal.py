@@ -87,12 +87,14 @@ def finetuned(problem: Problem, w0: torch.Tensor, clients: np.ndarray, spec: Fin
             at, keep = np.repeat(at, 2), np.array([keep[0], False])
         keys = ClientKeys(clients[at], np.full(len(at), spec.stream_replicas[row]), spec.round, seed)
         batches = problem.round_batches(keys, spec.steps)
-        w = out[torch.as_tensor(at, device=out.device)]
+        whole = len(at) == len(out) and keep.all()  # every copy in one batch, in order: train `out` in place
+        w = out if whole else out[torch.as_tensor(at, device=out.device)]
         for t in range(spec.steps):
             g = problem.grad(w, batches, t)
             new_buffers = take_buffers(g, b) if b else None
-            w.sub_(lr * g)
+            w.sub_(g, alpha=lr)
             if new_buffers is not None:
                 w[:, -b:] = new_buffers
-        out[torch.as_tensor(at[keep], device=out.device)] = w[torch.as_tensor(keep, device=out.device)]
+        if not whole:
+            out[torch.as_tensor(at[keep], device=out.device)] = w[torch.as_tensor(keep, device=out.device)]
     return out

@@ -16,6 +16,7 @@ from fedharness.core.personal import FineTune, finetuned
 from fedharness.problems import build_problem
 from fedharness.runs.batch import Slot
 from fedharness.runs.execute import execute, execute_runs, prepare_run
+from test_client_eval import bn_mlp  # noqa: F401  (the fixture: an MLP with BatchNorm, registered for a test)
 
 QUADRATIC = ["dataset=quadratic", "dataset.num_clients=9", "dataset.dim=5", "dataset.curvature=random",
              "dataset.mu=0.5", "dataset.L=3", "dtype=float64", "reference=off", "heterogeneity=false"]
@@ -140,3 +141,17 @@ def test_finetuned_columns_on_two_ray_shards_equal_inline(local_ray, run_config)
     want = tuned(execute(run_config(*DIGITS)).rows)
     got = tuned(execute(run_config(*DIGITS, "executor=ray", "ray.num_shards=2")).rows)
     assert np.array_equal(got, want, equal_nan=True)
+
+
+def test_fedbn_clients_fine_tune_from_their_own_buffers(run_config, bn_mlp):
+    """model.buffers=local: with 0 fine-tuning steps each copy is the global parameters with the client's own
+    buffers, which is what the global protocol scores (the buffer sets batched under vmap there, a copy at a time
+    here: float64 sums of the same per-sample terms in other groupings, ~1e-16 relative; 1e-12 bounds it). After
+    round 0 the clients that trained hold buffers of their own, so the server's would score differently."""
+    run = [*DIGITS, f"model={bn_mlp}", "model.buffers=local", "eval.finetune_steps=0"]
+    rows = _frame(execute(run_config(*run)).rows)
+    tuned = rows.dropna(subset=["client_loss_finetune_mean"])
+    assert len(tuned) == 6
+    for stat in ("mean", "p10", "p90"):
+        got, want = tuned[f"client_loss_finetune_{stat}"], tuned[f"client_loss_{stat}"]
+        assert np.abs(got - want).max() < 1e-12 * want.abs().max()

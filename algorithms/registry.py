@@ -17,7 +17,7 @@ from fedharness.algorithms import (aggregators, local_work, local_work_fixed, ro
 from fedharness.algorithms import attacks  # noqa: F401  (the attacks register themselves)
 from fedharness.algorithms import compression  # noqa: F401  (and the compressors)
 from fedharness.algorithms import series
-from fedharness.contracts import Algorithm, Problem
+from fedharness.contracts import Algorithm, Problem, training_clients
 from fedharness.errors import ConfigError
 from fedharness.registry.binding import key_parameters
 from fedharness.registry.groups import CONTEXT, PARTS, PROTOCOLS
@@ -101,7 +101,9 @@ def build_part(kind: str, acfg: Mapping[str, Any], context: Mapping[str, Any]) -
 
 def build_algorithm(acfg: Mapping[str, Any], problem: Problem, rounds: int | None = None) -> Algorithm:
     """The Algorithm of the validated `algorithm` section; `rounds`: the run's (step_decay needs it)."""
-    context = {"problem": problem, "num_clients": problem.num_clients, **({} if rounds is None else {"rounds": rounds})}
+    # the samplers draw from the training clients, ids 0.. (dataset.unseen_clients: the others are numbered last)
+    context = {"problem": problem, "num_clients": training_clients(problem),
+               **({} if rounds is None else {"rounds": rounds})}
     parts = {kind: build_part(kind, acfg, context) for kind in PARTS}
     built = {"sampler": build(samplers.with_dropout, acfg, {"inner": parts["sampler"]}),
              "local_work": build(local_work.with_min, acfg, {"inner": parts["local_work"]}),

@@ -57,7 +57,18 @@ class Evaluation:
 
 
 CLIENT_STATS = ("mean", "se", "p10", "p50", "p90")
-CLIENT_COLUMNS = tuple(f"client_{m}_{s}" for m in ("acc", "loss") for s in CLIENT_STATS)  # eval.per_client's
+PROTOCOLS = ("global", "finetune", "personal")  # eval.personal: what model each client is scored with
+
+
+def client_columns(protocol: str = "global", unseen: bool = False) -> tuple[str, ...]:
+    """A protocol's rounds/ columns: client_{acc,loss}_{stat} (global), client_{acc,loss}_{protocol}_{stat} (the
+    others); the unseen clients' (dataset.unseen_clients) the same, prefixed unseen_."""
+    infix = "" if protocol == "global" else f"{protocol}_"
+    lead = "unseen_client" if unseen else "client"
+    return tuple(f"{lead}_{m}_{infix}{s}" for m in ("acc", "loss") for s in CLIENT_STATS)
+
+
+CLIENT_COLUMNS = tuple(c for unseen in (False, True) for p in PROTOCOLS for c in client_columns(p, unseen))
 
 
 @dataclass
@@ -66,37 +77,53 @@ class ClientScores:
 
     `clients` [S] are the client ids evaluated (all N, or a fixed uniform sample of S drawn without replacement),
     `n` [S] their held-out samples, `loss` and `acc` [R, S] float64 their mean loss and accuracy per replica (NaN
-    where n = 0). `population` is N."""
+    where n = 0). `population` is N. `protocol`: the models scored (eval.personal: global, finetune)."""
 
     clients: np.ndarray
     n: np.ndarray
     loss: np.ndarray
     acc: np.ndarray
     population: int
+    protocol: str = "global"
 
     def rows(self, index: np.ndarray) -> "ClientScores":
         """The scores of replica rows `index` only."""
-        return ClientScores(self.clients, self.n, self.loss[index], self.acc[index], self.population)
+        return ClientScores(self.clients, self.n, self.loss[index], self.acc[index], self.population, self.protocol)
 
-    def columns(self, i: int) -> dict[str, float | None]:
-        """Replica row i's rounds/ columns: client_{acc,loss}_{mean,se,p10,p50,p90} over the clients with held-out
-        data, each client counted once; percentiles by numpy's linear interpolation (type 7). se: the mean's
-        standard error over a sample of clients (sample std / sqrt(S), times the finite-population factor
-        sqrt(1 - S/N)); null when every client is evaluated (the mean is exact)."""
+    def part(self, training: int, unseen: bool) -> "ClientScores":
+        """The scores of the training clients (ids below `training`) or of the unseen ones (dataset.unseen_clients:
+        the ids from `training` on), each part its own population."""
+        at = (self.clients >= training) if unseen else (self.clients < training)
+        population = self.population - training if unseen else training
+        return ClientScores(self.clients[at], self.n[at], self.loss[:, at], self.acc[:, at], population,
+                            self.protocol)
+
+    def columns(self, i: int, protocol: str = "global", unseen: bool = False) -> dict[str, float | None]:
+        """Replica row i's rounds/ columns (client_columns(protocol, unseen)): the {mean,se,p10,p50,p90} of acc and
+        loss over the clients with held-out data, each client counted once; percentiles by numpy's linear
+        interpolation (type 7). se: the mean's standard error over a sample of clients (sample std / sqrt(S),
+        times the finite-population factor sqrt(1 - S/N)); null when every client is evaluated (the mean is
+        exact). A metric the problem does not have (the analytic problems' accuracy: NaN) is null."""
         has = self.n > 0
+        names = dict(zip(((m, s) for m in ("acc", "loss") for s in CLIENT_STATS), client_columns(protocol, unseen)))
         out: dict[str, float | None] = {}
         for name, values in (("acc", self.acc[i, has]), ("loss", self.loss[i, has])):
-            if len(values) == 0:
-                out.update({f"client_{name}_{s}": None for s in CLIENT_STATS})
+            if len(values) == 0 or np.isnan(values).all():
+                out.update({names[name, s]: None for s in CLIENT_STATS})
                 continue
             p10, p50, p90 = np.percentile(values, (10, 50, 90))
             sampled = len(self.clients) < self.population and len(values) > 1
             se = (values.std(ddof=1) / np.sqrt(len(values)) * np.sqrt(1 - len(self.clients) / self.population)
                   if sampled else None)
-            out.update({f"client_{name}_mean": float(values.mean()), f"client_{name}_se": se,
-                        f"client_{name}_p10": float(p10), f"client_{name}_p50": float(p50),
-                        f"client_{name}_p90": float(p90)})
+            out.update({names[name, "mean"]: float(values.mean()), names[name, "se"]: se,
+                        names[name, "p10"]: float(p10), names[name, "p50"]: float(p50),
+                        names[name, "p90"]: float(p90)})
         return out
+
+
+def training_clients(problem: Any) -> int:
+    """The clients a run trains, ids 0.. of this count: all, less dataset.unseen_clients' (numbered last)."""
+    return int(getattr(problem, "training_clients", None) or problem.num_clients)
 
 
 @dataclass
@@ -412,6 +439,17 @@ class ClientGradients(Protocol):
 
     def full_grads(self, w: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
         """grad F_k(w_m) of client clients[m] at w [M, dim] (float64 [M, dim]): its whole local objective."""
+
+
+@runtime_checkable
+class CopyEvaluation(Protocol):
+    """A problem that scores several models, each on its own client's held-out data (eval.personal's finetune:
+    every client's fine-tuned model; problems/client_eval.py)."""
+
+    def copy_scores(self, w: torch.Tensor, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Model w[m] ([M, dim], its buffers in its last entries) on client clients[m]'s held-out data: each
+        copy's held-out samples n [M], mean loss [M] and accuracy [M] (float64; NaN where n = 0, and the
+        accuracy of a problem without one)."""
 
 
 @runtime_checkable
@@ -917,6 +955,7 @@ class RoundContext:
     rows: list[dict]
     state: Any = None
     clients: ClientScores | None = None  # eval.per_client: the evaluated clients' scores (on_evaluation only)
+    tuned: ClientScores | None = None  # eval.personal's finetune: their fine-tuned scores, where it ran
 
 
 class Callback(Protocol):

@@ -69,7 +69,7 @@ def register_dataset(name: str, factory: Callable[..., Any], num_clients: int = 
     may be None; `defaults` are its params, settable as `dataset.KEY=V`. Any partitioner splits it; (x, y, owner)
     triples also name each sample's owner, one client per owner under partition=natural."""
     _add("dataset", name, factory)
-    _store("dataset", name, {"num_clients": num_clients, "data_seed": None, **defaults})
+    _store("dataset", name, {"num_clients": num_clients, "data_seed": None, "unseen_clients": 0, **defaults})
 
 
 def register_partitioner(name: str, fn: Callable[..., Any], **defaults: Any) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from fedharness.contracts import PROTOCOLS
 from fedharness.errors import ConfigError
 from fedharness.keys import Key, _is_list, anything, boolean, choice, integer, number, text
 
@@ -208,6 +209,11 @@ class DPSettings:
         return self.noise_multiplier is not None or self.target_epsilon is not None
 
 
+def _protocols_ok(value: Any) -> bool:
+    names = [value] if isinstance(value, str) else value
+    return _is_list(names, lambda p: p in PROTOCOLS) and 0 < len(names) == len(set(names))
+
+
 def _eval_samples_ok(value: Any) -> bool:
     return value is None or value == "all" or (isinstance(value, int) and not isinstance(value, bool) and value >= 2)
 
@@ -239,6 +245,23 @@ class EvalSettings:
                                   "sample: its unbiased estimate), at each evaluation; false: that column is "
                                   "null and evaluation computes the training loss alone (tuning trials default "
                                   "to false: docs/tuning.md)"))
+    personal: tuple[str, ...] = key(Key(
+        _protocols_ok, f"one of {', '.join(PROTOCOLS)}, or a list of distinct ones",
+        "per-client evaluation's protocols (docs/results.md, Personalized evaluation): global (the global model: "
+        "client_*), finetune (each client's model after finetune_steps of SGD on its own data: "
+        "client_*_finetune_*), personal (the algorithm's personal models: client_*_personal_*); anything but "
+        "[global] turns on per_client"))
+    finetune_steps: int = key(integer("finetune: plain SGD steps (algorithm.batch_size minibatches, no momentum, "
+                                      "prox term, control variate or decay) from the global model", lo=0))
+    finetune_lr: float | None = key(number("finetune: its step size", lo=0, lo_open=True,
+                                           null="algorithm.client_lr"))
+    finetune_every: int | None = key(integer("finetune: at evaluated rounds that are multiples of this (and the "
+                                             "last)", lo=1, null="the last evaluation only"))
+
+    def __post_init__(self):  # a single protocol is a one-element list; one besides global turns on per_client
+        protocols = (self.personal,) if isinstance(self.personal, str) else tuple(self.personal)
+        object.__setattr__(self, "personal", protocols)
+        object.__setattr__(self, "per_client", self.per_client or protocols != ("global",))
 
 
 # --- a group's option -------------------------------------------------------------------------------------

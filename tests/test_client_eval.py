@@ -228,10 +228,11 @@ def test_batched_slots_score_as_their_solo_runs(run_config):
         assert np.allclose(a, b, rtol=1e-5, equal_nan=True)
 
 
-@pytest.mark.parametrize("dataset", ["quadratic", "quadratic_lazy"])
-def test_per_client_needs_held_out_data(run_config, dataset):
+def test_per_client_needs_held_out_data(run_config):
+    """quadratic_lazy has neither held-out data nor per-client objectives to report (dataset=quadratic reports each
+    client's f_k: tests/test_personal_eval.py)."""
     with pytest.raises(ConfigError, match="eval.per_client"):
-        build_problem(run_config(f"dataset={dataset}", "eval.per_client=true"), 8)
+        build_problem(run_config("dataset=quadratic_lazy", "eval.per_client=true"), 8)
 
 
 def test_resumed_run_writes_each_clients_row_once_and_the_same(run_config, bn_mlp, tmp_path):
@@ -306,9 +307,9 @@ def test_per_client_on_a_data_set_without_held_out_data_exits_2_writing_nothing(
     from fedharness.cli import main
 
     results = tmp_path / "r"
-    assert main(["run", "dataset=quadratic", "eval.per_client=true", f"results_dir={results}", "progress=false"]) == 2
+    assert main(["run", "dataset=quadratic_lazy", "eval.per_client=true", f"results_dir={results}", "progress=false"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "fedharness: error: invalid value for 'eval.per_client': True (false: dataset=quadratic has no held-out "
+        "fedharness: error: invalid value for 'eval.per_client': True (false: dataset=quadratic_lazy has no held-out "
         "data per client (per-client evaluation needs a data set with a test set))"]
     assert not results.exists()
 

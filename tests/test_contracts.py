@@ -199,8 +199,8 @@ def test_contracts_hold_contracts_only():
 def test_data_sets_models_and_partitioners_are_built_by_signature_binding():
     from fedharness.registry.groups import DATASETS, MODELS
 
-    assert set(DATASETS.declared("blobs")) == {"num_clients", "data_seed", "variant", "dim", "samples_per_client",
-                                               "std", "shift"}
+    assert set(DATASETS.declared("blobs")) == {"num_clients", "data_seed", "unseen_clients", "variant", "dim",
+                                               "samples_per_client", "std", "shift"}
     model = MODELS.build("logreg", {"l2": 0.5}, {"in_shape": (4,), "num_classes": 3})
     assert isinstance(model, SoftmaxRegression) and model.l2 == 0.5
     with pytest.raises(ConfigError, match="dataset.nope"):

@@ -40,6 +40,7 @@ from fedharness.core import client_store, ray_cluster
 from fedharness.errors import ConfigError, require
 from fedharness.contracts import ClientScores
 from fedharness.core.executors import ClientShard, RoundPlan, ShardResult, balanced_ranges, merge_scores
+from fedharness.core.personal import FineTune
 from fedharness.results.store import open_store
 from fedharness.assembly.build import algorithm_for, build_parts
 from fedharness.registry.plugins import Carried, install, snapshot, travel_by_value
@@ -96,8 +97,9 @@ class ShardActor:
     def keep_replicas(self, rows: np.ndarray) -> None:
         self.shard.keep_replicas(rows)
 
-    def client_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray) -> ClientScores:
-        return self.shard.client_scores(x.to(self.device), replicas, clients)
+    def client_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray,
+                      finetune: FineTune | None = None) -> ClientScores:
+        return self.shard.client_scores(x.to(self.device), replicas, clients, finetune)
 
     def get_state(self) -> dict:
         return self.shard.get_state()
@@ -291,13 +293,14 @@ class RayExecutor:
         self._restore = []  # the files before name the old rows: the snapshot after holds every row (all changed)
         self._snapshot()
 
-    def client_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray) -> ClientScores:
+    def client_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray,
+                      finetune: FineTune | None = None) -> ClientScores:
         x_ref = ray.put(x.detach().cpu())
         calls = {}
         for s, (lo, hi) in enumerate(self.owned):
             mine = clients[(clients >= lo) & (clients < hi)]
             if len(mine):
-                calls[s] = self.actors[s].client_scores.remote(x_ref, replicas, mine)
+                calls[s] = self.actors[s].client_scores.remote(x_ref, replicas, mine, finetune)
         return merge_scores(clients, self.owned, lambda s, mine: ray.get(calls[s]))
 
     def get_state(self) -> dict:

@@ -32,6 +32,10 @@ COMPRESS = 21
 # Clients' systems profiles (algorithms/systems.py): a client's speed and bandwidth, its availability phase, the
 # trace entry it maps to.
 SYSTEMS = 22
+# eval.personal's fine-tuning (core/personal.py): its minibatches are the training streams of a seed of its own.
+FINETUNE = 23
+# dataset.unseen_clients (problems/unseen.py): which clients never train.
+UNSEEN = 24
 
 
 def _u64(x) -> np.ndarray:

@@ -251,6 +251,19 @@ def sampled_within_clients(cfg: dict[str, Any]) -> None:
                 f"must be <= the number of clients ({n}) when sampling without replacement")
 
 
+def unseen_leave_a_round(cfg: dict[str, Any]) -> None:
+    """dataset.unseen_clients leaves at least a round's clients to train (problems/unseen.py)."""
+    acfg, dcfg = cfg["algorithm"], cfg["dataset"]
+    share, n = dcfg.get("unseen_clients") or 0, dcfg["num_clients"]
+    if not share or n is None:
+        return
+    training = n - math.floor(share * n)
+    need = 1 if acfg["sampler"] == "full" else acfg["clients_per_round"]
+    require(training >= need, "dataset.unseen_clients", share,
+            f"a share that leaves at least algorithm.clients_per_round = {need} of the {n} clients to train "
+            f"(this one leaves {training})")
+
+
 def ranges_ordered(cfg: dict[str, Any]) -> None:
     acfg = cfg["algorithm"]
     for low, high in (("steps_low", "steps_high"), ("epochs_low", "epochs_high"), ("steps_min", "steps_max")):
@@ -442,7 +455,7 @@ def feddyn_composes(cfg: dict[str, Any]) -> None:
             "g_k saw)")
 
 
-CLIENT_RULES = (shards_within_clients, sampled_within_clients, per_client_steps)  # the rules that need N
+CLIENT_RULES = (shards_within_clients, sampled_within_clients, per_client_steps, unseen_leave_a_round)  # the rules that need N
 
 
 def check_data_clients(cfg: dict[str, Any], num_clients: int) -> None:
@@ -454,7 +467,7 @@ def check_data_clients(cfg: dict[str, Any], num_clients: int) -> None:
 
 RULES: tuple[Callable[[dict[str, Any]], None], ...] = (
     metrics_registered, model_fits_dataset, partition_fits_dataset, ray_keys_need_ray, shards_within_clients,
-    sampled_within_clients,
+    sampled_within_clients, unseen_leave_a_round,
     ranges_ordered, per_client_steps, fedexp_composes, mime_composes, part_groups_known, attack_known, stages_known, device_available,
     results_dir_writable,
     dp_covered, feddyn_composes,

@@ -20,13 +20,14 @@ import torch
 from fedharness.contracts import (Algorithm, Callback, ClientGradients, ClientScores, Coefficients, LocalSolver,
                                   Metric, Problem,
                                   ReplicaLayout, RoundContext, RoundPlan, RunOutcome, RunState, SeriesHook,
-                                  Selection, UpdateAggregator, WeightStats)
+                                  Selection, UpdateAggregator, WeightStats, training_clients)
 from fedharness.base.interrupts import atomic
 from fedharness.errors import require
 from fedharness.core.buffers import average_into, buffer_dim, local_buffers
 from fedharness.core.clock import SystemsClock, link_seconds, rescaled
 from fedharness.core.exact_sum import Grids
 from fedharness.core.executors import ShardResult
+from fedharness.core.personal import FineTune, Personal
 from fedharness.core.flight import EMPTY, Busy, Draw, empty_flight, flight_rows, packed, run_version
 from fedharness.core.slots import SlotSet, slot_algorithm, takes_online
 from fedharness.core.stages import Stages
@@ -92,13 +93,15 @@ class Engine:
                series: list[SeriesHook], hooks: list[list[Callback]], *, trainer: LocalSolver | None = None,
                reference=None, network: NetworkModel | None = None, clock: SystemsClock | None = None,
                metrics: Sequence[Metric] = (), end_status: Callable[[BaseException], str] = _failed,
-               stages: Stages | None = None, client_eval: np.ndarray | None = None, grad_norm: bool = True) -> None:
+               stages: Stages | None = None, client_eval: np.ndarray | None = None, grad_norm: bool = True,
+               personal: Personal | None = None) -> None:
         """`clock` (the systems section, core/clock.py): clients' own speeds and availability, deadlines and
         over-selection on each replica's sim_s; None: every client the `network`'s, always online, no deadline.
         `stages` (the `stages` key): what happens to the updates between training and the server optimizer
         (core/stages.py). `client_eval` (eval.per_client): the clients each evaluation scores on their own
-        held-out data (the problem is a contracts.ClientEvaluation); None: none. `grad_norm` (eval.grad_norm):
-        whether evaluations compute grad_norm_sq (else null)."""
+        held-out data (the problem is a contracts.ClientEvaluation); None: none. `personal` (eval.personal): the
+        protocols they are scored with (None: global). `grad_norm` (eval.grad_norm): whether evaluations compute
+        grad_norm_sq (else null)."""
         self.problem, self.alg, self.executor, self.reference = problem, algorithm, executor, reference
         require(algorithm.solver.round_gradient == "none" or isinstance(problem, ClientGradients), "algorithm.solver",
                 algorithm.name, "a problem that gives each client's full-batch gradient (quadratic, the data sets)")
@@ -124,8 +127,10 @@ class Engine:
         self.rows: dict[int, list[dict]] = {i: [] for i in slots.ids}  # each slot's evaluated rows
         self.outcomes: dict[int, RunOutcome] = {}
         self.client_eval = client_eval
+        self.personal = personal or Personal(("global",), 0, None, None)
         self.grad_norm = grad_norm
         self._scores: tuple[np.ndarray, ClientScores] | None = None  # the last evaluation's, with its replica ids
+        self._tuned: tuple[np.ndarray, ClientScores] | None = None  # its fine-tuned scores (eval.personal), likewise
         self.rounds_done = 0  # the last completed round, also when an exception ends the run
 
     def initial_state(self) -> RunState:
@@ -407,12 +412,41 @@ class Engine:
         self._scores = (np.asarray(replica_ids), scores)
         return scores
 
+    def _client_columns(self, scores: ClientScores, i: int, protocol: str) -> dict[str, float | None]:
+        """Row i's columns of a protocol's scores: the training clients' (client_*) and, with
+        dataset.unseen_clients, the unseen ones' (unseen_client_*) apart."""
+        training = training_clients(self.problem)
+        if training == self.problem.num_clients:
+            return scores.columns(i, protocol)
+        return {**scores.part(training, False).columns(i, protocol),
+                **scores.part(training, True).columns(i, protocol, unseen=True)}
+
+    def _finetune_scores(self, rnd: int, x: torch.Tensor,
+                         replica_ids: np.ndarray) -> tuple[dict[int, int], ClientScores] | None:
+        """eval.personal's finetune at this evaluation (core/personal.py), of the rows due (each slot's last round,
+        and multiples of finetune_every): {position in replica_ids: row of the scores}, the scores; None: none
+        due."""
+        spec = self.personal
+        due = np.flatnonzero(spec.finetune_due(rnd, self.slots.per_row(self.slots.rounds)[replica_ids]))
+        if not len(due):
+            return None
+        ids = replica_ids[due]
+        lrs = self.slots.per_row([a.schedule.client_lr if spec.lr is None else spec.lr
+                                  for a in self.slots.algorithms])
+        plan = FineTune(spec.steps, lrs[ids], rnd, self.row_seeds()[ids], self.stream_replicas[ids],
+                        self.client_eval)
+        scores = self.executor.client_scores(x[torch.as_tensor(due, device=x.device)], ids, self.client_eval, plan)
+        self._tuned = (ids, scores)
+        return {int(i): j for j, i in enumerate(due)}, scores
+
     def _evaluate_series(self, state: RunState, x: torch.Tensor, series: str, replica_ids: np.ndarray) -> list[dict]:
         ev = self.problem.evaluate(x) if self.grad_norm else self.problem.evaluate(x, grad_norm=False)
         ev.extra.update({m.name: m.values(self.problem, x) for m in self.metrics})
-        scores = None
+        scores = tuned = None
         if series == "iterate" and self.client_eval is not None:
-            scores = self._client_scores(x, replica_ids)
+            if "global" in self.personal.protocols:
+                scores = self._client_scores(x, replica_ids)
+            tuned = self._finetune_scores(state.round, x, np.asarray(replica_ids))
         subopt = dist = None
         if self.reference is not None:  # exact F where train_loss is an estimate yet F has a closed form
             subopt = (ev.train_loss if ev.exact_train_loss is None else ev.exact_train_loss) - self.reference.f_star
@@ -442,7 +476,9 @@ class Engine:
                    "lr": lr[i], **staged}
             row.update({name: values[i] for name, values in columns.items()})
             if scores is not None:
-                row.update(scores.columns(i))
+                row.update(self._client_columns(scores, i, "global"))
+            if tuned is not None and i in tuned[0]:
+                row.update(self._client_columns(tuned[1], tuned[0][i], "finetune"))
             rows.append({k: _finite_or_none(v) for k, v in row.items()})
         return rows
 
@@ -494,7 +530,7 @@ class Engine:
         """Evaluate the due slots in one pass and hand each its rows; which of them end and how."""
         if not due:
             return {}
-        self._scores = None
+        self._scores = self._tuned = None
         rows = self.evaluate_replicas(state, self.slots.kept_rows(due))
         with atomic():  # a signal waits until every hook has the rows: the round done is the round recorded
             return self._hand_rows(state, due, stops, rows)
@@ -507,7 +543,8 @@ class Engine:
         for i in due:
             mine = self.slot_rows(rows, i)
             self.rows[s.ids[i]].extend(mine)
-            stop, err = self._tell(state, i, _evaluation, mine, self.hooks, self.slot_scores(i))
+            stop, err = self._tell(state, i, _evaluation, mine, self.hooks, self.slot_scores(i),
+                                   self.slot_scores(i, tuned=True))
             if err is not None:  # a hook's failure or an Optuna prune ends this slot only
                 ends[i] = self._outcome(state, i, self.end_status(err), rnd, err)
             elif rnd > 0 and any(r["train_loss"] is None for r in mine if r["series"] == "iterate"):
@@ -520,14 +557,15 @@ class Engine:
 
     def _tell(self, state: RunState, i: int, event: Callable[[Callback, RoundContext], bool | None],
               rows: list[dict], hooks: dict[int, list[Callback]],
-              clients: ClientScores | None = None) -> tuple[bool, Exception | None]:
+              clients: ClientScores | None = None,
+              tuned: ClientScores | None = None) -> tuple[bool, Exception | None]:
         """Call `event` on slot i's hooks (every one, also after one asked to stop): whether one asked to stop,
         or the exception that ends the slot."""
         listeners = hooks[self.slots.ids[i]]
         if not listeners:
             return False, None
         mine = self.slot_state(state, i)  # the slot's models only, replicas numbered as in its solo run
-        context = RoundContext(state.round, int(self.slots.rounds[i]), mine.x, rows, mine, clients)
+        context = RoundContext(state.round, int(self.slots.rounds[i]), mine.x, rows, mine, clients, tuned)
         try:
             return any([bool(event(hook, context)) for hook in listeners]), None
         except Exception as err:
@@ -546,9 +584,11 @@ class Engine:
         """Slot i's state (a run alone: the whole)."""
         return state
 
-    def slot_scores(self, i: int) -> ClientScores | None:
-        """Slot i's per-client scores of this evaluation (a run alone: all; None: eval.per_client is off)."""
-        return None if self._scores is None else self._scores[1]
+    def slot_scores(self, i: int, tuned: bool = False) -> ClientScores | None:
+        """Slot i's per-client scores of this evaluation (a run alone: all; None: eval.per_client is off), `tuned`:
+        its fine-tuned ones (None: not fine-tuned at this evaluation)."""
+        held = self._tuned if tuned else self._scores
+        return None if held is None else held[1]
 
     def _end(self, slot: int, outcome: RunOutcome) -> None:
         self.outcomes[slot] = outcome
@@ -626,13 +666,16 @@ class BatchedEngine(Engine):
         own = {} if server_lr is None else {"server_lr": server_lr}  # None: the row's own (an adaptive eta_g)
         return [{**r, "replica": r["replica"] - rng.start, **own} for r in rows if rng.start <= r["replica"] < rng.stop]
 
-    def slot_scores(self, i: int) -> ClientScores | None:
-        """Slot i's replica rows of this evaluation's per-client scores, in its replicas' order."""
-        if self._scores is None:
+    def slot_scores(self, i: int, tuned: bool = False) -> ClientScores | None:
+        """Slot i's replica rows of this evaluation's per-client scores (`tuned`: fine-tuned), in its replicas'
+        order; None where it has none."""
+        held = self._tuned if tuned else self._scores
+        if held is None:
             return None
-        replica_ids, scores = self._scores
+        replica_ids, scores = held
         rng = self.slots.rows(i)
-        return scores.rows(np.flatnonzero((replica_ids >= rng.start) & (replica_ids < rng.stop)))
+        mine = np.flatnonzero((replica_ids >= rng.start) & (replica_ids < rng.stop))
+        return scores.rows(mine) if len(mine) else None
 
     def slot_state(self, state: RunState, i: int) -> RunState:
         rows = self.slots.rows(i)

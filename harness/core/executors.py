@@ -13,7 +13,7 @@ trains them within the memory budget (core/updates.py aggregates them).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Mapping, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, buffer_dim, load_c
     take_buffers
 from fedharness.core.client_store import ClientStore, declared_slots, decode_part, encode_part
 from fedharness.core.exact_sum import ExactSum, FloatSum, Grids
+from fedharness.core.personal import FineTune, finetuned
 from fedharness.contracts import (ClientKeys, ClientScores, ClientWork, LocalSolver, Problem, RoundPlan,
                                   SolverState, UpdateChunk)
 from fedharness.errors import require
@@ -332,16 +333,37 @@ class ClientShard:
     def keep_replicas(self, rows: np.ndarray) -> None:
         self.store.keep_replicas(rows)
 
-    def client_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray) -> ClientScores:
+    def client_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray,
+                      finetune: FineTune | None = None) -> ClientScores:
         """`clients` (this shard's) scored on their own held-out data by the models x [S, dim] of executor rows
-        `replicas` [S]; FedBN's with their own buffers (a client that has not trained yet: the server's)."""
+        `replicas` [S]; FedBN's with their own buffers (a client that has not trained yet: the server's).
+        `finetune`: each client scored with its fine-tuned model instead (core/personal.py)."""
         buffers = None
         if local_buffers(self.problem) and BUFFERS_KEY in self.store.tables:
             buffers = {}
             for j, r in enumerate(replicas):
                 own = self.store.get(BUFFERS_KEY, np.full(len(clients), r), clients)
                 buffers.update({(j, int(k)): v.to(x.device) for k, v in zip(clients, own) if v is not None})
-        return self.problem.client_scores(x, clients, buffers)
+        if finetune is None:
+            return self.problem.client_scores(x, clients, buffers)
+        return self.finetune_scores(x, clients, buffers or {}, finetune)
+
+    def finetune_scores(self, x: torch.Tensor, clients: np.ndarray,
+                        buffers: Mapping[tuple[int, int], torch.Tensor], spec: FineTune) -> ClientScores:
+        """`clients` scored with their models fine-tuned from each row of x (core/personal.py), a row at a time:
+        a copy's bits then depend on neither the shard split nor the other rows of a batch of slots."""
+        loss, acc = np.zeros((len(x), len(clients))), np.zeros((len(x), len(clients)))
+        n = np.zeros(len(clients), dtype=np.int64)
+        b = buffer_dim(self.problem)
+        chunk = self.chunk_entries(spec.steps, len(clients))
+        for j in range(len(x)):
+            w0 = x[j].expand(len(clients), -1).clone()
+            for m, k in enumerate(clients.tolist() if buffers else []):  # FedBN: from the client's own buffers
+                if (j, k) in buffers:
+                    w0[m, -b:] = buffers[(j, k)]
+            w = finetuned(self.problem, w0, clients, spec, j, chunk)
+            n, loss[j], acc[j] = self.problem.copy_scores(w, clients)
+        return ClientScores(np.asarray(clients, dtype=np.int64), n, loss, acc, self.problem.num_clients, "finetune")
 
     def get_state(self) -> dict:
         """Every kept slot value by (replica, client): for inspection (tests); the engine never asks."""
@@ -373,7 +395,7 @@ def merge_scores(clients: np.ndarray, ranges: list[tuple[int, int]], score) -> C
     loss, acc = np.zeros((first.loss.shape[0], len(clients))), np.zeros((first.acc.shape[0], len(clients)))
     for at, part in parts:
         n[at], loss[:, at], acc[:, at] = part.n, part.loss, part.acc
-    return ClientScores(np.asarray(clients, dtype=np.int64), n, loss, acc, first.population)
+    return ClientScores(np.asarray(clients, dtype=np.int64), n, loss, acc, first.population, first.protocol)
 
 
 COST_GRID = 1 << 16  # clients at which a split reads the cost: every client up to this N, evenly spread above
@@ -419,8 +441,10 @@ class Executor(Protocol):
     def keep_replicas(self, rows: np.ndarray) -> None:
         """Only the slots of executor rows `rows`, renumbered 0.. (slots of a batch left)."""
 
-    def client_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray) -> ClientScores:
-        """`clients` scored in the shards that own them by the models x [S, dim] of executor rows `replicas`."""
+    def client_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray,
+                      finetune: FineTune | None = None) -> ClientScores:
+        """`clients` scored in the shards that own them by the models x [S, dim] of executor rows `replicas` (with
+        `finetune`: by each client's fine-tuned model, core/personal.py)."""
 
     def close(self) -> None:
         """Release the shards (Ray actors); the executor is not used again."""
@@ -451,9 +475,10 @@ class InlineExecutor:
         for shard in self.shards:
             shard.keep_replicas(rows)
 
-    def client_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray) -> ClientScores:
+    def client_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray,
+                      finetune: FineTune | None = None) -> ClientScores:
         return merge_scores(clients, [(shard.lo, shard.hi) for shard in self.shards],
-                            lambda s, mine: self.shards[s].client_scores(x, replicas, mine))
+                            lambda s, mine: self.shards[s].client_scores(x, replicas, mine, finetune))
 
     def get_state(self) -> dict:
         """Every kept slot value by (replica, client): for inspection (tests); the engine never asks."""

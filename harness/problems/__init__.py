@@ -28,6 +28,8 @@ from fedharness.problems.client_eval import client_test_index
 from fedharness.problems.data import DataProblem, eval_sample_size
 from fedharness.problems.federated import select_owners
 from fedharness.problems.nets import require_net
+from fedharness.problems.quadratic import QuadraticProblem
+from fedharness.problems.unseen import unseen_order
 from fedharness.problems.objectives import NetObjective, refuse_linear_on_tokens
 from fedharness.problems.pooled import PooledData
 from fedharness.problems.user import user_pooled
@@ -101,11 +103,14 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
         "memory_budget": budget, "model": lambda in_shape, num_classes: build_model(settings, in_shape, num_classes),
         "eval_clients": settings.eval.clients}
     made = DATASETS.build(option.name, option.params, context)
+    unseen = option.params.get("unseen_clients") or 0
     if isinstance(made, Problem):
         require(not settings.eval.per_client or isinstance(made, ClientEvaluation), "eval.per_client", True,
                 f"false: dataset={option.name} has no held-out data per client (per-client evaluation needs a data "
                 "set with a test set)")
-        return made
+        require(not unseen or isinstance(made, QuadraticProblem), "dataset.unseen_clients", unseen,
+                f"0: dataset={option.name} cannot set clients apart (quadratic and the data sets of samples can)")
+        return made.unseen_last(*unseen_order(seed, made.num_clients, unseen)) if unseen else made
     pooled = made if isinstance(made, PooledData) else user_pooled(option.name, made)
     pooled, num_clients = _clients(settings, pooled, seed)
     y, yt = pooled.y, pooled.y_test
@@ -122,11 +127,16 @@ def build_problem(settings: RunSettings, batch_size: int) -> Problem:
         token_vocab = top_token + 1
     objective = build_model(settings, tuple(pooled.x.shape[1:]), num_classes, tokens, token_vocab)
     index = _partition(settings, pooled, num_clients, seed)
-    samples = eval_sample_size(settings.eval.samples, sum(len(ix) for ix in index))
+    order, training = unseen_order(seed, num_clients, unseen)
+    held_out = _held_out(settings, pooled, index, seed)
+    index = [index[k] for k in order]  # the unseen clients numbered last (problems/unseen.py)
+    held_out = None if held_out is None else [held_out[k] for k in order]
+    samples = eval_sample_size(settings.eval.samples, sum(len(ix) for ix in index[:training]))
     problem = DataProblem(objective, pooled.x, y, index, pooled.x_test, yt, batch_size, dtype, settings.device,
-                          budget, _held_out(settings, pooled, index, seed), x_scale=pooled.x_scale,
-                          eval_samples=samples, eval_seed=seed)
-    problem.client_names = _client_names(settings, pooled)
+                          budget, held_out, x_scale=pooled.x_scale,
+                          eval_samples=samples, eval_seed=seed, training_clients=training if unseen else None)
+    names = _client_names(settings, pooled)
+    problem.client_names = None if names is None else [names[k] for k in order]
     return problem
 
 

@@ -176,6 +176,23 @@ def _own_buffer_batch(objective: BufferTerms, x: torch.Tensor, y: torch.Tensor, 
         correct[r, cols] = (c.double() * keep).sum(-1)
 
 
+def copy_scores(objective: Model, x: torch.Tensor, y: torch.Tensor, held_out: list[np.ndarray], w: torch.Tensor,
+                clients: np.ndarray, chunk: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Model w[m] ([M, dim], its buffers in its last entries) on client clients[m]'s `held_out` rows of (x, y): the
+    held-out samples n [M], mean loss and accuracy [M] (contracts.CopyEvaluation). Each copy is scored alone, by
+    loss_terms on its client's samples, so its bits depend on nothing but the copy (not on the copies beside it,
+    as a batch's would: the shard split, a batch of slots)."""
+    n = np.array([len(held_out[int(k)]) for k in clients], dtype=np.int64)
+    loss = torch.zeros(len(clients), dtype=torch.float64, device=w.device)
+    correct = torch.zeros_like(loss)
+    with torch.no_grad():
+        for m, k in enumerate(clients.tolist()):
+            l, c = _client_sums(objective, x, y, held_out[k], w[m:m + 1], chunk)
+            loss[m], correct[m] = l[0], c[0]
+    size = torch.as_tensor(n, dtype=torch.float64, device=w.device)
+    return n, (loss / size).cpu().numpy(), (correct / size).cpu().numpy()
+
+
 def _client_sums(objective: Model, x: torch.Tensor, y: torch.Tensor, rows: np.ndarray, w: torch.Tensor,
                  chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One client's summed loss and correct predictions per replica ([R], [R]) by the model's loss_terms."""

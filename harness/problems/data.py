@@ -13,7 +13,7 @@ from typing import Mapping
 from fedharness.contracts import (ClientKeys, ClientScores, ClosedFormTerms, Evaluation, ExactSolve, Model, Problem,
                                   SampleTerms)
 from fedharness.base import streams
-from fedharness.problems.client_eval import client_scores
+from fedharness.problems.client_eval import client_scores, copy_scores
 from fedharness.problems.estimate import (AUTO_EXACT_SAMPLES, AUTO_SAMPLES, GRAD_GROUPS, TEST_ROWS, mean_estimate,
                                           sample_rows, squared_norm_estimate)
 from fedharness.errors import require
@@ -82,15 +82,19 @@ class DataProblem(Problem, ExactSolve):
     samples as indices into x_test (problems/client_eval.py). `eval_samples` (eval.samples, resolved by
     eval_sample_size; None: every sample): evaluation reads a fixed sample of that many training samples, drawn
     uniformly with replacement by `eval_seed`, and as many test samples where the test set has more
-    (evaluate_sample).
+    (evaluate_sample). `training_clients` (dataset.unseen_clients; None: all): the first clients are the training
+    population, the rest unseen (problems/unseen.py): the weights, the objective and its evaluation are the
+    training clients' alone.
     """
 
     def __init__(self, objective: Model, x_train: np.ndarray, y_train: np.ndarray, client_index: list[np.ndarray],
                  x_test: np.ndarray | None, y_test: np.ndarray | None, batch_size: int,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                  memory_budget: int | None = None, client_test: list[np.ndarray] | None = None,
-                 x_scale: float | None = None, eval_samples: int | None = None, eval_seed: int = 0):
+                 x_scale: float | None = None, eval_samples: int | None = None, eval_seed: int = 0,
+                 training_clients: int | None = None):
         self.objective, self.memory_budget, self.client_test = objective, memory_budget, client_test
+        self.training_clients = training_clients
         self.eval_samples, self.eval_seed = eval_samples, eval_seed
         self.dtype, self.device = dtype, torch.device(device)
         self.num_clients = len(client_index)
@@ -99,7 +103,8 @@ class DataProblem(Problem, ExactSolve):
         self.batch_size = batch_size
         self.sizes = np.array([len(ix) for ix in client_index], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
-        self.weights = self.sizes / self.sizes.sum()
+        trains = np.arange(self.num_clients) < (training_clients or self.num_clients)
+        self.weights = np.where(trains, self.sizes, 0) / self.sizes[trains].sum()
         order = np.concatenate(client_index)
         # Compact samples (uint8 pixel codes, integer token ids) stay compact and are made what the model takes
         # one minibatch or evaluation chunk at a time: FEMNIST's 800k images are 0.6 GB so, 2.5 GB as float32.
@@ -111,9 +116,11 @@ class DataProblem(Problem, ExactSolve):
         self.x_test = None if x_test is None else self._store(x_test)
         self.y_test = None if y_test is None else torch.as_tensor(y_test, dtype=torch.int64, device=self.device)
         self.sample_numel = self.x[0].numel()
+        rows = int(self.sizes[trains].sum())  # the training clients' samples: a prefix (they are numbered first)
+        self.train_x, self.train_y = self.x[:rows], self.y[:rows]
         self.eval_groups = self.eval_test_rows = None  # evaluation over every sample
         if eval_samples is not None:  # GRAD_GROUPS groups of consecutive draws, each read in storage order
-            draws = sample_rows(eval_seed, eval_samples, len(self.y))
+            draws = sample_rows(eval_seed, eval_samples, len(self.train_y))
             self.eval_groups = [torch.as_tensor(np.sort(g), device=self.device)
                                 for g in np.array_split(draws, GRAD_GROUPS)]
             if self.y_test is not None and len(self.y_test) > eval_samples:
@@ -140,7 +147,8 @@ class DataProblem(Problem, ExactSolve):
         x, y, xt, yt = self._raw
         index = [np.arange(o, o + n) for o, n in zip(self.offsets, self.sizes)]
         return DataProblem(self.objective, x, y, index, xt, yt, self.batch_size, dtype, self.device, self.memory_budget,
-                           self.client_test, self.x_scale, self.eval_samples, self.eval_seed)
+                           self.client_test, self.x_scale, self.eval_samples, self.eval_seed,
+                           self.training_clients)
 
     def init_params(self, replicas: int, seed: int) -> torch.Tensor:
         return self.objective.init(replicas, seed, self.dtype).to(self.device)
@@ -229,7 +237,7 @@ class DataProblem(Problem, ExactSolve):
 
     def objective_value(self, w: torch.Tensor) -> torch.Tensor:
         """F(w) = sum_k p_k F_k(w) per replica, differentiable (p_k = n_k / n, so a mean over all samples)."""
-        return self._mean_loss(w, self.x, self.y)[0] + self.objective.regularizer(w).double()
+        return self._mean_loss(w, self.train_x, self.train_y)[0] + self.objective.regularizer(w).double()
 
     def _closed_form_chunk(self, replicas: int) -> int:
         return min(CLOSED_FORM_CHUNK, self.eval_chunk(replicas))
@@ -245,8 +253,8 @@ class DataProblem(Problem, ExactSolve):
         total = torch.zeros(w.shape, dtype=torch.float64, device=w.device) if grad else None
         closed_form = isinstance(self.objective, ClosedFormTerms)
         chunk = self._closed_form_chunk(w.shape[0]) if closed_form else self.eval_chunk(w.shape[0])
-        for start in range(0, len(self.y), chunk):
-            x, y = self._model_input(self.x[start:start + chunk]), self.y[start:start + chunk]
+        for start in range(0, len(self.train_y), chunk):
+            x, y = self._model_input(self.train_x[start:start + chunk]), self.train_y[start:start + chunk]
             if closed_form and total is None:
                 value.add_(self.objective.summed_loss(w, x, y))
             elif total is None:  # no gradient: no graph kept
@@ -268,7 +276,7 @@ class DataProblem(Problem, ExactSolve):
         accumulate in float64 (_data_sums)."""
         w = w.detach()
         value, data_grad = self._data_sums(w, grad)
-        n = len(self.y)
+        n = len(self.train_y)
         if data_grad is None:
             return value / n + self.objective.regularizer(w).double(), None
         wg = w.clone().requires_grad_(True)
@@ -293,7 +301,7 @@ class DataProblem(Problem, ExactSolve):
 
     def data_split(self, split: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         if split == "train":
-            return self._model_input(self.x), self.y
+            return self._model_input(self.train_x), self.train_y
         return None if self.x_test is None else (self._model_input(self.x_test), self.y_test)
 
     def _sample_losses(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -312,7 +320,7 @@ class DataProblem(Problem, ExactSolve):
         chunk = self._closed_form_chunk(w.shape[0]) if closed_form else self.eval_chunk(w.shape[0])
         for start in range(0, len(rows), chunk):
             take = rows[start:start + chunk]
-            x, y = self._model_input(self.x.index_select(0, take)), self.y.index_select(0, take)
+            x, y = self._model_input(self.train_x.index_select(0, take)), self.train_y.index_select(0, take)
             if grad and not closed_form:
                 wg = w.clone().requires_grad_(True)
                 loss = self._sample_losses(wg, x, y)
@@ -364,6 +372,14 @@ class DataProblem(Problem, ExactSolve):
         x_test = self._model_input(self.x_test)
         return client_scores(self.objective, x_test, self.y_test, self.client_test, w, clients,
                              self.eval_chunk(w.shape[0]), buffers)
+
+
+    def copy_scores(self, w: torch.Tensor, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Model w[m] on client clients[m]'s held-out samples (contracts.CopyEvaluation; problems/client_eval.py)."""
+        require(self.client_test is not None and self.x_test is not None, "eval.per_client", True,
+                "a data set with a test set, built with eval.per_client=true")
+        return copy_scores(self.objective, self._model_input(self.x_test), self.y_test, self.client_test, w,
+                           clients, self.eval_chunk(1))
 
 
 def eval_sample_size(setting: int | str | None, train_samples: int) -> int | None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 import torch
 
-from fedharness.contracts import ClientKeys, ClosedForm, Evaluation, Problem
+from fedharness.contracts import ClientKeys, ClientScores, ClosedForm, Evaluation, Problem
 from fedharness.errors import ConfigError
 from fedharness.registry.groups import DATASETS, MODELS
 from fedharness.base import streams
@@ -38,9 +40,21 @@ class QuadraticProblem(Problem, ClosedForm):
         self.A = torch.as_tensor(self.A_np, dtype=dtype, device=self.device)
         self.e = torch.as_tensor(self.e_np, dtype=dtype, device=self.device)
         self._p = torch.as_tensor(self.weights, dtype=dtype, device=self.device)
+        self.training_clients: int | None = None  # dataset.unseen_clients: the first ones train (unseen_last)
 
     def with_dtype(self, dtype: torch.dtype) -> "QuadraticProblem":
-        return QuadraticProblem(self.A_np, self.e_np, self.weights, self.noise, dtype, self.device, self.memory_budget)
+        made = QuadraticProblem(self.A_np, self.e_np, self.weights, self.noise, dtype, self.device, self.memory_budget)
+        made.training_clients = self.training_clients
+        return made
+
+    def unseen_last(self, order: np.ndarray, training: int) -> "QuadraticProblem":
+        """The clients renumbered by `order`, the first `training` the training population (dataset.unseen_clients,
+        problems/unseen.py): the weights uniform over them and 0 on the rest, so F, w* and F* are theirs."""
+        weights = np.where(np.arange(self.num_clients) < training, 1 / training, 0.0)
+        made = QuadraticProblem(self.A_np[order], self.e_np[order], weights, self.noise, self.dtype, self.device,
+                                self.memory_budget)
+        made.training_clients = training
+        return made
 
     def init_params(self, replicas: int, seed: int) -> torch.Tensor:
         return torch.zeros(replicas, self.dim, dtype=self.dtype, device=self.device)
@@ -85,6 +99,26 @@ class QuadraticProblem(Problem, ClosedForm):
         value, g = self.objective_and_grad(w)  # closed forms: the gradient costs next to nothing
         return Evaluation(train_loss=value.cpu().numpy(),
                           grad_norm_sq=(g.double() ** 2).sum(-1).cpu().numpy() if grad_norm else None)
+
+    def client_scores(self, w: torch.Tensor, clients: np.ndarray,
+                      buffers: Mapping[tuple[int, int], torch.Tensor] | None = None) -> ClientScores:
+        """Each client's own objective f_k(w_r) as its loss, [R, S] in float64 (contracts.ClientEvaluation); no
+        accuracy (NaN), and n = 1: every client counts once."""
+        w64 = w.detach().double().cpu().numpy()
+        loss = np.stack([self._client_values(np.broadcast_to(row, (len(clients), self.dim)), clients)
+                         for row in w64])
+        return ClientScores(np.asarray(clients, dtype=np.int64), np.ones(len(clients), dtype=np.int64), loss,
+                            np.full_like(loss, np.nan), self.num_clients)
+
+    def copy_scores(self, w: torch.Tensor, clients: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """f_k of copy m's model for client k = clients[m] (contracts.CopyEvaluation), as client_scores."""
+        loss = self._client_values(w.detach().double().cpu().numpy(), clients)
+        return np.ones(len(clients), dtype=np.int64), loss, np.full_like(loss, np.nan)
+
+    def _client_values(self, w: np.ndarray, clients: np.ndarray) -> np.ndarray:
+        """f_k(w_m) = 1/2 (w_m - e_k)^T A_k (w_m - e_k) of k = clients[m], in float64 from the float64 A and e."""
+        diff = w - self.e_np[clients]
+        return 0.5 * np.einsum("md,mde,me->m", diff, self.A_np[clients], diff)
 
     def hessians(self) -> np.ndarray:
         return self.A_np

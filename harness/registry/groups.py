@@ -28,7 +28,10 @@ CONTEXT = ("problem", "num_clients", "rounds")  # what a part's constructor may 
 
 # Every data set's keys besides its own: the harness reads them (the clients to split into, the data's seed).
 DATASETS = Registry("dataset", common={"num_clients": integer("N, the number of clients", lo=1),
-                                       "data_seed": integer("seed of the data", lo=0, null="use the run's seed")})
+                                       "data_seed": integer("seed of the data", lo=0, null="use the run's seed"),
+                                       "unseen_clients": number("the share of the clients set apart: never "
+                                                                "trained, evaluated as unseen_client_* "
+                                                                "(problems/unseen.py)", lo=0, hi=1, hi_open=True)})
 MODELS = Registry("model", reserved=("l2", "buffers"))  # l2, buffers: the harness's NetObjective reads them
 PARTITIONERS = Registry("partition")
 

@@ -19,6 +19,7 @@ from fedharness.core.checkpoint import checkpointed, load_resume
 from fedharness.core.engine import BatchedEngine, Engine, NetworkModel, client_bytes
 from fedharness.core.executors import InlineExecutor, LoopExecutor
 from fedharness.core.kernels import resolve_kernel
+from fedharness.core.personal import Personal
 from fedharness.core.slots import SlotSet
 from fedharness.core.stages import Stages
 from fedharness.algorithms.series import build_series
@@ -161,12 +162,19 @@ def build_engine(run: Prepared, executor, hooks: Sequence[Sequence[Callback]] = 
     options = dict(reference=run.reference, network=NetworkModel.of(run.settings.network), clock=run.clock,
                    metrics=[METRICS[name] for name in run.settings.metrics], end_status=end_status,
                    stages=run.stages, client_eval=clients_to_evaluate(run.settings, run.problem),
+                   personal=personal_of(run.settings),
                    grad_norm=run.settings.eval.grad_norm or not skips_grad_norm(run.problem))
     if slots is not None:
         return BatchedEngine(run.problem, slots, run.algorithm.solver, executor, hooks=hooks, **options)
     s = run.settings
     return Engine(run.problem, run.algorithm, executor, rounds=s.rounds, seed=s.seed, replicas=s.replicas,
                   eval_every=s.eval_every, layout=run.layout, series=run.series, hooks=hooks[0], **options)
+
+
+def personal_of(settings: RunSettings) -> Personal:
+    """eval.personal's protocols and finetune's keys, as the engine takes them."""
+    ev = settings.eval
+    return Personal(ev.personal, ev.finetune_steps, ev.finetune_lr, ev.finetune_every)
 
 
 def clients_to_evaluate(settings: RunSettings, problem) -> np.ndarray | None:

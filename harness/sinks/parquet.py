@@ -29,10 +29,11 @@ ROUND_SCHEMA = pa.schema([
     *((name, pa.float64()) for name in CLIENT_COLUMNS),
 ])
 
-CLIENT_SCHEMA = pa.schema([  # clients/ (eval.clients_table): one row per (replica, evaluated round, client)
+CLIENT_SCHEMA = pa.schema([  # clients/ (eval.clients_table): a row per (replica, evaluated round, client, protocol)
     ("replica", pa.int64()), ("round", pa.int64()), ("client", pa.int64()), ("n", pa.int64()),
     ("loss", pa.float64()), ("acc", pa.float64()),  # null where the client has no held-out sample (n = 0)
     ("owner", pa.string()),  # the client's owner (a writer, a role, a user: natural clients); null: unnamed
+    ("protocol", pa.string()),  # eval.personal: the models scored, global or finetune
 ])
 
 RUN_SCHEMA = pa.schema([
@@ -88,7 +89,8 @@ def client_table(scores: list[tuple[int, ClientScores]], names: list[str] | None
                       "round": np.full(replicas * clients, rnd, dtype=np.int64),
                       "client": np.tile(s.clients, replicas), "n": np.tile(s.n, replicas),
                       "loss": pa.array(loss, mask=np.isnan(loss)), "acc": pa.array(acc, mask=np.isnan(acc)),
-                      "owner": [None if names is None else names[c] for c in np.tile(s.clients, replicas)]})
+                      "owner": [None if names is None else names[c] for c in np.tile(s.clients, replicas)],
+                      "protocol": [s.protocol] * (replicas * clients)})
     return pa.table({f.name: pa.concat_arrays([pa.array(p[f.name], f.type) for p in parts]) for f in CLIENT_SCHEMA},
                     schema=CLIENT_SCHEMA)
 
@@ -117,8 +119,8 @@ class ParquetSink(Callback):
 
     def on_evaluation(self, context: RoundContext) -> None:
         self.add_rounds(context.rows)
-        if self.clients_table and context.clients is not None:
-            self.pending_clients.append((context.round, context.clients))
+        if self.clients_table:
+            self.pending_clients.extend((context.round, s) for s in (context.clients, context.tuned) if s is not None)
 
     def on_end(self, outcome) -> None:
         self.flush()

@@ -290,8 +290,10 @@ def _validate_builds(cfg: dict, spec: TuneSpec, context: str) -> None:
         require(why is None, "tune.objective.metric", spec.objective.metric,
                 f"needs an exact reference, and this problem gets none ({why}); use train_loss or test_acc")
     if spec.objective.metric in CLIENT_METRICS:
-        require(cfg["eval"]["per_client"], "tune.objective.metric", spec.objective.metric,
-                "needs eval.per_client=true (per-client evaluation), which the trials' runs do not have")
+        scored = RunSettings.from_config(cfg).eval  # eval.personal beyond [global] turns per_client on
+        require(scored.per_client and "global" in scored.personal, "tune.objective.metric", spec.objective.metric,
+                "needs eval.per_client=true (per-client evaluation of the global model), which the trials' runs "
+                "do not have")
 
 
 def trial_config(spec: TuneSpec, values: dict[str, Any]) -> tuple[dict, list[str]]:

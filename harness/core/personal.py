@@ -1,0 +1,100 @@
+"""eval.personal's `finetune` protocol: each evaluated client fine-tunes the global model on its own data, in the
+shard that owns it, and is scored with the result (docs/results.md, Personalized evaluation).
+
+Fine-tuning is `steps` steps of plain SGD (w <- w - lr g: no momentum, prox term, control variate or decay) on
+minibatches of the problem's batch size, from each replica's global model (FedBN's clients with their own buffers,
+as training left them). Every (replica, client) pair is one copy of a batched computation, the training step's
+(problem.round_batches and problem.grad), in chunks that fit the memory budget. The minibatches come from the
+training streams of the seed stream_key(seed, FINETUNE): a stream of fine-tuning's own, keyed by (seed, replica,
+evaluated round, client), so training's draws are untouched and a copy's draws do not depend on which shard or
+chunk it is in. Nothing is written to the client store: fine-tuning never changes the training trajectory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedharness.base import streams
+from fedharness.contracts import ClientKeys, Problem
+from fedharness.core.buffers import buffer_dim, take_buffers
+
+
+@dataclass(frozen=True)
+class Personal:
+    """eval.personal's settings as the engine takes them: the protocols, and finetune's steps, step size (None:
+    each slot's algorithm.client_lr) and the evaluated rounds it runs at (every: multiples of it and each slot's
+    last round; None: the last only)."""
+
+    protocols: tuple[str, ...]
+    steps: int
+    lr: float | None
+    every: int | None
+
+    def finetune_due(self, rnd: int, last: np.ndarray) -> np.ndarray:
+        """[S] whether rows whose slots end at rounds `last` [S] fine-tune at evaluated round `rnd`."""
+        if "finetune" not in self.protocols:
+            return np.zeros(len(last), dtype=bool)
+        return (last == rnd) | (self.every is not None and rnd % self.every == 0)
+
+
+@dataclass(frozen=True)
+class FineTune:
+    """One evaluation's fine-tuning: `steps` SGD steps at `lrs` [S], for the models of executor rows whose streams
+    are `stream_replicas` [S] and `seeds` [S] (the run's seed on every row of a run alone), at evaluated round
+    `round`; `evaluated`: every client the evaluation scores, ascending (where a shard's clients rank)."""
+
+    steps: int
+    lrs: np.ndarray
+    round: int
+    seeds: np.ndarray
+    stream_replicas: np.ndarray
+    evaluated: np.ndarray
+
+
+def finetune_seeds(seeds: np.ndarray) -> np.ndarray:
+    """Fine-tuning's seed of each run seed: its streams are the training streams of this seed."""
+    return streams.stream_key(np.asarray(seeds), streams.FINETUNE, 0, 0, 0).view(np.int64)
+
+
+ALIGN = 16  # a copy sits at a batch position congruent to its client's rank modulo this
+
+
+def finetuned(problem: Problem, w0: torch.Tensor, clients: np.ndarray, spec: FineTune, row: int,
+              chunk: int) -> torch.Tensor:
+    """Copies w0 [m, dim] of `clients` (consecutive among spec.evaluated: a shard's), all of executor row `row`,
+    after spec.steps plain SGD steps on each client's own minibatches, `chunk` copies at a time (rounded up to a
+    multiple of ALIGN); a new tensor.
+
+    A batched kernel's bits for one copy can depend on where the copy sits in its batch (the alignment of its
+    rows: the linear models' bmm on float32 rounds differently at odd and even positions), so each copy sits at a
+    position congruent to its client's rank among the evaluated clients modulo ALIGN, whatever shard it is in:
+    the first batch starts with copies of copy 0 that fill the positions before it, batches hold a multiple of
+    ALIGN copies, and a lone copy is batched as two. Those fillers' results are dropped."""
+    first = int(np.searchsorted(spec.evaluated, clients[0]))
+    lead = first % ALIGN
+    order = np.concatenate([np.zeros(lead, dtype=np.int64), np.arange(len(clients))])
+    real = np.arange(len(order)) >= lead
+    size = -(-max(chunk, 1) // ALIGN) * ALIGN  # `chunk` rounded up to a multiple of ALIGN
+    seed = int(finetune_seeds(spec.seeds[row]))
+    b, lr = buffer_dim(problem), float(spec.lrs[row])
+    out = w0.clone()
+    for start in range(0, len(order), size):
+        at, keep = order[start:start + size], real[start:start + size]
+        if len(at) == 1:  # a batch of one copy runs unbatched kernels, whose bits differ: run it as two
+            at, keep = np.repeat(at, 2), np.array([keep[0], False])
+        keys = ClientKeys(clients[at], np.full(len(at), spec.stream_replicas[row]), spec.round, seed)
+        batches = problem.round_batches(keys, spec.steps)
+        whole = len(at) == len(out) and keep.all()  # every copy in one batch, in order: train `out` in place
+        w = out if whole else out[torch.as_tensor(at, device=out.device)]
+        for t in range(spec.steps):
+            g = problem.grad(w, batches, t)
+            new_buffers = take_buffers(g, b) if b else None
+            w.sub_(g, alpha=lr)
+            if new_buffers is not None:
+                w[:, -b:] = new_buffers
+        if not whole:
+            out[torch.as_tensor(at[keep], device=out.device)] = w[torch.as_tensor(keep, device=out.device)]
+    return out

@@ -170,11 +170,11 @@ def _auto(settings: RunSettings, problem) -> str:
     key = json.dumps([CACHE_FORMAT, objective.name, objective.in_shape, objective.dim, copies, problem.batch_size,
                       _device_name(device), str(problem.dtype), settings.precision,
                       torch.get_num_threads(), torch.__version__])
-    remembered = _remembered(key, objective)
+    remembered = _remembered(key, names)
     if remembered is not None:
         return remembered
     with _measuring():
-        remembered = _remembered(key, objective)  # a process that held the lock before us may have measured it
+        remembered = _remembered(key, names)  # a process that held the lock before us may have measured it
         if remembered is not None:
             return remembered
         timings = measure(objective, copies, problem.batch_size, device, problem.dtype, names)
@@ -195,9 +195,10 @@ def cache_path() -> Path:
     return cache_dir() / "kernels.json"
 
 
-def _remembered(key: str, objective) -> str | None:
+def _remembered(key: str, names: tuple[str, ...]) -> str | None:
+    """The cache's choice for `key` where it is one of `names` (a choice over this run's memory budget is not)."""
     found = _read_cache().get(key, {}).get("kernel")
-    return found if found in candidates(objective) else None
+    return found if found in names else None
 
 
 @contextmanager

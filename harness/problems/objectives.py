@@ -267,8 +267,9 @@ class NetObjective(Model):
     `kernel` (vmap | loop | loop_channels_last | fused, harness/core/kernels.py): how `batch_grad` computes the
     copies' gradients; all give the same gradients up to rounding. `fused` (offered where the net has modules with
     a `fused` switch: text_nets.LSTM) trains one copy at a time by plain autograd with those modules on torch's
-    fused kernels; evaluation's per-replica passes use them too (they run outside torch.func). A module torch.func.vmap cannot run (a probe at
-    construction says so, in one log line) trains one copy at a time: `vmap` then means `loop`.
+    fused kernels; evaluation's per-replica passes use them too (they run outside torch.func). A module
+    torch.func.vmap cannot run (a probe when vmap is first asked for says so, in one log line) trains one copy at a
+    time: `vmap` then means `loop`.
     `tokens`: the samples are int64 token ids (a text model's embedding reads them), kept int64 by `prepare`;
     otherwise they are cast to the run's float dtype.
     """

@@ -349,8 +349,9 @@ class RunSettings:
     precision: str = key(choice("fp32 | tf32 (TF32 matmuls on CUDA) | bf16 (nets' training under bf16 autocast)",
                                 ("fp32", "tf32", "bf16")))
     kernel: str = key(choice("nets' batched client gradients: auto (the fastest, timed once per shape on this "
-                             "machine and remembered) | vmap | loop | loop_channels_last",
-                             ("auto", "vmap", "loop", "loop_channels_last")))
+                             "machine and remembered) | vmap | loop | loop_channels_last | fused (recurrent nets: "
+                             "torch's fused LSTM, plain autograd, one client at a time)",
+                             ("auto", "vmap", "loop", "loop_channels_last", "fused")))
     deterministic: bool = key(boolean("deterministic CUDA kernels (cuBLAS workspace, cuDNN): same bits run to run, "
                                       "slower"))
     sums: str = key(choice("how client contributions meet: exact (integer sums on a fixed-point grid, 8 bytes a "

@@ -36,7 +36,7 @@ class NoisyMeasure:
         self.fork = fork  # the processes' context
         self.count = fork.Value("i", 0)
 
-    def __call__(self, objective, copies, batch, device, dtype) -> dict[str, float]:
+    def __call__(self, objective, copies, batch, device, dtype, names=None) -> dict[str, float]:
         with self.count.get_lock():
             self.count.value += 1
             first = self.count.value % 2 == 1

@@ -4,6 +4,8 @@ clients against the per-client path, an end-to-end run, and bad combinations nam
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -19,7 +21,7 @@ from fedharness.problems import DATASETS
 from fedharness.problems.nets import build_net, count_params
 from fedharness.problems.objectives import NetObjective
 from fedharness.problems.text_nets import LSTM
-from fedharness.runs.execute import prepare
+from fedharness.runs.execute import execute, prepare
 
 pytestmark = pytest.mark.numeric  # compares numbers with independent computations: `make test-kernels` too
 
@@ -137,11 +139,74 @@ def test_vectorized_clients_equal_the_per_client_path(run_config, text_data, mod
     keys = ClientKeys(np.arange(4), np.zeros(4, dtype=np.int64), 0, 0)
     w = problem.init_params(4, 0)  # four different models
     grads = {}
-    for kernel in ("vmap", "loop"):
+    for kernel in ("vmap", "loop", "fused"):
         problem.objective.kernel = kernel
         grads[kernel] = problem.grad(w, problem.round_batches(keys, 1), 0)
     assert grads["vmap"].abs().max() > 1e-3 and not torch.equal(grads["vmap"][0], grads["vmap"][1])
+    # float64: each formulation sums the same products in another order, about 1e-16 relative a step, and the
+    # 5 steps of 1-2 layers keep that far below 1e-12 of the gradient's scale (as the nn.LSTM test above)
     assert_close_to_scale(grads["loop"], grads["vmap"], rtol=1e-12)
+    assert_close_to_scale(grads["fused"], grads["vmap"], rtol=1e-12)
+
+
+# What a checkpoint of char_lstm holds (the flat vector's layout, ModuleLayout's order), as before kernel=fused
+CHAR_LSTM_STATE = [("embedding.weight", (VOCAB, 8)), ("lstm.layers.0.weight_ih", (1024, 8)),
+                   ("lstm.layers.0.weight_hh", (1024, 256)), ("lstm.layers.0.bias", (1024,)),
+                   ("lstm.layers.1.weight_ih", (1024, 256)), ("lstm.layers.1.weight_hh", (1024, 256)),
+                   ("lstm.layers.1.bias", (1024,)), ("fc.weight", (VOCAB, 256)), ("fc.bias", (VOCAB,))]
+
+
+@pytest.mark.parametrize("model", ["char_lstm", "word_lstm", "sent_lstm"])
+def test_the_fused_lstm_computes_the_functional_cells_outputs_and_gradients(model):
+    """torch's fused LSTM (LSTM.fused) on the same parameters: the same outputs and gradients, in float64 to 1e-12
+    of their scale (as nn.LSTM against the cell above); word and sent skip pad tokens before, after and between
+    the words (packed: each sequence's kept tokens moved to the front), and a sequence of pads alone keeps the
+    zero state."""
+    torch.manual_seed(0)
+    net = build_net(model, (9,), 50, **({"token_vocab": 50} if model == "sent_lstm" else {})).double()
+    x = torch.randint(1, 50, (5, 9))
+    x[1, :3], x[2, -4:], x[3, 2:5], x[4] = 0, 0, 0, 0  # pads before, after, between; all pads
+    out, grads = {}, {}
+    for fused in (False, True):
+        net.lstm.fused = fused
+        net.zero_grad()
+        out[fused] = net(x)
+        (out[fused] * torch.linspace(-1, 1, out[fused].shape[1], dtype=torch.float64)).sum().backward()
+        grads[fused] = [p.grad.clone() for p in net.parameters()]
+    assert out[False].abs().max() > 1e-3
+    assert_close_to_scale(out[True].detach(), out[False].detach(), rtol=1e-12)
+    for fused_grad, cell_grad in zip(grads[True], grads[False]):
+        assert_close_to_scale(fused_grad, cell_grad, rtol=1e-12)
+
+
+def test_a_checkpoint_of_char_lstm_loads_and_both_paths_read_it(tmp_path):
+    """kernel=fused keeps the parameterization: a state dict of char_lstm's names and shapes (one bias a layer)
+    loads strictly, and both LSTM paths compute the same next-character logits from it."""
+    torch.manual_seed(1)
+    saved = {name: torch.randn(shape) * 0.1 for name, shape in CHAR_LSTM_STATE}
+    torch.save(saved, tmp_path / "char_lstm.pt")
+    net = build_net("char_lstm", (SEQ,), VOCAB)
+    assert [(n, tuple(t.shape)) for n, t in net.state_dict().items()] == CHAR_LSTM_STATE
+    net.load_state_dict(torch.load(tmp_path / "char_lstm.pt"), strict=True)
+    x = torch.randint(0, VOCAB, (3, SEQ))
+    with torch.no_grad():
+        cell = net(x)
+        net.lstm.fused = True
+        fused = net(x)
+    # float32 over 2 x 80 steps: about 160 roundings of 1e-7 relative each on values of order 1: 1e-5 of the scale
+    assert_close_to_scale(fused, cell, rtol=1e-5)
+
+
+def test_kernel_fused_is_refused_for_a_net_without_lstm_layers(run_config, tmp_path):
+    with pytest.raises(ConfigError, match="'kernel': 'fused'.*fused: a net with fused LSTM layers"):
+        prepare(run_config("dataset=digits", "model=2nn", "rounds=1", "kernel=fused"))
+
+
+def test_a_fused_run_has_the_same_bits_on_one_and_three_shards(run_config, text_data):
+    rows = [execute(_text_run(run_config, "kernel=fused", "dataset.seq=10", shards)).rows
+            for shards in ("num_shards=1", "num_shards=3")]
+    losses = [[r["train_loss"] for r in run] for run in rows]
+    assert len(losses[0]) == 3 and losses[0] == losses[1]
 
 
 def test_kernel_auto_times_token_models_on_token_ids():
@@ -149,7 +214,7 @@ def test_kernel_auto_times_token_models_on_token_ids():
     objective = NetObjective(build_net("char_lstm", (6,), VOCAB), "char_lstm", 0.0, (6,), tokens=True)
     assert objective.inputs(2, 3).dtype == torch.int64 and objective.inputs(2, 3).shape == (2, 3, 6)
     timings = kernels.measure(objective, 2, 3, torch.device("cpu"), torch.float32)
-    assert list(timings) == ["vmap", "loop"] and all(0 < s < 60 for s in timings.values())
+    assert list(timings) == ["vmap", "loop", "fused"] and all(0 < s < 60 for s in timings.values())
 
 
 def test_a_char_lstm_run_on_a_registered_text_data_set_ends_ok(tmp_path, text_data):
@@ -208,3 +273,42 @@ def test_a_bad_model_exits_2_and_writes_nothing(tmp_path, text_data, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and not results.exists()
     assert len(err) == 1 and "model" in err[0] and "2nn" in err[0] and "int64 token ids" in err[0]
+
+
+@pytest.fixture
+def timings(monkeypatch, tmp_path):
+    """kernel=auto with the candidates it times recorded (fused fastest) and an empty cache."""
+    calls = []
+
+    def fake_measure(objective, copies, batch, device, dtype, names=None):
+        calls.append(names)
+        return {name: 1e-3 * (1 + (name != "fused")) for name in names}
+
+    monkeypatch.setattr(kernels, "measure", fake_measure)
+    monkeypatch.setenv("FEDHARNESS_CACHE", str(tmp_path / "cache"))
+    return calls
+
+
+def test_auto_takes_fused_untimed_where_the_data_are_fewer_than_timing_reads(run_config, text_data, timings,
+                                                                            tmp_path):
+    """Timing vmap, loop and fused reads (1 + REPEATS) x 3 x 2 copies x 5 windows = 120 windows' gradients: a
+    training set of 119 windows takes fused untimed (and remembers nothing), one of 120 is timed."""
+    threshold = (1 + kernels.REPEATS) * 3 * 2 * 5
+    for n, timed in ((threshold - 1, []), (threshold, [("vmap", "loop", "fused")])):
+        problem, _, _ = prepare(_text_run(run_config, f"dataset.n={n}", "dataset.seq=6"))
+        assert len(problem.y) == n and problem.objective.kernel == "fused" and timings == timed
+    assert len(json.loads((tmp_path / "cache" / "kernels.json").read_text())) == 1  # the timed choice alone
+
+
+def test_auto_times_no_candidate_over_the_memory_budget(run_config, text_data, timings):
+    """A budget between one copy's step and the two copies vmap holds at once: vmap is not timed; a budget below
+    one copy's step leaves fused, taken untimed."""
+    settings = _text_run(run_config, "dataset.n=400", "dataset.seq=6", "kernel=loop")
+    problem, _, _ = prepare(settings)
+    one = kernels.step_bytes(problem.objective, "loop", 2, 5, 4)
+    assert kernels.step_bytes(problem.objective, "vmap", 2, 5, 4) == 2 * one
+    auto = settings.replace(kernel="auto")
+    for budget, chosen, timed in ((int(1.5 * one), "fused", [("loop", "fused")]), (one // 2, "fused", [])):
+        problem.memory_budget = budget
+        timings.clear()
+        assert kernels.resolve_kernel(auto, problem) == chosen and timings == timed

@@ -6,6 +6,9 @@
                        copies at once): wins where a grouped convolution is slower than K plain ones
   loop_channels_last   the loop with images and convolution weights in channels-last memory format (tensor cores
                        prefer it for convolutions on CUDA)
+  fused                one client copy after another by plain autograd (no torch.func), the net's recurrent layers
+                       on torch's fused LSTM kernel (and its fused backward): offered where the net has such layers
+                       (char_lstm, word_lstm, sent_lstm), the fastest on a CPU (docs/performance.md)
   auto                 the fastest of those on this machine, for the run's model, batch size, dtype, precision
                        and copies per round: timed once (a few gradients each) and remembered in
                        $FEDHARNESS_CACHE/kernels.json, so later runs make the same choice and repeat bit for bit
@@ -18,6 +21,10 @@
                        follows the machine's load at each run's start, and the kernels' times differ by 1-5%
                        between 1 and 2 threads (issue 47), so a run at another count reuses the choice rather
                        than timing again under whatever load made its count differ.
+                       A candidate whose estimated step memory exceeds memory_budget_gb is not timed (vmap holds
+                       every copy's activations at once, a loop one copy's); where one is left it is taken untimed.
+                       A net with a fused formulation whose training set is too small to be worth timing
+                       (`too_small`) takes fused on a CPU, untimed. Untimed choices are not remembered.
 Linear models have one formulation (their closed-form gradient) and ignore the key.
 """
 
@@ -37,22 +44,59 @@ import numpy as np
 import torch
 
 from fedharness.base.files import atomic_text, cache_dir
+from fedharness.errors import require
 from fedharness.settings import RunSettings
 
 log = logging.getLogger(__name__)
 
-KERNELS = ("vmap", "loop", "loop_channels_last")
+KERNELS = ("vmap", "loop", "loop_channels_last", "fused")
 MEASURE_COPIES = 64  # at most this many copies are timed: enough to fill a GPU, bounded start-up cost
 REPEATS = 3  # timed calls per formulation after one warm-up call; the median counts
 
 CACHE_FORMAT = 2  # 2: copies per round, not per shard step. Bump when the meaning of a remembered choice changes
 
 
-def candidates(objective) -> tuple[str, ...]:
-    """The formulations worth timing: channels-last only for a network with 4-D (convolution) weights."""
+def candidates(objective, probe: bool = True) -> tuple[str, ...]:
+    """The formulations worth timing: channels-last only for a network with 4-D (convolution) weights, fused only
+    for one with fused-kernel layers, vmap only where vmap runs the module (`probe`=False: assumed, unprobed)."""
     conv = any(len(shape) == 4 for shape in objective.shapes)
-    found = KERNELS if conv else KERNELS[:2]
-    return found if objective.vmappable else found[1:]  # a module vmap cannot run: loops only
+    found = KERNELS[:3] if conv else KERNELS[:2]
+    found = found if not probe or objective.vmappable else found[1:]  # a module vmap cannot run: loops only
+    return (*found, "fused") if getattr(objective, "fusable", False) else found
+
+
+def step_bytes(objective, kernel: str, copies: int, batch: int, itemsize: int) -> int:
+    """Estimated activation bytes of one batched gradient of `copies` copies: vmap holds every copy's at once, the
+    loops one copy's at a time (the parameter vectors, the same for all, are the executor's to bound)."""
+    return (copies if kernel == "vmap" else 1) * objective.activation_bytes(batch, itemsize)
+
+
+def within_budget(problem, copies: int) -> tuple[str, ...]:
+    """The candidates whose estimated step fits the problem's memory budget (all of them where it has none)."""
+    found, budget = candidates(problem.objective), problem.memory_budget
+    if budget is None:
+        return found
+    item = torch.empty((), dtype=problem.dtype).element_size()
+    return tuple(k for k in found if step_bytes(problem.objective, k, copies, problem.batch_size, item) <= budget)
+
+
+def _samples(problem) -> int | None:
+    """The training samples of a problem that holds them (DataProblem); None for one that draws them (lazy)."""
+    y = getattr(problem, "y", None)
+    return None if y is None else len(y)
+
+
+def too_small(problem, copies: int) -> bool:
+    """Whether kernel=auto takes fused untimed: on a CPU, for a net that offers it (about 3x the functional path's
+    speed there, docs/performance.md), where the training set holds fewer samples than timing would compute
+    gradients of, (1 + REPEATS) x candidates x copies x batch. There timing costs more than a pass over all the
+    data (issue 47's six-user folder: 265 windows, against 864 timed at 3 copies of 24 over vmap, loop and fused,
+    with seconds of torch.func's first use and vmap's probe besides) and saves less than it costs. Nets without a
+    fused formulation have no choice known in advance (vmap against loop depends on the net and the machine):
+    they are timed."""
+    offered, samples = candidates(problem.objective, probe=False), _samples(problem)
+    return "fused" in offered and problem.device.type == "cpu" and samples is not None \
+        and samples < (1 + REPEATS) * len(offered) * copies * problem.batch_size
 
 
 def synchronize(device: torch.device | str) -> None:
@@ -61,16 +105,18 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(objective, copies: int, batch: int, device: torch.device, dtype: torch.dtype) -> dict[str, float]:
-    """Median seconds of one batched gradient of `copies` client copies, per formulation (random inputs of the
-    model's shape: the time of a network's step does not depend on the pixel values, nor on the token ids)."""
+def measure(objective, copies: int, batch: int, device: torch.device, dtype: torch.dtype,
+            names: tuple[str, ...] | None = None) -> dict[str, float]:
+    """Median seconds of one batched gradient of `copies` client copies, per formulation (`names`, default every
+    candidate; random inputs of the model's shape: the time of a network's step does not depend on the pixel
+    values, nor on the token ids)."""
     gen = torch.Generator().manual_seed(0)
     w = objective.init(1, 0, dtype).to(device).expand(copies, -1).contiguous()
     x = objective.inputs(copies, batch, dtype=dtype, generator=gen).to(device)  # token ids: zeros
     y = torch.zeros(copies, batch, dtype=torch.int64, device=device)
     chosen, timings = objective.kernel, {}
     try:
-        for name in candidates(objective):
+        for name in names or candidates(objective):
             objective.kernel = name
             objective.batch_grad(w, (x, y))  # warm-up: cuDNN's plans, allocator
             seconds = []
@@ -100,8 +146,12 @@ def resolve_kernel(settings: RunSettings, problem, resumed_kernel: str | None = 
     (so the runs/ row and every Ray shard see it). A resumed run keeps the one its checkpoint recorded."""
     objective = problem.objective
     wanted = settings.kernel
-    if objective is None or objective.kernel is None:  # a quadratic or a linear model: nothing to choose
+    # a quadratic or a linear model: nothing to choose (asked of the class: a net's kernel, read, may probe vmap)
+    if objective is None or getattr(type(objective), "kernel", None) is None:
         return wanted
+    require(wanted != "fused" or objective.fusable, "kernel", wanted,
+            f"auto | vmap | loop | loop_channels_last for model {objective.name} (fused: a net with fused LSTM layers, "
+            "char_lstm, word_lstm, sent_lstm)")
     if wanted == "auto":
         wanted = resumed_kernel if resumed_kernel in KERNELS else _auto(settings, problem)
     objective.kernel = wanted
@@ -111,16 +161,25 @@ def resolve_kernel(settings: RunSettings, problem, resumed_kernel: str | None = 
 def _auto(settings: RunSettings, problem) -> str:
     objective, device = problem.objective, problem.device
     copies = min(MEASURE_COPIES, copies_per_round(settings, problem.num_clients))
+    if too_small(problem, copies):
+        if settings.progress:
+            log.info(f"kernel=auto took fused untimed: {_samples(problem)} training samples, fewer than timing "
+                     "would compute gradients of")
+        return "fused"
+    loop = "fused" if "fused" in candidates(objective) else "loop"
+    names = within_budget(problem, copies) or (loop,)  # none fits: a loop, one copy at a time
+    if len(names) == 1:
+        return names[0]
     key = json.dumps([CACHE_FORMAT, objective.name, objective.in_shape, objective.dim, copies, problem.batch_size,
                       _device_name(device), str(problem.dtype), settings.precision, torch.__version__])
-    remembered = _remembered(key, objective)
+    remembered = _remembered(key, names)
     if remembered is not None:
         return remembered
     with _measuring():
-        remembered = _remembered(key, objective)  # a process that held the lock before us may have measured it
+        remembered = _remembered(key, names)  # a process that held the lock before us may have measured it
         if remembered is not None:
             return remembered
-        timings = measure(objective, copies, problem.batch_size, device, problem.dtype)
+        timings = measure(objective, copies, problem.batch_size, device, problem.dtype, names)
         chosen = min(timings, key=timings.get)
         _remember(key, {"kernel": chosen, "ms": {k: 1e3 * v for k, v in timings.items()}})
     if settings.progress:
@@ -138,9 +197,10 @@ def cache_path() -> Path:
     return cache_dir() / "kernels.json"
 
 
-def _remembered(key: str, objective) -> str | None:
+def _remembered(key: str, names: tuple[str, ...]) -> str | None:
+    """The cache's choice for `key` where it is one of `names` (a choice over this run's memory budget is not)."""
     found = _read_cache().get(key, {}).get("kernel")
-    return found if found in candidates(objective) else None
+    return found if found in names else None
 
 
 @contextmanager

@@ -8,7 +8,6 @@ calls and a softmax); neural networks use torch.func.vmap over grad.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
 
@@ -265,11 +264,13 @@ class NetObjective(Model):
     `autocast` (precision=bf16): the training forward/backward runs under torch.autocast in that dtype;
     parameters, gradients and the loss stay in the parameters' dtype. Evaluation runs in full precision, in eval
     mode (running statistics, no dropout).
-    `kernel` (vmap | loop | loop_channels_last, harness/core/kernels.py): how `batch_grad` computes the copies'
-    gradients; all give the same gradients up to rounding. A module torch.func.vmap cannot run (a probe says so,
-    in one log line) trains one copy at a time: `vmap` then means `loop`. The probe runs when `vmappable` is
-    first read (kernel resolution, the first round), not at construction: a run refused after building its
-    problem (a compressor on a model with buffers, ...) pays no batched gradient.
+    `kernel` (vmap | loop | loop_channels_last | fused, harness/core/kernels.py): how `batch_grad` computes the
+    copies' gradients; all give the same gradients up to rounding. `fused` (offered where the net has modules with
+    a `fused` switch: text_nets.LSTM) trains one copy at a time by plain autograd with those modules on torch's
+    fused kernels; evaluation's per-replica passes use them too (they run outside torch.func). A module
+    torch.func.vmap cannot run (a probe when vmap is first asked for says so, in one log line) trains one copy at a
+    time: `vmap` then means `loop`. A run refused after building its problem (a compressor on a model with buffers,
+    ...) pays no batched gradient.
     `tokens`: the samples are int64 token ids (a text model's embedding reads them), kept int64 by `prepare`;
     otherwise they are cast to the run's float dtype.
     """
@@ -289,21 +290,48 @@ class NetObjective(Model):
         self._check_forward()
         self.sites = dropout_sites(net, self.inputs(2), name)
         self._sample_activations: int | None = None
+        self._fusable = [m for m in net.modules() if hasattr(m, "fused")]  # modules with a fused-kernel switch
         self._grad = vmap(grad(self._loss, has_aux=True))
         self._client_grad = {"loop": grad(self._loss, has_aux=True),
                              "loop_channels_last": grad(self._loss_channels_last, has_aux=True)}
+        self._vmappable: bool | None = None  # probed at the first question (a text net's probe: seconds)
         self.kernel = kernel
 
-    @functools.cached_property
+    @property
     def vmappable(self) -> bool:
-        return self._probe_vmap()
+        """Whether torch.func.vmap runs the module's training step (probed once, when first asked)."""
+        if self._vmappable is None:
+            self._vmappable = self._probe_vmap()
+        return self._vmappable
 
     @property
     def stochastic(self) -> bool:
-        return bool(self.sites) or not self.vmappable  # round_batches draws per-copy seeds for it
+        """Whether round_batches draws per-copy seeds: for dropout sites, and for a module vmap cannot run (it may
+        draw randomness itself). kernel=fused asks no probe: it is offered for the text nets' LSTM, which draws
+        none, and a net's nn.Dropout sites are counted either way."""
+        return bool(self.sites) or (self._kernel != "fused" and not self.vmappable)
+
+    @property
+    def fusable(self) -> bool:
+        """Whether the net offers kernel=fused (modules with a `fused` switch, text_nets.LSTM's)."""
+        return bool(self._fusable)
+
+    @contextlib.contextmanager
+    def fused_modules(self):
+        """The net's switchable modules on torch's fused kernels for the block (plain autograd only: never under
+        torch.func, which would lose the fused backward, nor under vmap, which has no batching rule for it)."""
+        for m in self._fusable:
+            m.fused = True
+        try:
+            yield
+        finally:
+            for m in self._fusable:
+                m.fused = False
 
     @property
     def kernel(self) -> str:
+        """The formulation batch_grad uses: `vmap` for a module vmap cannot run reads `loop` (the probe runs here,
+        when vmap is first asked for, not at construction)."""
         return "loop" if self._kernel == "vmap" and not self.vmappable else self._kernel
 
     @kernel.setter
@@ -411,12 +439,29 @@ class NetObjective(Model):
             grads, new = self._grad(*self.layout.split(w), masks, x, y)
             flat = [grads[n].reshape(w.shape[0], -1) for n in self.names]
             return torch.cat(flat + self.layout.flat_buffers(new, w.shape[0]), dim=1)
+        if self.kernel == "fused":
+            return self._autograd_grads(w, masks, x, y, seeds)
         client_grad = self._client_grad[self.kernel]
         out = torch.empty_like(w)
         for m in range(w.shape[0]):
             with self._seeded(seeds, m, w.device):
                 grads, new = client_grad(*self.layout.split(w[m]), [k[m] for k in masks], x[m], y[m])
             torch.cat([grads[n].reshape(-1) for n in self.names] + self.layout.flat_buffers(new, None), out=out[m])
+        return out
+
+    def _autograd_grads(self, w: torch.Tensor, masks: list, x: torch.Tensor, y: torch.Tensor,
+                        seeds: np.ndarray | None) -> torch.Tensor:
+        """batch_grad's result one copy at a time by plain autograd, the fused modules on (kernel=fused)."""
+        out = torch.empty_like(w)
+        with self.fused_modules():
+            for m in range(w.shape[0]):
+                params, buffers = self.layout.split(w[m].detach())
+                params = {n: p.requires_grad_(True) for n, p in params.items()}
+                with self._seeded(seeds, m, w.device):
+                    loss, new = self._loss(params, buffers, [k[m] for k in masks], x[m], y[m])
+                grads = torch.autograd.grad(loss, list(params.values()))
+                torch.cat([g.reshape(-1) for g in grads] + self.layout.flat_buffers(
+                    {n: b.detach() for n, b in new.items()}, None), out=out[m])
         return out
 
     @staticmethod
@@ -432,19 +477,21 @@ class NetObjective(Model):
         buffers are constants here (no gradient reaches their entries)."""
         self.net.eval()
         losses, correct = [], []
-        for r in range(w.shape[0]):
-            params, buffers = self.layout.split(w[r])
-            state = self.layout.module_state(params, {n: b.detach() for n, b in buffers.items()})
-            logits = functional_call(self.net, state, (x,))
-            losses.append(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
-            correct.append((logits.argmax(-1) == y).sum())
+        with self.fused_modules():
+            for r in range(w.shape[0]):
+                params, buffers = self.layout.split(w[r])
+                state = self.layout.module_state(params, {n: b.detach() for n, b in buffers.items()})
+                logits = functional_call(self.net, state, (x,))
+                losses.append(torch.nn.functional.cross_entropy(logits, y, reduction="sum"))
+                correct.append((logits.argmax(-1) == y).sum())
         return torch.stack(losses), torch.stack(correct)
 
     def sample_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each sample's cross-entropy and correctness per replica, ([R, n], [R, n]), in eval mode as loss_terms
         (contracts.SampleTerms)."""
         self.net.eval()
-        terms = [self._sample_terms_of_copy(*self.layout.split(w[r]), x, y) for r in range(w.shape[0])]
+        with self.fused_modules():
+            terms = [self._sample_terms_of_copy(*self.layout.split(w[r]), x, y) for r in range(w.shape[0])]
         return torch.stack([t[0] for t in terms]), torch.stack([t[1] for t in terms])
 
     def buffer_sample_terms(self, w: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor,

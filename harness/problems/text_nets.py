@@ -13,6 +13,9 @@ client copies like any other layer: nn.LSTM's fused kernel has no batching rule,
 a slow loop over the copies (a warning says so). Its gates are nn.LSTM's (input, forget, cell, output, the same
 initialisation) with one bias per layer, as the TensorFlow/Keras LSTMs of LEAF and Reddi et al. have, so the
 parameter counts are the papers'; nn.LSTM with bias_ih = bias and bias_hh = 0 computes the same function.
+With `LSTM.fused` set (NetObjective sets it for kernel=fused and for evaluation, never under vmap) the same
+parameters run through torch's own LSTM kernel (torch.lstm, nn.LSTM's: one fused op for all time steps and layers,
+with its fused backward), the same function up to rounding.
 """
 
 from __future__ import annotations
@@ -60,11 +63,14 @@ class LSTMLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         # The input's share of every step's gates in one product; only h's share is sequential.
-        projected = F.linear(x, self.weight_ih, self.bias)
+        # Unbound once: indexing projected[:, t] at every step would make autograd add up T zero tensors of the
+        # whole projection's size in the backward pass (8.6 GB allocated a char_lstm step, issue 47).
+        steps = F.linear(x, self.weight_ih, self.bias).unbind(1)
         h = c = x.new_zeros(x.shape[0], self.hidden_size)
+        recurrent = self.weight_hh.T
         outputs = []
-        for t in range(x.shape[1]):
-            h_new, c_new = lstm_cell(projected[:, t] + h @ self.weight_hh.T, c)
+        for t, projected in enumerate(steps):
+            h_new, c_new = lstm_cell(torch.addmm(projected, h, recurrent), c)
             if keep is not None:
                 mask = keep[:, t, None]
                 h_new, c_new = torch.where(mask, h_new, h), torch.where(mask, c_new, c)
@@ -74,7 +80,10 @@ class LSTMLayer(nn.Module):
 
 
 class LSTM(nn.Module):
-    """Stacked LSTM layers: the last one's outputs [B, T, H]; `keep` as LSTMLayer's, for every layer."""
+    """Stacked LSTM layers: the last one's outputs [B, T, H]; `keep` as LSTMLayer's, for every layer. `last`: the
+    last layer's output at the last step, on torch's fused LSTM kernel where `fused` is set."""
+
+    fused = False  # NetObjective.fused_lstms sets it where torch.func does not transform the module
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1):
         super().__init__()
@@ -85,6 +94,32 @@ class LSTM(nn.Module):
         for layer in self.layers:
             x = layer(x, keep)
         return x
+
+    def last(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, H]: the last layer's output at the last step, i.e. its state after each sequence's last kept step."""
+        if not self.fused:
+            return self(x, keep)[:, -1]
+        # nn.LSTM's flat weights, layer by layer: weight_ih, weight_hh, bias_ih (our bias), bias_hh (zero: b + 0 is b)
+        params = [t for layer in self.layers for t in (layer.weight_ih, layer.weight_hh, layer.bias,
+                                                       torch.zeros_like(layer.bias))]
+        hidden = self.layers[0].hidden_size
+        zero = x.new_zeros(len(self.layers), x.shape[0], hidden)
+        if keep is None:
+            return torch.lstm(x, (zero, zero), params, True, len(self.layers), 0.0, self.training, False, True)[1][-1]
+        return _packed_last(x, keep, (zero, zero), params, len(self.layers), self.training)
+
+
+def _packed_last(x: torch.Tensor, keep: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor],
+                 params: list[torch.Tensor], layers: int, train: bool) -> torch.Tensor:
+    """The fused LSTM's last state over each sequence's kept steps: skipped steps leave the state as it was, so the
+    state after the last kept step is the LSTM's over the kept steps alone, moved to the front (a stable sort keeps
+    their order) and packed by their count. A sequence with no kept step keeps the zero state."""
+    kept = keep.sum(1)
+    order = torch.sort((~keep).to(torch.int8), dim=1, stable=True)[1]
+    front = x.gather(1, order[..., None].expand(-1, -1, x.shape[-1]))
+    packed = nn.utils.rnn.pack_padded_sequence(front, kept.clamp(min=1).cpu(), batch_first=True, enforce_sorted=False)
+    h = torch.lstm(packed.data, packed.batch_sizes, state, params, True, layers, 0.0, train, False)[1][-1]
+    return h.index_select(0, packed.unsorted_indices) * (kept > 0)[:, None].to(h.dtype)
 
 
 class CharLSTM(nn.Module):
@@ -98,7 +133,7 @@ class CharLSTM(nn.Module):
         self.fc = nn.Linear(hidden, vocab_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.lstm(self.embedding(x))[:, -1])
+        return self.fc(self.lstm.last(self.embedding(x)))
 
 
 class WordLSTM(nn.Module):
@@ -117,7 +152,7 @@ class WordLSTM(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         keep = None if self.pad_id is None else x != self.pad_id
-        return self.fc(self.projection(self.lstm(self.embedding(x), keep)[:, -1]))
+        return self.fc(self.projection(self.lstm.last(self.embedding(x), keep)))
 
 
 class SentLSTM(nn.Module):
@@ -136,7 +171,7 @@ class SentLSTM(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         keep = None if self.pad_id is None else x != self.pad_id
-        return self.fc(torch.relu(self.dense(self.lstm(self.embedding(x), keep)[:, -1])))
+        return self.fc(torch.relu(self.dense(self.lstm.last(self.embedding(x), keep))))
 
 
 def _sequence_length(name: str, in_shape: tuple[int, ...]) -> int:

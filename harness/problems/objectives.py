@@ -48,14 +48,14 @@ class SoftmaxRegression(Model):
         self.l2 = l2
         self.dim = self.d * num_classes
         self._minus_ones: dict[tuple, torch.Tensor] = {}
-        self._aligned: dict[tuple, torch.Tensor] = {}  # (shape, dtype, device) -> a buffer for _aligned_matrix
+        self._aligned: dict[tuple, tuple] = {}  # (M, dtype, device) -> _aligned_matrix's buffer, flat and [M, C, d]
 
     def prepare(self, x: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         flat = torch.as_tensor(x.reshape(len(x), -1), dtype=dtype)
         return torch.cat([flat, torch.ones(len(x), 1, dtype=dtype)], 1).to(device)
 
     def prepare_chunk(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Minibatches [M, T, b, d] of T steps, each on a 64-byte boundary (aligned_blocks); the transposed view
+        """Minibatches [M, T, b, d] of T steps, each on an ALIGN_BYTES boundary (aligned_blocks); the transposed view
         costs less than a transposed copy."""
         x = aligned_blocks(x, 2)
         return x, x.transpose(-1, -2), y.unsqueeze(2)
@@ -67,13 +67,15 @@ class SoftmaxRegression(Model):
         return w.view(*w.shape[:-1], self.num_classes, self.d)
 
     def _aligned_matrix(self, w: torch.Tensor) -> torch.Tensor:
-        """Each copy's W [C, d] on a 64-byte boundary (aligned_blocks), copied into a buffer kept per shape: a
-        new one each step cost more than the copy."""
-        m = self._matrix(w)
-        key = (tuple(m.shape), m.dtype, m.device)
+        """Each copy's W [C, d] on an ALIGN_BYTES boundary (aligned_blocks' why), copied into a buffer kept per shape
+        with a flat view of it: a new buffer, or a view taken each step, cost more than the copy."""
+        key = (w.shape[0], w.dtype, w.device)
         if key not in self._aligned:
-            self._aligned[key] = aligned_empty(m.shape, 1, m.dtype, m.device)
-        return aligned_blocks(m, 1, self._aligned[key])
+            m = aligned_empty(torch.Size((w.shape[0], self.num_classes, self.d)), 1, w.dtype, w.device)
+            self._aligned[key] = (m.as_strided(w.shape, (m.stride(0), 1)), m)
+        rows, m = self._aligned[key]
+        rows.copy_(w)
+        return m
 
     def _minus(self, y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """-1/b at every label position (cached): subtracts onehot(y)/b from the scaled residual."""
@@ -178,12 +180,15 @@ class SoftmaxRegression(Model):
         return loss, (predicted == labels).sum((1, 2))
 
 
-ALIGN_BYTES = 64  # a cache line, and AVX-512's vector: no kernel picks its path by a coarser alignment
+# MKL's kernels (AVX-512 host, torch 2.14's MKL 2024.2) gave other bits for operands 4, 8 or 12 bytes off a 16-byte
+# boundary and the same bits at offsets of 16, 32 and 48 bytes (float32 and float64, both operands, 1 and 2
+# threads): 16 bytes keeps the minibatch chunk of common shapes (b * d a multiple of 4 floats) uncopied.
+ALIGN_BYTES = 16
 
 
-def aligned_blocks(t: torch.Tensor, lead: int, out: torch.Tensor | None = None) -> torch.Tensor:
+def aligned_blocks(t: torch.Tensor, lead: int) -> torch.Tensor:
     """t (contiguous) with each block t[i] (i over the first `lead` dims) starting on an ALIGN_BYTES boundary: t
-    itself where its blocks already do, else a copy into `out` (an aligned_empty of t's shape; None: a new one).
+    itself where its blocks already do, else a copy whose blocks' storage is padded (aligned_empty).
     Why: MKL's small GEMM (and bmm, which runs one per matrix) sums in an order that depends on its operands'
     addresses modulo 16 bytes, so a client's product packed at k * C * d floats into a batch gave other bits
     than the same client at position 0 (a shard of one): operands aligned alike give every client the same
@@ -191,7 +196,7 @@ def aligned_blocks(t: torch.Tensor, lead: int, out: torch.Tensor | None = None) 
     step = ALIGN_BYTES // t.element_size()
     if math.prod(t.shape[lead:]) % step == 0 and t.is_contiguous() and t.data_ptr() % ALIGN_BYTES == 0:
         return t
-    return (aligned_empty(t.shape, lead, t.dtype, t.device) if out is None else out).copy_(t)
+    return aligned_empty(t.shape, lead, t.dtype, t.device).copy_(t)
 
 
 def aligned_empty(shape: torch.Size, lead: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -47,13 +47,16 @@ class SoftmaxRegression(Model):
         self.l2 = l2
         self.dim = self.d * num_classes
         self._minus_ones: dict[tuple, torch.Tensor] = {}
+        self._aligned: dict[tuple, tuple] = {}  # (M, dtype, device) -> _aligned_matrix's buffer, flat and [M, C, d]
 
     def prepare(self, x: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         flat = torch.as_tensor(x.reshape(len(x), -1), dtype=dtype)
         return torch.cat([flat, torch.ones(len(x), 1, dtype=dtype)], 1).to(device)
 
     def prepare_chunk(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Minibatches [M, T, b, d] of T steps; the transposed view costs less than a transposed copy."""
+        """Minibatches [M, T, b, d] of T steps, each on an ALIGN_BYTES boundary (aligned_blocks); the transposed view
+        costs less than a transposed copy."""
+        x = aligned_blocks(x, 2)
         return x, x.transpose(-1, -2), y.unsqueeze(2)
 
     def init(self, replicas: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
@@ -61,6 +64,17 @@ class SoftmaxRegression(Model):
 
     def _matrix(self, w: torch.Tensor) -> torch.Tensor:
         return w.view(*w.shape[:-1], self.num_classes, self.d)
+
+    def _aligned_matrix(self, w: torch.Tensor) -> torch.Tensor:
+        """Each copy's W [C, d] on an ALIGN_BYTES boundary (aligned_blocks' why), copied into a buffer kept per shape
+        with a flat view of it: a new buffer, or a view taken each step, cost more than the copy."""
+        key = (w.shape[0], w.dtype, w.device)
+        if key not in self._aligned:
+            m = aligned_empty(torch.Size((w.shape[0], self.num_classes, self.d)), 1, w.dtype, w.device)
+            self._aligned[key] = (m.as_strided(w.shape, (m.stride(0), 1)), m)
+        rows, m = self._aligned[key]
+        rows.copy_(w)
+        return m
 
     def _minus(self, y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """-1/b at every label position (cached): subtracts onehot(y)/b from the scaled residual."""
@@ -78,14 +92,21 @@ class SoftmaxRegression(Model):
 
     def _gradient(self, w: torch.Tensor, resid: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """resid [M, C, b] (already divided by b) times the minibatch, plus the l2 term."""
-        g = torch.bmm(resid, x).view(w.shape[0], -1)
+        g = torch.bmm(aligned_blocks(resid, 1), x).view(w.shape[0], -1)
         return g.add_(w, alpha=2.0 * self.l2) if self.l2 else g
 
     def batch_grad(self, w: torch.Tensor, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
         x, xt, y = batch
-        resid = self._scaled_softmax(torch.bmm(self._matrix(w), xt))  # [M, C, b]
-        resid.scatter_add_(1, y, self._minus(y, resid))  # (softmax - onehot) / b
+        if len(w) == 1:  # bmm runs one matrix as a plain GEMM, threaded within it: other bits than in a batch
+            x = aligned_blocks(x.repeat(2, 1, 1), 1)
+            return self.batch_grad(w.repeat(2, 1), (x, x.transpose(-1, -2), y.repeat(2, 1, 1)))[:1]
+        resid = self._scaled_scores(torch.bmm(self._aligned_matrix(w), xt))  # [M, C, b]
+        resid.scatter_add_(1, y, self._minus(y, resid))  # (scores - onehot) / b
         return self._gradient(w, resid, x)
+
+    def _scaled_scores(self, logits_t: torch.Tensor) -> torch.Tensor:
+        """The scores whose residual from onehot(y) is the loss's gradient by logit, divided by the batch size."""
+        return self._scaled_softmax(logits_t)
 
     def logits(self, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return torch.matmul(x, self._matrix(w).transpose(-1, -2))  # [R, n, C]
@@ -158,6 +179,33 @@ class SoftmaxRegression(Model):
         return loss, (predicted == labels).sum((1, 2))
 
 
+# MKL's kernels (AVX-512 host, torch 2.14's MKL 2024.2) gave other bits for operands 4, 8 or 12 bytes off a 16-byte
+# boundary and the same bits at offsets of 16, 32 and 48 bytes (float32 and float64, both operands, 1 and 2
+# threads): 16 bytes keeps the minibatch chunk of common shapes (b * d a multiple of 4 floats) uncopied.
+ALIGN_BYTES = 16
+
+
+def aligned_blocks(t: torch.Tensor, lead: int) -> torch.Tensor:
+    """t (contiguous) with each block t[i] (i over the first `lead` dims) starting on an ALIGN_BYTES boundary: t
+    itself where its blocks already do, else a copy whose blocks' storage is padded (aligned_empty).
+    Why: MKL's small GEMM (and bmm, which runs one per matrix) sums in an order that depends on its operands'
+    addresses modulo 16 bytes, so a client's product packed at k * C * d floats into a batch gave other bits
+    than the same client at position 0 (a shard of one): operands aligned alike give every client the same
+    kernel wherever it sits."""
+    step = ALIGN_BYTES // t.element_size()
+    if math.prod(t.shape[lead:]) % step == 0 and t.is_contiguous() and t.data_ptr() % ALIGN_BYTES == 0:
+        return t
+    return aligned_empty(t.shape, lead, t.dtype, t.device).copy_(t)
+
+
+def aligned_empty(shape: torch.Size, lead: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised tensor of `shape` whose blocks (over the first `lead` dims) start on ALIGN_BYTES
+    boundaries: each block's storage padded (torch's CPU and CUDA allocators align the base)."""
+    n, step = math.prod(shape[lead:]), ALIGN_BYTES // dtype.itemsize
+    buf = torch.empty(*shape[:lead], -(-n // step) * step, dtype=dtype, device=device)
+    return buf[..., :n].view(shape)
+
+
 def _minus_onehot(scores: torch.Tensor, labels: torch.Tensor, dim: int) -> torch.Tensor:
     """scores minus onehot(labels) along `dim` (labels: scores' shape with 1 there), in place."""
     return scores.scatter_add_(dim, labels, torch.full((), -1.0, dtype=scores.dtype, device=scores.device)
@@ -174,11 +222,9 @@ class LinearRegression(SoftmaxRegression):
 
     name = "linreg"
 
-    def batch_grad(self, w: torch.Tensor, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        x, xt, y = batch
-        resid = torch.bmm(self._matrix(w), xt).div_(x.shape[1])
-        resid.scatter_add_(1, y, self._minus(y, resid))  # (W x - onehot) / b
-        return self._gradient(w, resid, x)
+    def _scaled_scores(self, logits_t: torch.Tensor) -> torch.Tensor:
+        """W x itself (the squared error's gradient by output is W x - onehot(y)), divided by the batch size."""
+        return logits_t.div_(logits_t.shape[-1])
 
     def loss_terms(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         pred = self.logits(w, x)

@@ -69,9 +69,12 @@ class QuadraticProblem(Problem, ClosedForm):
     def grad(self, w: torch.Tensor, batches, step: int) -> torch.Tensor:
         """Gradients of the first len(w) clients of `batches` (the executor trains a prefix)."""
         clients, z = (batches, None) if not self.noise else batches
-        clients = clients[:len(w)]
-        g = torch.bmm(self.A[clients], (w - self.e[clients]).unsqueeze(-1)).squeeze(-1)
-        return g if z is None else g + z[:len(w), step]
+        m = len(w)
+        a, v = self.A[clients[:m]], (w - self.e[clients[:m]]).unsqueeze(-1)
+        if m == 1:  # bmm runs a batch of one as a plain matrix-vector product, whose bits differ from a batch's
+            a, v = a.repeat(2, 1, 1), v.repeat(2, 1, 1)
+        g = torch.bmm(a, v)[:m].squeeze(-1)
+        return g if z is None else g + z[:m, step]
 
     loop_grad = grad
 

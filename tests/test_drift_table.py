@@ -31,6 +31,7 @@ def test_floor_and_rounds_to_ten_times_above_it():
     assert first == 7
     for name in ("fedavg", "fedexp"):
         row = seeds[seeds["algorithm"] == name].iloc[0]
+        # exact: the median of two values is one correctly rounded (a + b) / 2 on either side; rounds an index
         assert row["floor"] == floor and row["rounds"] == first
     assert np.isnan(seeds[seeds["algorithm"] == "mime"].iloc[0]["floor"])  # a non-finite subopt: diverged
     assert "diverged" in drift.markdown(drift.summary(seeds))

@@ -145,10 +145,12 @@ class Mlp(nn.Module):
 
 @pytest.fixture
 def four_threads(monkeypatch):
-    """A process whose torch default is 4 threads; the tests' 1 thread restored afterwards."""
+    """A process whose torch default is 4 threads, on a quiet machine (all 4 cores free, whatever this machine's
+    load); the tests' 1 thread restored afterwards."""
     from fedharness.base import runtime
 
     monkeypatch.setattr(runtime, "_SET", None)
+    monkeypatch.setattr(runtime, "free_cores", lambda *args, **kwargs: 4)
     torch.set_num_threads(4)
     yield
     torch.set_num_threads(1)

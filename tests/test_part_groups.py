@@ -118,7 +118,7 @@ def test_an_unknown_attack_key_names_that_attacks_keys(attack, tmp_path, capsys,
     (["attack.nope=1"], "'attack.nope': '1' (no such key: no attack is chosen; choose one first, attack=NAME "
                         "(one of: alie, gaussian, ipm, label_flip, none, scaling, sign_flip))"),
     (["dataset=mnist", "dataset.nope=1"], "'dataset.nope': '1' (no such key; keys of 'dataset': data_dir, "
-                                          "data_seed, download, num_clients)"),
+                                          "data_seed, download, num_clients, unseen_clients)"),
 ])
 def test_an_unknown_key_names_the_keys_of_the_chosen_option(argv, message, tmp_path, capsys, monkeypatch):
     assert _refused(["run", *argv], tmp_path, capsys, monkeypatch) == f"fedharness: error: invalid value for {message}"

@@ -62,7 +62,7 @@ def candidates(objective, probe: bool = True) -> tuple[str, ...]:
     conv = any(len(shape) == 4 for shape in objective.shapes)
     found = KERNELS[:3] if conv else KERNELS[:2]
     found = found if not probe or objective.vmappable else found[1:]  # a module vmap cannot run: loops only
-    return (*found, "fused") if getattr(objective, "fusable", False) else found
+    return (*found, "fused") if objective.fusable else found
 
 
 def step_bytes(objective, kernel: str, copies: int, batch: int, itemsize: int) -> int:
@@ -80,10 +80,9 @@ def within_budget(problem, copies: int) -> tuple[str, ...]:
     return tuple(k for k in found if step_bytes(problem.objective, k, copies, problem.batch_size, item) <= budget)
 
 
-def _samples(problem) -> int | None:
-    """The training samples of a problem that holds them (DataProblem); None for one that draws them (lazy)."""
-    y = getattr(problem, "y", None)
-    return None if y is None else len(y)
+def _samples(problem) -> int:
+    """The training samples of the problem's clients (n_k summed)."""
+    return int(problem.sizes.sum())
 
 
 def too_small(problem, copies: int) -> bool:
@@ -95,7 +94,7 @@ def too_small(problem, copies: int) -> bool:
     fused formulation have no choice known in advance (vmap against loop depends on the net and the machine):
     they are timed."""
     offered, samples = candidates(problem.objective, probe=False), _samples(problem)
-    return "fused" in offered and problem.device.type == "cpu" and samples is not None \
+    return "fused" in offered and problem.device.type == "cpu" \
         and samples < (1 + REPEATS) * len(offered) * copies * problem.batch_size
 
 
@@ -147,7 +146,7 @@ def resolve_kernel(settings: RunSettings, problem, resumed_kernel: str | None = 
     objective = problem.objective
     wanted = settings.kernel
     # a quadratic or a linear model: nothing to choose (asked of the class: a net's kernel, read, may probe vmap)
-    if objective is None or getattr(type(objective), "kernel", None) is None:
+    if objective is None or type(objective).kernel is None:
         return wanted
     require(wanted != "fused" or objective.fusable, "kernel", wanted,
             f"auto | vmap | loop | loop_channels_last for model {objective.name} (fused: a net with fused LSTM layers, "

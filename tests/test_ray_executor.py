@@ -15,6 +15,7 @@ from fedharness.config.compose import group_options
 from fedharness.errors import ConfigError
 from fedharness.backends.ray_executor import RayExecutor
 from fedharness.assembly.build import build_parts
+from fedharness.results.store import open_store
 from ray_support import SMALL, eventually, inline_trajectory, max_rel_diff, trajectory
 
 ROUNDS = 20
@@ -42,7 +43,7 @@ def _config(run_config, name: str, shards: int, *extra: str):
 
 @pytest.mark.parametrize("name,shards", CASES)
 @pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 45 s idle
-def test_ray_shards_follow_the_inline_trajectory(local_ray, run_config, name, shards):
+def test_ray_shards_follow_the_inline_trajectory(local_ray, run_config, name, shards, tmp_path):
     cfg = _config(run_config, name, shards)
     want, want_state, inline = inline_trajectory(cfg, ROUNDS)
     problem, algorithm = build_parts(cfg)
@@ -53,7 +54,9 @@ def test_ray_shards_follow_the_inline_trajectory(local_ray, run_config, name, sh
         got, got_state = trajectory(cfg, executor, ROUNDS, problem, algorithm)
         assert len(set(executor.shard_nodes())) == 1 and len(executor.shard_nodes()) == shards
         got_clients = executor.get_state()
-        executor.set_state(inline.get_state())  # what a resume does: the shards take the inline clients' state
+        # what a resume does: the shards read the inline run's checkpointed client slots (every row)
+        results = open_store(str(tmp_path / "results"))
+        executor.restore(results, inline.checkpoint(results, "checkpoints/run_id=inline/clients", ROUNDS, every=True))
         round_trip = executor.get_state()
     finally:
         actors = list(executor.actors)

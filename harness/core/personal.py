@@ -59,42 +59,25 @@ def finetune_seeds(seeds: np.ndarray) -> np.ndarray:
     return streams.stream_key(np.asarray(seeds), streams.FINETUNE, 0, 0, 0).view(np.int64)
 
 
-ALIGN = 16  # a copy sits at a batch position congruent to its client's rank modulo this
-
-
 def finetuned(problem: Problem, w0: torch.Tensor, clients: np.ndarray, spec: FineTune, row: int,
               chunk: int) -> torch.Tensor:
     """Copies w0 [m, dim] of `clients` (consecutive among spec.evaluated: a shard's), all of executor row `row`,
-    after spec.steps plain SGD steps on each client's own minibatches, `chunk` copies at a time (rounded up to a
-    multiple of ALIGN); a new tensor.
-
-    A batched kernel's bits for one copy can depend on where the copy sits in its batch (the alignment of its
-    rows: the linear models' bmm on float32 rounds differently at odd and even positions), so each copy sits at a
-    position congruent to its client's rank among the evaluated clients modulo ALIGN, whatever shard it is in:
-    the first batch starts with copies of copy 0 that fill the positions before it, batches hold a multiple of
-    ALIGN copies, and a lone copy is batched as two. Those fillers' results are dropped."""
-    first = int(np.searchsorted(spec.evaluated, clients[0]))
-    lead = first % ALIGN
-    order = np.concatenate([np.zeros(lead, dtype=np.int64), np.arange(len(clients))])
-    real = np.arange(len(order)) >= lead
-    size = -(-max(chunk, 1) // ALIGN) * ALIGN  # `chunk` rounded up to a multiple of ALIGN
+    after spec.steps plain SGD steps on each client's own minibatches, `chunk` copies at a time; a new tensor.
+    A copy's bits do not depend on its batch or its place in it: the problems' batched gradients see to that
+    (problems/objectives.py aligned_blocks, a lone copy batched as two; tests/test_batch_position.py)."""
     seed = int(finetune_seeds(spec.seeds[row]))
     b, lr = buffer_dim(problem), float(spec.lrs[row])
     out = w0.clone()
-    for start in range(0, len(order), size):
-        at, keep = order[start:start + size], real[start:start + size]
-        if len(at) == 1:  # a batch of one copy runs unbatched kernels, whose bits differ: run it as two
-            at, keep = np.repeat(at, 2), np.array([keep[0], False])
+    size = max(chunk, 1)
+    for start in range(0, len(clients), size):
+        at = np.arange(start, min(start + size, len(clients)))
         keys = ClientKeys(clients[at], np.full(len(at), spec.stream_replicas[row]), spec.round, seed)
         batches = problem.round_batches(keys, spec.steps)
-        whole = len(at) == len(out) and keep.all()  # every copy in one batch, in order: train `out` in place
-        w = out if whole else out[torch.as_tensor(at, device=out.device)]
+        w = out[start:start + size]  # a view: trained in place
         for t in range(spec.steps):
             g = problem.grad(w, batches, t)
             new_buffers = take_buffers(g, b) if b else None
             w.sub_(g, alpha=lr)
             if new_buffers is not None:
                 w[:, -b:] = new_buffers
-        if not whole:
-            out[torch.as_tensor(at[keep], device=out.device)] = w[torch.as_tensor(keep, device=out.device)]
     return out

@@ -38,6 +38,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from fedharness.config.load import load_settings
+from fedharness.errors import ConfigError
 from fedharness.core.executors import InlineExecutor, LoopExecutor
 from fedharness.problems.data import DataProblem
 from fedharness.problems.nets import build_net
@@ -148,23 +149,37 @@ def measure(name: str, args) -> dict:
         torch.cuda.reset_peak_memory_stats()
     fast, tau = time_rounds(cfg, problem, algorithm, InlineExecutor, args.rounds, args.device, args.replicas)
     peak_gb = torch.cuda.max_memory_allocated() / 1e9 if args.device.startswith("cuda") else None
-    slow, _ = time_rounds(cfg, problem, algorithm, LoopExecutor, args.loop_rounds, args.device, args.replicas)
+    slow = loop_seconds(cfg, problem, algorithm, args)
     steps = args.replicas * tau.sum(1).mean()  # client steps per round (full participation, every replica)
     return {"workload": name, "kernel": kernel, "kernel_ms": kernel_ms, "clients": int(tau.shape[1]),
             "replicas": args.replicas, "peak_gb": peak_gb, "budget_gb": problem.memory_budget / 1e9,
             "tau_min": int(tau.min()), "tau_max": int(tau.max()),
             "sum_tau": float(steps), "K_max_tau": float((tau.shape[1] * tau.max(1)).mean()),
             "useful_before": float(tau.sum() / (tau.shape[1] * tau.max(1)).sum()), "useful_after": 1.0,
-            "ms_vectorized": fast * 1e3, "ms_loop": slow * 1e3, "speedup": slow / fast,
-            "gflop_per_round": steps * flops_step / 1e9,
-            "tflops_vectorized": steps * flops_step / fast / 1e12, "tflops_loop": steps * flops_step / slow / 1e12}
+            "ms_vectorized": fast * 1e3, "ms_loop": None if slow is None else slow * 1e3,
+            "speedup": None if slow is None else slow / fast, "gflop_per_round": steps * flops_step / 1e9,
+            "tflops_vectorized": steps * flops_step / fast / 1e12,
+            "tflops_loop": None if slow is None else steps * flops_step / slow / 1e12}
+
+
+def loop_seconds(cfg, problem, algorithm, args) -> float | None:
+    """Seconds per round of the per-client loop; None where --loop-rounds is 0 or the loop executor refuses the
+    model (a net with buffers or dropout: its eval-mode loss would not train what the engine trains)."""
+    if args.loop_rounds == 0:
+        return None
+    try:
+        return time_rounds(cfg, problem, algorithm, LoopExecutor, args.loop_rounds, args.device, args.replicas)[0]
+    except ConfigError as refused:
+        print(f"loop not timed: {refused}", flush=True)
+        return None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--loop-rounds", type=int, default=1, help="timed rounds of the per-client loop")
+    parser.add_argument("--loop-rounds", type=int, default=1, help="timed rounds of the per-client loop (0: "
+                        "none)")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
     parser.add_argument("--kernel", default="fastest", choices=("fastest", *kernels.KERNELS),
@@ -193,9 +208,11 @@ def main() -> None:
                                                   "precision": args.precision, "kernel": args.kernel,
                                                   "results": records}, indent=2))
         listed = ", ".join(f"{k} {ms:.3g}" for k, ms in r["kernel_ms"].items())
+        loop = ("-", "-", "-") if r["ms_loop"] is None else (
+            f"{r['ms_loop']:.1f}", f"{r['speedup']:.1f}x", f"{r['tflops_loop']:.4f}")
         print(f"{name:<20}{r['clients']:>4}{r['tau_min']:>5}..{r['tau_max']:<3}{r['useful_before']:>14.2f} / 1.00"
-              f"{r['ms_vectorized']:>15.1f}{r['ms_loop']:>11.1f}{r['speedup']:>8.1f}x"
-              f"{r['tflops_vectorized']:>13.4f}{r['tflops_loop']:>8.4f}"
+              f"{r['ms_vectorized']:>15.1f}{loop[0]:>11}{loop[1]:>9}"
+              f"{r['tflops_vectorized']:>13.4f}{loop[2]:>8}"
               f"{'-' if r['peak_gb'] is None else format(r['peak_gb'], '.2f'):>9}   {r['kernel']} ({listed})", flush=True)
 
 

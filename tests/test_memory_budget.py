@@ -84,3 +84,19 @@ def test_activation_estimate_probes_on_the_nets_device():
     cpu_outputs = _leaf_outputs(objective.net, objective.inputs(1))
     objective.net.to("meta")
     assert objective.activation_bytes(2, 4) >= 2 * 4 * ACTIVATION_FACTOR * cpu_outputs > 0
+
+
+def test_vmap_probe_runs_on_the_nets_device():
+    """The vmap probe's sample goes where the net lives: on CUDA a CPU sample into CUDA weights once failed the
+    probe, so every CUDA net was taken for one vmap cannot run (kernel=loop only, 7x slower rounds for ResNet-18
+    at K = 50 on an H200, and the loop executor refused as for a stochastic net). The meta device stands in for
+    CUDA (autocast has no meta backend, so the probe's gradient is recorded, not run)."""
+    from fedharness.problems.nets import build_net
+    from fedharness.problems.objectives import NetObjective
+
+    objective = NetObjective(build_net("resnet18", (3, 32, 32), 10), "resnet18", 0.0, (3, 32, 32))
+    seen = []
+    objective._grad = lambda params, buffers, masks, x, y: seen.extend(
+        [*(t.device.type for t in (*params.values(), *buffers.values(), *masks)), x.device.type, y.device.type])
+    objective.net.to("meta")
+    assert objective.vmappable and set(seen) == {"meta"}

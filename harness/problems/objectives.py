@@ -411,8 +411,9 @@ class NetObjective(Model):
         params = {n: p.detach() for n, p in self.net.named_parameters()}
         buffers = {n: b.detach() for n, b in self.net.named_buffers() if n in self.layout.buffer_names}
         two = lambda t: t.expand(2, *t.shape).clone()  # noqa: E731
-        masks = [torch.ones(2, 2, *s.shape) for s in self.sites]
-        x, y = self.inputs(2, 2), torch.zeros(2, 2, dtype=torch.int64)
+        device = next(self.net.parameters()).device  # the probe runs where the net lives (a CPU sample into CUDA
+        masks = [torch.ones(2, 2, *s.shape, device=device) for s in self.sites]  # weights fails: "not vmappable")
+        x, y = self.inputs(2, 2).to(device), torch.zeros(2, 2, dtype=torch.int64, device=device)
         training = self.net.training  # read lazily, maybe mid-evaluation: the module's mode is left as it was
         try:
             self.net.train()

@@ -29,7 +29,7 @@ def plain(value):
 
 
 @pytest.mark.parametrize("name", [pytest.param("robustness", marks=pytest.mark.slow), "compression", "systems",
-                                  "async"])  # robustness: 260 points composed, 50 s idle
+                                  "async"])  # robustness: 260 points composed, 73 and 98 s at load 5 and 6
 def test_each_spec_gives_every_point_of_its_sweep_todays_row(name):
     spec = read_spec(name)
     jobs = expand(load_spec(spec["sweep"], []))
@@ -68,7 +68,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
 
 
 
-def test_the_spec_in_extending_md_makes_its_table(tmp_path):
+def test_the_spec_in_extending_md_makes_its_table(tmp_path, capsys):
     import fedharness
 
     doc = (Path(__file__).parent.parent / "docs" / "extending.md").read_text()
@@ -87,3 +87,9 @@ def test_the_spec_in_extending_md_makes_its_table(tmp_path):
         last = run.rounds[(run.rounds["round"] == 4) & (run.rounds["series"] == "iterate")]["test_acc"] * 100
         assert line.startswith(f"| {E} | 2 | ") and line.endswith(f" | {last.mean():.1f} ± {last.std():.1f} |")
     assert (tmp_path / "out" / "accuracy_vs_mb.png").stat().st_size > 0
+    spec.write_text(spec.read_text().replace('cell: "{K}"', 'cell: "{k}"'))  # a typo: one line, nothing written
+    assert tables.main([str(spec), str(res), "--out", str(tmp_path / "typo")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedharness.studies.tables: error: invalid value for 'table text "
+                                               "'{k}'': 'k' (a config key or one of: ")
+    assert ", K, " in err[0] and not (tmp_path / "typo").exists()

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from fedharness.config.compose import CONF_DIR, group_options
+from fedharness.config.compose import CONF_DIR, group_options, user_config_dirs
 from fedharness.errors import require
 from fedharness.studies.reports.analysis import Target, parse_target, time_to_target
 from fedharness.studies.reports.data import Results
@@ -36,12 +36,13 @@ SPEC_KEYS = {"description", "sweep", "out", "include", "status", "targets", "cos
 # ---------------------------------------------------------------- the spec
 
 def read_spec(name: str) -> dict[str, Any]:
-    """conf/table/NAME.yaml (or a path to a YAML file), over the files its `include` names (their fields first)."""
+    """conf/table/NAME.yaml (or one in a $FEDHARNESS_CONFIG_PATH folder's table/, or a path to a YAML file), over
+    the files its `include` names (their fields first, their other keys as defaults)."""
     path = Path(name)
     if not (path.suffix in (".yaml", ".yml") and path.is_file()):
-        require(name.startswith("_") or name in group_options("table"), "table", name,
-                group_options("table") or "(no specs in conf/table)")
-        path = CONF_DIR / "table" / f"{name}.yaml"
+        found = [p for d in (CONF_DIR, *user_config_dirs()) if (p := Path(d) / "table" / f"{name}.yaml").is_file()]
+        require(bool(found), "table", name, group_options("table") or "(no specs in conf/table)")
+        path = found[0]
     spec = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
     require(isinstance(spec, dict), "table", name, f"{path} must hold a mapping")
     unknown = sorted(set(spec) - SPEC_KEYS)

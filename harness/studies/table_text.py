@@ -19,6 +19,8 @@ from typing import Any
 
 import pandas as pd
 
+from fedharness.errors import ConfigError
+
 
 class _Names(string.Formatter):
     """str.format with a field's whole name looked up (config keys hold dots) and '%' specs in percent."""
@@ -58,7 +60,11 @@ def pm(mean: float, std: float, digits: int) -> str:
 def text(spec: Any, names: Mapping[str, Any]) -> str:
     """The text `spec` (module doc) of a row's `names`."""
     if isinstance(spec, str):
-        return _NAMES.vformat(spec, (), names)
+        try:
+            return _NAMES.vformat(spec, (), names)
+        except KeyError as err:  # a spec's typo: one line naming the template and what it may name
+            raise ConfigError(f"table text {spec!r}", err.args[0], "a config key or one of: "
+                              + ", ".join(str(n) for n in names if "." not in str(n))) from None
     if isinstance(spec, list):
         return "".join(text(part, names) for part in spec)
     if "to_target" in spec:

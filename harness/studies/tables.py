@@ -48,13 +48,13 @@ def main(argv: list[str] | None = None) -> int:
         spec, targets = read_spec(args.table), parse_targets(args.target)
         results = load_results(args.results_dir)
         seeds = seed_rows(spec, results, targets)
+        table = summary(spec, seeds)
+        text = markdown(spec, table)
     except ConfigError as err:
         print(f"fedharness.studies.tables: error: {err}", file=sys.stderr)
         return 2
     folder = Path(args.out or spec["out"])
     folder.mkdir(parents=True, exist_ok=True)
-    table = summary(spec, seeds)
-    text = markdown(spec, table)
     (folder / "table.md").write_text(text)
     figure = folder / spec["figure"]["file"]
     draw(spec, results, seeds, table, figure)

@@ -76,19 +76,19 @@ reproduce: $(STAMP)  ## every paper claim at smoke scale over 5 data draws: docs
 
 robustness: $(STAMP)  ## every aggregation rule against every attack on digits (260 runs): docs/robustness/ table and figure
 	$(BIN)/fedharness sweep sweep=robustness $(ARGS)
-	$(BIN)/python -m fedharness.studies.robustness results/sweeps/robustness --out docs/robustness
+	$(BIN)/python -m fedharness.studies.tables robustness results/sweeps/robustness --out docs/robustness
 
 compression: $(STAMP)  ## every compressor at two ratios or levels, with and without error feedback, on W1 and the 2NN on digits (30 runs of 5 seeds): docs/compression/ table and figure
 	$(BIN)/fedharness sweep sweep=compression $(ARGS)
-	$(BIN)/python -m fedharness.studies.compression results/sweeps/compression --out docs/compression
+	$(BIN)/python -m fedharness.studies.tables compression results/sweeps/compression --out docs/compression
 
 systems: $(STAMP)  ## FedAvg without and with a deadline, with over-selection, and FedNova with partial work, under lognormal and slow-tail speeds, on W1 and the 2NN on digits (16 runs of 5 seeds): docs/systems/ table and figure
 	$(BIN)/fedharness sweep sweep=systems $(ARGS)
-	$(BIN)/python -m fedharness.studies.systems results/sweeps/systems --out docs/systems
+	$(BIN)/python -m fedharness.studies.tables systems results/sweeps/systems --out docs/systems
 
 async-table: $(STAMP)  ## synchronous FedAvg (with and without a deadline), FedBuff at three (C, M) and FedAsync, under lognormal and slow-tail speeds, on W1 and the 2NN on digits (24 runs of 5 seeds): docs/async_table/ table and figure (docs/async.md)
 	$(BIN)/fedharness sweep sweep=async $(ARGS)
-	$(BIN)/python -m fedharness.studies.async_table results/sweeps/async --out docs/async_table
+	$(BIN)/python -m fedharness.studies.tables async results/sweeps/async --out docs/async_table
 
 async-speedup: $(STAMP)  ## FedBuff on W1 under the slow tail, concurrency C = 4..40 with M = C/2 (4 runs of 5 seeds): speedup in simulated seconds, results/sweeps/async_speedup/report/ and docs/async_table/speedup_sim_s.png (docs/async.md)
 	$(BIN)/fedharness sweep sweep=async_speedup $(ARGS)

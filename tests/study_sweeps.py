@@ -1,18 +1,23 @@
 """What the study-table tests (test_systems_table.py, test_async_table.py, test_compression_table.py) share: a tiny
 sweep on digits, the Parquet rows it wrote read back independently of the tables (each replica's first evaluated
-round meeting the target and its last round), and the table's command run on it."""
+round meeting the target and its last round), and the table runner (studies/tables.py) run on it with a spec of
+conf/table/, its table.md against the one today's table module wrote from the same sweep (tests/table_md/)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow.dataset as ds
 
+from fedharness.studies import tables
 from fedharness.studies.reports.data import load_results
 from fedharness.studies.sweep import run_sweep, spec_from_dict
+from fedharness.studies.table_spec import read_spec, seed_rows, summary
+from fedharness.studies.table_text import text
 
 TARGET = 0.8
 
@@ -55,15 +60,24 @@ def mb_at(first: pd.Series | None) -> float:
     return (first["bytes_up"] + first["bytes_down"]) / 1e6 if first is not None else np.nan
 
 
-def table_of(module: Any, res: str) -> pd.DataFrame:
-    """The study's summary table of the sweep in `res`, with TARGET on digits."""
-    return module.summary(module.seed_rows(load_results(res), {"digits": f"test_acc>={TARGET}"}))
+def table_of(name: str, res: str) -> pd.DataFrame:
+    """The summary table of spec `name` of the sweep in `res`, with TARGET on digits."""
+    spec = read_spec(name)
+    return summary(spec, seed_rows(spec, load_results(res), {"digits": f"test_acc>={TARGET}"}))
 
 
-def written(module: Any, res: str, tmp_path, figure: str) -> str:
-    """Run the study's command on `res` into tmp_path/docs, check that it wrote `figure`, and return table.md."""
+def column_texts(name: str, header: str, table: pd.DataFrame) -> list[str]:
+    """Spec `name`'s column `header`, each row of its summary `table`."""
+    column = next(c for c in read_spec(name)["columns"] if c["header"] == header)
+    return [text(column["cell"], r) for r in table.to_dict("records")]
+
+
+def written(name: str, res: str, tmp_path, figure: str) -> str:
+    """Run the table runner with spec `name` on `res` into tmp_path/docs, check that it wrote `figure` and that its
+    table.md is the one today's module wrote from the same sweep (tests/table_md/NAME.md), and return it."""
     out = tmp_path / "docs"
-    assert module.main([res, "--out", str(out), "--target", f"digits=test_acc>={TARGET}"]) == 0
-    text = (out / "table.md").read_text()
+    assert tables.main([name, res, "--out", str(out), "--target", f"digits=test_acc>={TARGET}"]) == 0
+    text_ = (out / "table.md").read_text()
     assert (out / figure).stat().st_size > 0
-    return text
+    assert text_ == (Path(__file__).parent / "table_md" / f"{name}.md").read_text()
+    return text_

@@ -1,7 +1,8 @@
-"""The asynchronous table (harness/studies/async_table.py, docs/async.md "The table") on a tiny sweep: its numbers
+"""The asynchronous table (conf/table/async.yaml, docs/async.md "The table") on a tiny sweep: its numbers
 against the Parquet rows read independently (first evaluated server step meeting the target, sim_s and MB there,
 updates per step, seconds per step, final accuracy, the speedup over synchronous FedAvg), censored seeds counted and
-left out of the means, the rows' order and names, and the files it writes."""
+left out of the means, the rows' order and names, and the files it writes (its table.md that of today's
+harness/studies/async_table.py, tests/table_md/async.md)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import json
 import numpy as np
 import pandas as pd
 from closeness import mean_rounding
-from study_sweeps import TARGET, at, mb_at, parquet_replicas, table_of, tiny_sweep, written
+from study_sweeps import TARGET, at, column_texts, mb_at, parquet_replicas, table_of, tiny_sweep, written
 
-from fedharness.studies import async_table
+from fedharness.studies.table_spec import read_spec, summary
+from fedharness.studies.table_text import markdown
+
+SPEC = read_spec("async")
 
 K, ROUNDS, REPLICAS = 4, 6, 2
 DEADLINE = 0.6  # a fast client: 5 steps of 0.05 s and 2 x 2,600 bytes at 0.02 MB/s (0.26 s): 0.51 s; a slow one 2.76 s
@@ -49,8 +53,8 @@ def test_the_table_matches_the_parquet_rows(tmp_path):
     res = sweep(tmp_path)
     mine = independent(res)
     assert len(mine) == 4 * REPLICAS
-    table = table_of(async_table, res)
-    names = [async_table.row_label(r) for r in table.itertuples()]
+    table = table_of("async", res)
+    names = column_texts("async", "row", table)
     assert names == ["FedAvg (synchronous)", f"FedAvg, deadline {DEADLINE:g} s (drop)", "FedBuff C = 6, M = 2",
                      "FedAsync C = 4, alpha 0.5"]
     keys = [("sync", None, None, None, None), ("sync", None, None, None, DEADLINE), ("fedbuff", 6, 2, None, None),
@@ -90,7 +94,7 @@ def test_the_table_matches_the_parquet_rows(tmp_path):
     assert (table["reached"] > 0).all()  # every row meets the target somewhere: the checks above are not vacuous
     assert table["participants"].iloc[1] < K  # the deadline cuts a slow client off
 
-    text = written(async_table, res, tmp_path, "accuracy_vs_time.png")
+    text = written("async", res, tmp_path, "accuracy_vs_time.png")
     assert f"**digits, model auto**: target test_acc>={TARGET:g}, {REPLICAS} seeds, K = {K} (synchronous)" in text
     for name, rounds, row in zip(names, last, table.itertuples()):
         cells = (f"{row.sim_s_mean:.1f}" if row.reached else f"not reached (> {rounds})")
@@ -106,14 +110,15 @@ def test_censored_seeds_are_counted_and_shown():
                           "K": 10, "step_s": 0.05, "bandwidth": 1.0, "run_id": "r", "status": "ok",
                           "replica": [0, 1, 2], "reached": [True, False, False], "round": [4.0, np.nan, np.nan],
                           "sim_s": [6.5, np.nan, np.nan], "mb": [3.0, np.nan, np.nan], "last_round": 10,
-                          "last_sim_s": [15.0, 18.0, 21.0], "participants": 10.0, "test_acc": [0.9, 0.5, 0.6]})
-    row = async_table.summary(seeds).iloc[0]
+                          "last_sim_s": [15.0, 18.0, 21.0], "sim_s_per_round": [1.5, 1.8, 2.1], "participants": 10.0,
+                          "test_acc": [0.9, 0.5, 0.6], "problem_label": "digits, 2NN"})
+    row = summary(SPEC, seeds).iloc[0]
     assert (row["seeds"], row["reached"], row["steps_mean"], row["sim_s_mean"]) == (3, 1, 4.0, 6.5)
     assert np.isnan(row["x_sync"])  # no synchronous row to compare with
-    text = async_table.markdown(async_table.summary(seeds))
+    text = markdown(SPEC, summary(SPEC, seeds))
     assert text.startswith("**digits, 2NN**: target test_acc>=0.9, 3 seeds, K = 10 (synchronous); median client: "
                            "0.05 s a step, 1 MB/s; availability always")
     assert ("| slow_tail (10% of clients 10x slower per step) | FedBuff C = 20, M = 10 | 10 | 1/3 | 6.5 | – | 4.0 | "
             "3.00 | 10.00 | 1.80 | 66.7 ± 20.8 |") in text
-    none = async_table.markdown(async_table.summary(seeds.assign(reached=False, round=np.nan, sim_s=np.nan)))
+    none = markdown(SPEC, summary(SPEC, seeds.assign(reached=False, round=np.nan, sim_s=np.nan)))
     assert "| 0/3 | not reached (> 10) | – | not reached (> 10) | not reached (> 10) | 10.00 |" in none

@@ -1,6 +1,7 @@
-"""The compression table (harness/studies/compression.py, docs/compression.md) on a tiny sweep: its numbers against
+"""The compression table (conf/table/compression.yaml, docs/compression.md) on a tiny sweep: its numbers against
 the Parquet rows read independently (first round meeting the target, MB by then, final accuracy, bytes a client
-sends a round), censored seeds counted and left out of the means, and the files it writes."""
+sends a round), censored seeds counted and left out of the means, and the files it writes (its table.md that of
+today's harness/studies/compression.py, tests/table_md/compression.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import pandas as pd
 from closeness import mean_rounding
 from study_sweeps import TARGET, at, mb_at, parquet_replicas, table_of, tiny_sweep, written
 
-from fedharness.studies import compression
+from fedharness.studies.table_spec import read_spec, summary
+from fedharness.studies.table_text import markdown
+
+SPEC = read_spec("compression")
 
 K, ROUNDS, REPLICAS, DIM = 5, 6, 2, 65 * 10  # digits with logistic regression: 64 features + bias, 10 classes
 
@@ -38,7 +42,7 @@ def test_the_table_matches_the_parquet_rows(tmp_path):
     res = sweep(tmp_path)
     mine = independent(res)
     assert len(mine) == 2 * REPLICAS and (mine["last_round"] == ROUNDS).all()
-    table = table_of(compression, res)
+    table = table_of("compression", res)
     assert list(table["compressor"]) == ["none", "topk"] and list(table["ef"]) == [False, True]
     for row in table.itertuples():
         m = mine[mine["compressor"] == row.compressor]
@@ -58,7 +62,7 @@ def test_the_table_matches_the_parquet_rows(tmp_path):
     assert up == {"none": DIM * 4, "topk": 65 * (4 + 4)}  # dense float32; k = 0.1 d int32 indices and values
     assert table["reached"].sum() > 0  # the target is met somewhere: the comparison above is not vacuous
 
-    text = written(compression, res, tmp_path, "accuracy_vs_mb.png")
+    text = written("compression", res, tmp_path, "accuracy_vs_mb.png")
     assert f"target test_acc>={TARGET:g}, {REPLICAS} seeds, {ROUNDS} rounds" in text
     for row in table.itertuples():
         cell = (f"{row.rounds_mean:.1f}" if row.reached else f"not reached (> {ROUNDS})")
@@ -70,10 +74,11 @@ def test_censored_seeds_are_counted_and_shown(tmp_path):
                           "ef": False, "run_id": "r", "status": "ok", "replica": [0, 1, 2],
                           "reached": [True, False, False],
                           "round": [4.0, np.nan, np.nan], "mb": [1.5, np.nan, np.nan], "last_round": 10,
-                          "test_acc": [0.9, 0.5, 0.6], "up_per_client": 90.0, "dense_bytes": 2600})
-    row = compression.summary(seeds).iloc[0]
+                          "test_acc": [0.9, 0.5, 0.6], "up_per_client": 90.0, "dense_bytes": 2600,
+                          "problem_label": "digits, 2NN", "param_label": "–"})
+    row = summary(SPEC, seeds).iloc[0]
     assert (row["seeds"], row["reached"], row["rounds_mean"], row["mb_mean"]) == (3, 1, 4.0, 1.5)
-    text = compression.markdown(compression.summary(seeds))
+    text = markdown(SPEC, summary(SPEC, seeds))
     assert "| sign | – | no | 1/3 | 4.0 | 1.50 | 90 (3.46%) | 66.7 ± 20.8 |" in text
-    none = compression.markdown(compression.summary(seeds.assign(reached=False, round=np.nan, mb=np.nan)))
+    none = markdown(SPEC, summary(SPEC, seeds.assign(reached=False, round=np.nan, mb=np.nan)))
     assert "| 0/3 | not reached (> 10) | not reached (> 10) |" in none

@@ -3,6 +3,8 @@ models at any shard split with bucketing's draws."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -178,18 +180,22 @@ def test_bucketed_rules_give_the_same_models_at_any_shard_split(run_config, algo
 
 
 def test_the_robustness_table_holds_each_rules_mean_and_spread_over_seeds(tmp_path):
+    """conf/table/robustness.yaml: its table.md that of today's harness/studies/robustness.py from the same runs
+    (tests/table_md/robustness.md), the cells the runs' own final accuracies."""
     import fedharness
-    from fedharness.studies.robustness import final_accuracy, markdown
+    from fedharness.studies import tables
 
-    small = [f"results_dir={tmp_path}", "progress=false", *BASE, "partition=iid", "dataset=blobs", "rounds=2",
-             "replicas=3", "algorithm=fedavg_median"]
+    small = [f"results_dir={tmp_path / 'res'}", "progress=false", *BASE, "partition=iid", "dataset=blobs",
+             "rounds=2", "replicas=3", "algorithm=fedavg_median"]
     fedharness.run(small)
     runs = fedharness.run([*small, "attack=sign_flip", "attack.fraction=0.2", "algorithm=fedavg_cclip"])
-    acc = final_accuracy(str(tmp_path))
-    assert len(acc) == 6 and set(acc["rule"]) == {"median", "CC + bucketing (s=2)"}
+    fedharness.run([*small, "partition=dirichlet", "attack=gaussian", "attack.fraction=0.1", "algorithm=fedavg_mean"])
+    assert tables.main(["robustness", str(tmp_path / "res"), "--out", str(tmp_path / "docs")]) == 0
+    table = (tmp_path / "docs" / "table.md").read_text()
+    assert (tmp_path / "docs" / "robustness.png").stat().st_size > 0
+    assert table == (Path(__file__).parent / "table_md" / "robustness.md").read_text()
     final = runs.rounds[runs.rounds["round"] == 2]["test_acc"] * 100
-    table = markdown(acc)
     row = next(line for line in table.splitlines() if line.startswith("| CC + bucketing"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == f"{final.mean():.1f} ± {final.std():.1f}"  # under sign_flip 20%
-    assert "| rule | none | sign_flip 20% |" in table and cells[1] == "nan ± nan"  # not run without an attack
+    assert "| rule | none | sign_flip 20% | gaussian 10% |" in table and cells[1] == "nan ± nan"  # not run unattacked

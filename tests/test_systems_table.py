@@ -1,6 +1,7 @@
-"""The systems table (harness/studies/systems.py, docs/systems.md) on a tiny sweep: its numbers against the Parquet
+"""The systems table (conf/table/systems.yaml, docs/systems.md) on a tiny sweep: its numbers against the Parquet
 rows read independently (first round meeting the target, sim_s there, clients per round, seconds per round, final
-accuracy), censored seeds counted and left out of the means, the rows' order and names, and the files it writes."""
+accuracy), censored seeds counted and left out of the means, the rows' order and names, and the files it writes
+(its table.md that of today's harness/studies/systems.py, tests/table_md/systems.md)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import json
 import numpy as np
 import pandas as pd
 from closeness import mean_rounding
-from study_sweeps import TARGET, at, parquet_replicas, table_of, tiny_sweep, written
+from study_sweeps import TARGET, at, column_texts, parquet_replicas, table_of, tiny_sweep, written
 
-from fedharness.studies import systems
+from fedharness.studies.table_spec import read_spec, summary
+from fedharness.studies.table_text import markdown
+
+SPEC = read_spec("systems")
 
 K, ROUNDS, REPLICAS = 4, 6, 2
 DEADLINE = 0.5  # a median client: 5 steps of 0.05 s and 2 x 2,600 bytes at 0.02 MB/s (0.26 s): 0.51 s
@@ -46,8 +50,8 @@ def test_the_table_matches_the_parquet_rows(tmp_path):
     res = sweep(tmp_path)
     mine = independent(res)
     assert len(mine) == 4 * REPLICAS and (mine["last_round"] == ROUNDS).all()  # exact: round numbers
-    table = table_of(systems, res)
-    names = [systems.label(r.algorithm, r.over_selection, r.deadline_s, r.late_work) for r in table.itertuples()]
+    table = table_of("systems", res)
+    names = column_texts("systems", "row", table)
     assert names == ["FedAvg", f"FedAvg, deadline {DEADLINE:g} s (drop)", "FedAvg, over-selection 1.5",
                      f"FedNova, deadline {DEADLINE:g} s (partial)"]
     keys = [("fedavg", 1.0, None, "drop"), ("fedavg", 1.0, DEADLINE, "drop"), ("fedavg", 1.5, None, "drop"),
@@ -81,7 +85,7 @@ def test_the_table_matches_the_parquet_rows(tmp_path):
     assert by["FedAvg, over-selection 1.5"].s_per_round < by["FedAvg"].s_per_round
     assert table["reached"].sum() > 0  # the target is met somewhere: the comparison above is not vacuous
 
-    text = written(systems, res, tmp_path, "accuracy_vs_time.png")
+    text = written("systems", res, tmp_path, "accuracy_vs_time.png")
     assert f"**digits, model auto**: target test_acc>={TARGET:g}, {REPLICAS} seeds, {ROUNDS} rounds, K = {K}" in text
     for name, row in zip(names, table.itertuples()):
         cells = (f"{row.sim_s_mean:.1f}" if row.reached else f"not reached (> {ROUNDS})")
@@ -96,13 +100,14 @@ def test_censored_seeds_are_counted_and_shown(tmp_path):
                           "K": 10, "step_s": 0.05, "bandwidth": 1.0, "run_id": "r", "status": "ok",
                           "replica": [0, 1, 2], "reached": [True, False, False], "round": [4.0, np.nan, np.nan],
                           "sim_s": [6.5, np.nan, np.nan], "last_round": 10, "last_sim_s": [15.0, 18.0, 21.0],
-                          "participants": [9.0, 8.0, 7.0], "test_acc": [0.9, 0.5, 0.6]})
-    row = systems.summary(seeds).iloc[0]
+                          "sim_s_per_round": [1.5, 1.8, 2.1], "participants": [9.0, 8.0, 7.0],
+                          "test_acc": [0.9, 0.5, 0.6], "problem_label": "digits, 2NN"})
+    row = summary(SPEC, seeds).iloc[0]
     assert (row["seeds"], row["reached"], row["rounds_mean"], row["sim_s_mean"]) == (3, 1, 4.0, 6.5)
-    text = systems.markdown(systems.summary(seeds))
+    text = markdown(SPEC, summary(SPEC, seeds))
     assert text.startswith("**digits, 2NN**: target test_acc>=0.9, 3 seeds, 10 rounds, K = 10; median client: "
                            "0.05 s a step, 1 MB/s; availability always")
     assert ("| slow_tail (10% of clients 10x slower per step) | FedAvg, deadline 2 s (drop) | 1/3 | 6.5 | 4.0 | "
             "8.00 | 1.80 | 66.7 ± 20.8 |") in text
-    none = systems.markdown(systems.summary(seeds.assign(reached=False, round=np.nan, sim_s=np.nan)))
+    none = markdown(SPEC, summary(SPEC, seeds.assign(reached=False, round=np.nan, sim_s=np.nan)))
     assert "| 0/3 | not reached (> 10) | not reached (> 10) | 8.00 |" in none

@@ -213,6 +213,7 @@ class SlotSolver(LocalSolver):
         self.slots, self.trainer = slots, trainer
         self.comm_factor, self.extra_down = trainer.comm_factor, trainer.extra_down
         self.round_gradient, self.anchor_grads = trainer.round_gradient, trainer.anchor_grads
+        self.personal_grads, self.private_dim = trainer.personal_grads, trainer.private_dim
         self.runs: list[tuple[LocalSolver, slice]] = []  # alike solvers taking each row's step sizes: one call
         for solver, run in _alike_positions([a.solver for a in slots.algorithms]):
             if solver.rows_of_step_sizes:
@@ -243,6 +244,12 @@ class SlotSolver(LocalSolver):
 
     def update(self, w, g, lr, state):
         return self.trainer.update(w, g, lr, state)
+
+    def begin(self, w, state):
+        self.trainer.begin(w, state)
+
+    def personal_point(self, w, state):
+        return self.trainer.personal_point(w, state)
 
     def finish(self, w0, w, lr_sum, state, p):
         return self.trainer.finish(w0, w, lr_sum, state, p)

@@ -256,7 +256,9 @@ class SolverState(TypedDict, total=False):
     c: torch.Tensor  # SCAFFOLD: the server's control variate, per copy
     c_i: torch.Tensor  # SCAFFOLD: the client's own
     correction: torch.Tensor  # SCAFFOLD: c - c_i in the model's dtype
-    anchor_g: torch.Tensor  # Mime: this step's minibatch gradient at w0 (LocalSolver.anchor_grads)
+    # the step's minibatch gradient at other points of the copies, v [n, dim] -> [n, dim] (Mime's at w0, pFedMe's inner
+    # steps, Per-FedAvg's adapted point and Hessian-free product, APFL's mixture)
+    grad_at: Callable[["torch.Tensor"], "torch.Tensor"]
     held: torch.Tensor  # Mime, MimeLite: beta m, the server's momentum term held fixed during the round
     mu: torch.Tensor  # a batch of slots: each copy's own proximal mu [M, 1] (else the solver's own)
     momentum: torch.Tensor  # a batch of slots: each copy's own client momentum [M, 1]
@@ -580,7 +582,7 @@ class LocalSolver(Protocol):
     # problem), reach update_server_ctx as extras["grad"]: "before" in a pass of their own ahead of the local steps,
     # also sent in the server context as "grad" (Mime's control variate c); "after" with the training (MimeLite).
     round_gradient: str = "none"
-    anchor_grads: bool = False  # each local step also takes the minibatch's gradient at w0: state["anchor_g"] (Mime)
+    grads_per_step: int = 1  # minibatch gradients a local step takes (state grad_at's besides g): grad_evals counts them
     # step_lrs and weight_stats also take step sizes [R, T], each row (replica) its own: a batch of slots then asks
     # once for all the alike slots' rows (harness/core/slots.py SlotSolver), not slot by slot
     rows_of_step_sizes: bool = False

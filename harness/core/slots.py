@@ -212,7 +212,7 @@ class SlotSolver(LocalSolver):
     def __init__(self, slots: SlotSet, trainer: LocalSolver):
         self.slots, self.trainer = slots, trainer
         self.comm_factor, self.extra_down = trainer.comm_factor, trainer.extra_down
-        self.round_gradient, self.anchor_grads = trainer.round_gradient, trainer.anchor_grads
+        self.round_gradient, self.grads_per_step = trainer.round_gradient, trainer.grads_per_step
         self.runs: list[tuple[LocalSolver, slice]] = []  # alike solvers taking each row's step sizes: one call
         for solver, run in _alike_positions([a.solver for a in slots.algorithms]):
             if solver.rows_of_step_sizes:

@@ -320,6 +320,9 @@ class Model(Protocol):
     # `batch_grad` returns their values after the step's forward pass there (core/buffers.py writes them in).
     buffer_dim: int = 0
     buffers: str = "average"  # average | local: shared through the server, or kept per client (FedBN)
+    # The head (FedRep's and FedBABU's per-client or frozen part): entries [lo, hi) of the flat vector, the
+    # parameters of the module the model names as its head (a linear model: all of it, its only layer); None: none.
+    head: tuple[int, int] | None = None
     stochastic: bool = False  # draws random numbers in training (dropout): batch_grad takes per-copy `seeds`
 
     def prepare(self, x: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor: ...
@@ -576,6 +579,9 @@ class Schedule(Protocol):
 class LocalSolver(Protocol):
     """The update each client applies at every local step, vectorized over client copies (algorithms/solvers.py)."""
 
+    # model entries a client never sends or receives (FedRep's and FedBABU's head): not counted in the bytes
+    private_dim: int = 0
+
     comm_factor: int = 1  # model-sized vectors each way per client and round (SCAFFOLD: 2, its control variate)
     extra_down: int = 0  # model-sized vectors sent down besides comm_factor's (Mime: the control variate c)
     # The round's clients' full-batch gradients at the server model, sum_k c_k grad F_k(x) (a ClientGradients
@@ -601,6 +607,10 @@ class LocalSolver(Protocol):
         """The schedule's step sizes as the solver takes them within a round."""
         return base_lrs
 
+    def begin(self, w: torch.Tensor, state: SolverState) -> None:
+        """The copies w [M, dim] (w0's clones) set in place to where their local steps start (FedRep: each
+        client's own head); by default where the server's model is."""
+
     def finish(self, w0: torch.Tensor, w: torch.Tensor, lr_sum: torch.Tensor, state: SolverState,
                p: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """New persistent client state and per-client sums to reduce (none for a stateless solver)."""
@@ -613,6 +623,24 @@ class LocalSolver(Protocol):
     def update_server_ctx(self, ctx: ServerContext, extras: dict[str, torch.Tensor]) -> ServerContext:
         """The server context after a round whose shards reduced `extras` (the sums `finish` returned)."""
         return ctx
+
+
+@runtime_checkable
+class PersonalSolver(Protocol):
+    """A solver whose clients each have a model of their own, which eval.personal=personal scores (Ditto, FedRep,
+    FedBABU; algorithms/personal.py; harness/core/personal.py scores it in the shard that owns the client).
+
+    A client that keeps `personal_slot` (it trained) is scored with personal_model(global, kept); any other (not yet
+    sampled, or unseen: dataset.unseen_clients) with the global model after eval.finetune_steps of `personal_step`
+    on its own minibatches. `personal_slot` None: every client is personalized so (FedBABU)."""
+
+    personal_slot: str | None
+
+    def personal_model(self, w: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        """[m, dim]: the personal models of copies of the global model w [m, dim] whose clients keep `kept`."""
+
+    def personal_step(self, v: torch.Tensor, g: torch.Tensor, lr: float, w: torch.Tensor) -> None:
+        """One step of personalization in place of copies v [m, dim] (gradient g) started from the global w."""
 
 
 @runtime_checkable

@@ -481,6 +481,29 @@ def feddyn_composes(cfg: dict[str, Any]) -> None:
             "g_k saw)")
 
 
+PERSONAL_SOLVERS = ("ditto", "fedrep", "fedbabu")  # algorithms/personal.py
+
+
+def personal_composes(cfg: dict[str, Any]) -> None:
+    """A personal solver goes with server optimizers and samplers only (for now): not with dp, an attack,
+    compression, a deadline or an asynchronous schedule."""
+    acfg, systems = cfg["algorithm"], cfg["systems"]
+    solver = acfg["solver"]
+    if solver not in PERSONAL_SOLVERS:
+        return
+    why = f"with algorithm.solver={solver}"
+    dp = cfg["dp"]
+    for key in ("noise_multiplier", "target_epsilon"):
+        require(dp[key] is None, f"dp.{key}", dp[key], f"null {why} (its personal models are not privatized)")
+    for section in ("attack", "compress"):
+        name = (cfg.get(section) or {}).get("name", NONE)
+        require(name == NONE, section, name, f"none {why} (not yet combined with personal models)")
+    require(systems["deadline_s"] is None, "systems.deadline_s", systems["deadline_s"], f"null {why} (a cut-off "
+            "client's personal model would be half-trained)")
+    require(systems["mode"] == "sync", "systems.mode", systems["mode"], f"sync {why} (its clients train from the "
+            "round's global model)")
+
+
 CLIENT_RULES = (shards_within_clients, sampled_within_clients, per_client_steps, unseen_leave_a_round)  # the rules that need N
 
 
@@ -496,7 +519,7 @@ RULES: tuple[Callable[[dict[str, Any]], None], ...] = (
     sampled_within_clients, unseen_leave_a_round,
     ranges_ordered, per_client_steps, fedexp_composes, mime_composes, personalized_composes, part_groups_known, attack_known, stages_known, device_available,
     results_dir_writable,
-    dp_covered, feddyn_composes,
+    dp_covered, feddyn_composes, personal_composes,
 )
 
 

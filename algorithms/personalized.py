@@ -41,8 +41,11 @@ class PFedMe(LocalSGD):
     by K gradient steps of size nu from theta = w (the first one's gradient is the step's own: at theta = w the
     proximal term is 0), then moves w towards it, w <- w - eta lambda (w - theta). The server's beta mixing,
     w <- (1 - beta) w + beta mean_k w_k, is server_optimizer sgd with server_lr = beta. The personal model is theta
-    of the client's last local step (the paper's code scores persionalized_model_bar), kept in the slot
-    `pfedme_personal`."""
+    of the client's last local step (the paper's code scores persionalized_model_bar), kept in the slot `personal`;
+    a client without one (not yet sampled; unseen) takes eval.finetune_steps steps of size nu on its personal
+    objective from the global model (contracts.PersonalSolver)."""
+
+    personal_slot = "personal"
 
     def __init__(self, pfedme_lambda: float = 15.0, pfedme_inner_steps: int = 5, pfedme_inner_lr: float = 0.1):
         super().__init__()
@@ -52,7 +55,7 @@ class PFedMe(LocalSGD):
 
     def client_slots(self, problem) -> tuple[ClientSlot, ...]:
         """Each client's personal model theta [dim] (written after its rounds; none before)."""
-        return (ClientSlot("pfedme_personal", (problem.dim,), problem.dtype),)
+        return (ClientSlot(self.personal_slot, (problem.dim,), problem.dtype),)
 
     def init_state(self, w0: torch.Tensor, server_ctx: ServerContext | None = None,
                    saved: list[ClientState] | None = None) -> SolverState:
@@ -74,7 +77,14 @@ class PFedMe(LocalSGD):
 
     def finish(self, w0: torch.Tensor, w: torch.Tensor, lr_sum: torch.Tensor, state: SolverState,
                p: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        return {"pfedme_personal": state["theta"]}, {}
+        return {self.personal_slot: state["theta"]}, {}
+
+    def personal_model(self, w: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        return kept
+
+    def personal_step(self, v: torch.Tensor, g: torch.Tensor, lr: float, w: torch.Tensor) -> None:
+        """A step of size nu on f_k(theta) + lambda/2 ||theta - w||^2 (the evaluation's lr is not pFedMe's)."""
+        v.sub_(g + self.lam * (v - w), alpha=self.inner_lr)
 
 
 @part("solver", "perfedavg_hf", hessian=True)
@@ -88,7 +98,10 @@ class PerFedAvg(LocalSGD):
     grad f_k(w - delta u)) / (2 delta) (exact where f_k is quadratic, up to rounding; it needs nothing of a model
     but its batched gradient). Every gradient is on the step's minibatch (the paper draws independent batches D,
     D', D''; here they are one). The personal model is one adaptation step w - alpha grad f_k(w) from the global
-    model, taken at evaluation."""
+    model, taken at evaluation on a minibatch of the client's (contracts.PersonalSolver, nothing kept)."""
+
+    personal_slot = None
+    personal_steps = 1
 
     def __init__(self, perfedavg_step: float = 0.001, perfedavg_delta: float = 0.001, hessian: bool = True):
         super().__init__()
@@ -103,17 +116,28 @@ class PerFedAvg(LocalSGD):
             d = d - self.alpha / (2 * self.delta) * (grad_at(w + h) - grad_at(w - h))
         return w.addcmul_(d, lr, value=-1.0)
 
+    def personal_model(self, w: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        return w  # never asked: no client keeps a personal model
+
+    def personal_step(self, v: torch.Tensor, g: torch.Tensor, lr: float, w: torch.Tensor) -> None:
+        v.sub_(g, alpha=self.alpha)
+
 
 @part("solver", "apfl")
 class APFL(LocalSGD):
-    """APFL (Deng, Kamani, Mahdavi 2020, Algorithm 1): each client keeps a personal model v_k (slot
-    `apfl_personal`, w at its first round) and trains it with the global one, both from the step's values:
+    """APFL (Deng, Kamani, Mahdavi 2020, Algorithm 1): each client keeps a personal model v_k (w at its first round)
+    and trains it with the global one, both from the step's values, on the same minibatch:
 
         w <- w - eta grad f_k(w)
         v <- v - eta alpha grad f_k(v_bar),          v_bar = alpha v + (1 - alpha) w
-        alpha <- clip(alpha - eta <v - w, grad f_k(v_bar)>, 0, 1)       (apfl_adaptive: alpha_k, slot apfl_alpha)
+        alpha <- clip(alpha - eta <v - w, grad f_k(v_bar)>, 0, 1)       (apfl_adaptive: each client's alpha_k)
 
-    on the same minibatch; only w is aggregated. The personal model is v_bar with the global model."""
+    Only w is aggregated. v_k and alpha_k are the client's slot `personal`, [v_k, alpha_k] ([dim + 1], the model's
+    dtype). Its personal model is v_bar_k = alpha_k v_k + (1 - alpha_k) w with the global w; a client without one
+    (not yet sampled; unseen) starts from v = w, so v_bar = w, and takes eval.finetune_steps of v's step with w
+    fixed, v_bar <- v_bar - lr alpha^2 grad f_k(v_bar), at the configured alpha (contracts.PersonalSolver)."""
+
+    personal_slot = "personal"
 
     def __init__(self, apfl_alpha: float = 0.25, apfl_adaptive: bool = False):
         super().__init__()
@@ -121,34 +145,38 @@ class APFL(LocalSGD):
         self.grads_per_step = 2
 
     def client_slots(self, problem) -> tuple[ClientSlot, ...]:
-        """v_k [dim] (w at the client's first round) and, adaptive, alpha_k [1] float64 (apfl_alpha at first)."""
-        slots = (ClientSlot("apfl_personal", (problem.dim,), problem.dtype, lambda w0, ctx: w0.clone()),)
-        if self.adaptive:
-            slots += (ClientSlot("apfl_alpha", (1,), torch.float64, self.initial_alpha),)
-        return slots
+        """[v_k, alpha_k] [dim + 1]: the global model and apfl_alpha at the client's first round."""
+        return (ClientSlot(self.personal_slot, (problem.dim + 1,), problem.dtype, self.first_personal),)
 
-    def initial_alpha(self, w0: torch.Tensor, server_ctx) -> torch.Tensor:
-        return torch.full((len(w0), 1), self.alpha, dtype=torch.float64, device=w0.device)
+    def first_personal(self, w0: torch.Tensor, server_ctx) -> torch.Tensor:
+        return torch.cat([w0, torch.full((len(w0), 1), self.alpha, dtype=w0.dtype, device=w0.device)], 1)
 
     def init_state(self, w0: torch.Tensor, server_ctx: ServerContext | None = None,
                    saved: list[ClientState] | None = None) -> SolverState:
         state = super().init_state(w0, server_ctx, saved)
-        state["v"] = torch.stack([s["apfl_personal"] for s in saved]).to(w0) if saved else w0.clone()
-        state["alpha"] = torch.stack([s["apfl_alpha"] for s in saved]).to(w0.device) if saved and self.adaptive \
-            else self.initial_alpha(w0, None)
+        kept = torch.stack([s[self.personal_slot] for s in saved]).to(w0) if saved else self.first_personal(w0, None)
+        state["v"], state["alpha"] = kept[:, :-1], kept[:, -1:]  # views of `kept`: the steps update it in place
+        state["kept"] = kept
         return state
 
     def update(self, w: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: SolverState) -> torch.Tensor:
         v, alpha = state["v"], state["alpha"]
-        a = alpha.to(w.dtype)
-        gv = state["grad_at"](a * v + (1.0 - a) * w)
+        gv = state["grad_at"](alpha * v + (1.0 - alpha) * w)
         if self.adaptive:  # from the step's v and w, before either moves
             grad_alpha = ((v - w) * gv).sum(1, keepdim=True)
-            alpha.sub_((lr * grad_alpha).double()).clamp_(0.0, 1.0)
-        v.addcmul_(a * gv, lr, value=-1.0)
+            new_alpha = (alpha - lr * grad_alpha).clamp_(0.0, 1.0)
+        v.addcmul_(alpha * gv, lr, value=-1.0)
+        if self.adaptive:
+            alpha.copy_(new_alpha)
         return w.addcmul_(g, lr, value=-1.0)
 
     def finish(self, w0: torch.Tensor, w: torch.Tensor, lr_sum: torch.Tensor, state: SolverState,
                p: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        kept = {"apfl_personal": state["v"]}
-        return {**kept, "apfl_alpha": state["alpha"]} if self.adaptive else kept, {}
+        return {self.personal_slot: state["kept"]}, {}
+
+    def personal_model(self, w: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        alpha = kept[:, -1:]
+        return alpha * kept[:, :-1] + (1.0 - alpha) * w
+
+    def personal_step(self, v: torch.Tensor, g: torch.Tensor, lr: float, w: torch.Tensor) -> None:
+        v.sub_(g, alpha=lr * self.alpha ** 2)

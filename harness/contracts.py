@@ -257,8 +257,12 @@ class SolverState(TypedDict, total=False):
     c_i: torch.Tensor  # SCAFFOLD: the client's own
     correction: torch.Tensor  # SCAFFOLD: c - c_i in the model's dtype
     # the step's minibatch gradient at other points of the copies, v [n, dim] -> [n, dim] (Mime's at w0, pFedMe's inner
-    # steps, Per-FedAvg's adapted point and Hessian-free product, APFL's mixture)
+    # steps, Per-FedAvg's adapted point and Hessian-free product, APFL's mixture, Ditto's personal model)
     grad_at: Callable[["torch.Tensor"], "torch.Tensor"]
+    v: torch.Tensor  # Ditto, APFL: each copy's personal model v_k [M, dim]
+    theta: torch.Tensor  # pFedMe: each copy's latest personal model theta [M, dim]
+    alpha: torch.Tensor  # APFL: each copy's alpha_k [M, 1]; v and alpha are views of its kept slot value `kept`
+    kept: torch.Tensor
     held: torch.Tensor  # Mime, MimeLite: beta m, the server's momentum term held fixed during the round
     mu: torch.Tensor  # a batch of slots: each copy's own proximal mu [M, 1] (else the solver's own)
     momentum: torch.Tensor  # a batch of slots: each copy's own client momentum [M, 1]
@@ -581,6 +585,9 @@ class LocalSolver(Protocol):
 
     # model entries a client never sends or receives (FedRep's and FedBABU's head): not counted in the bytes
     private_dim: int = 0
+    # eval.personal=personal: the personal steps a client without a kept personal model takes (PersonalSolver);
+    # None: eval.finetune_steps (Per-FedAvg: 1, its one adaptation step)
+    personal_steps: int | None = None
 
     comm_factor: int = 1  # model-sized vectors each way per client and round (SCAFFOLD: 2, its control variate)
     extra_down: int = 0  # model-sized vectors sent down besides comm_factor's (Mime: the control variate c)

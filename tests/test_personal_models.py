@@ -14,7 +14,7 @@ from torch import nn
 import fedharness
 from fedharness.assembly.build import algorithm_for
 from fedharness.cli import main
-from fedharness.contracts import Callback, client_columns
+from fedharness.contracts import client_columns
 from fedharness.core.engine import Engine
 from fedharness.core.executors import InlineExecutor
 from fedharness.core.personal import FineTune, personal_models
@@ -22,6 +22,7 @@ from fedharness.problems.quadratic import QuadraticProblem
 from fedharness.runs.batch import Slot
 from fedharness.runs.execute import execute, execute_runs, personal_of, prepare
 from test_client_eval import bn_mlp  # noqa: F401  (the fixture: an MLP with BatchNorm, registered for a test)
+from test_personal_eval import CrashAt, _frame
 
 # Eigenvalues of A_k in [0.5, 2] with random eigenvectors (curvature=random), unequal client weights p_k
 QUADRATIC = ("dataset=quadratic", "dataset.num_clients=5", "dataset.dim=3", "dataset.curvature=random",
@@ -124,21 +125,8 @@ def test_fedrep_keeps_each_clients_head_and_sends_only_the_body(run_config):
     assert outcome.rows[-1]["bytes_up"] == pytest.approx(fedavg["bytes_up"] * body, rel=1e-12)
 
 
-def _frame(rows: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame(rows).sort_values(["round", "replica", "series"]).reset_index(drop=True)
-
-
 def _own(rows) -> np.ndarray:
     return _frame(rows)[["round", "replica", "bytes_up", *OWN]].to_numpy(float)
-
-
-class CrashAt(Callback):
-    def __init__(self, rnd: int):
-        self.rnd = rnd
-
-    def on_round_end(self, context) -> None:
-        if context.round == self.rnd:
-            raise RuntimeError(f"crashed at round {self.rnd}")
 
 
 @pytest.mark.parametrize("algorithm", ["ditto", "fedrep"])

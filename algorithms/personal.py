@@ -40,6 +40,14 @@ def require_head(problem: Problem, solver: str) -> tuple[int, int]:
     return int(head[0]), int(head[1])
 
 
+def refuse_buffers(problem: Problem, solver: str) -> None:
+    """ConfigError naming the solver for a model with buffers (BatchNorm statistics): a personal model of the
+    solver's would need its own."""
+    if problem.objective is not None and problem.objective.buffer_dim:
+        raise ConfigError("algorithm.solver", solver, f"a solver other than {solver} with {model_name(problem)}: "
+                          "its buffers (BatchNorm statistics) would need a personal copy of their own")
+
+
 def _global_copy(w0: torch.Tensor, server_ctx) -> torch.Tensor:
     """A personal model before the client's first round: the global model it starts from."""
     return w0.clone()
@@ -62,14 +70,12 @@ class DittoSGD(LocalSGD):
     and changes nothing the server sees. Each step takes a second gradient (grad_evals counts both)."""
 
     personal_slot = "personal"
-    personal_grads = True
+    grads_per_step = 2  # grad f_k at w and at v_k
 
     def __init__(self, problem: Problem, ditto_lambda: float = 0.1, momentum: float = 0.0, nesterov: bool = False,
                  mu: float = 0.0, weight_decay: float = 0.0, lr_decay: float = 1.0):
         super().__init__(momentum, nesterov, mu, weight_decay, lr_decay)
-        if problem.objective is not None and problem.objective.buffer_dim:
-            raise ConfigError("algorithm.solver", "ditto", f"a solver other than ditto with {model_name(problem)}: "
-                              "its buffers (BatchNorm statistics) would need a personal copy of their own")
+        refuse_buffers(problem, "ditto")
         self.lam = float(ditto_lambda)
 
     def client_slots(self, problem: Problem) -> tuple[ClientSlot, ...]:
@@ -82,12 +88,9 @@ class DittoSGD(LocalSGD):
         state["v"] = _stacked(saved, self.personal_slot, w0)
         return state
 
-    def personal_point(self, w: torch.Tensor, state: SolverState) -> torch.Tensor:
-        return state["v"]
-
     def update(self, w: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: SolverState) -> torch.Tensor:
-        if "personal_g" in state:  # weight_stats' unit steps take none: the delta is the global model's alone
-            self.personal_step(state["v"], state["personal_g"], lr, state["w0"])
+        if "grad_at" in state:  # weight_stats' unit steps take none: the delta is the global model's alone
+            self.personal_step(state["v"], state["grad_at"](state["v"]), lr, state["w0"])
         return super().update(w, g, lr, state)
 
     def personal_step(self, v: torch.Tensor, g: torch.Tensor, lr, w: torch.Tensor) -> None:

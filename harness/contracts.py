@@ -256,7 +256,13 @@ class SolverState(TypedDict, total=False):
     c: torch.Tensor  # SCAFFOLD: the server's control variate, per copy
     c_i: torch.Tensor  # SCAFFOLD: the client's own
     correction: torch.Tensor  # SCAFFOLD: c - c_i in the model's dtype
-    anchor_g: torch.Tensor  # Mime: this step's minibatch gradient at w0 (LocalSolver.anchor_grads)
+    # the step's minibatch gradient at other points of the copies, v [n, dim] -> [n, dim] (Mime's at w0, pFedMe's inner
+    # steps, Per-FedAvg's adapted point and Hessian-free product, APFL's mixture, Ditto's personal model)
+    grad_at: Callable[["torch.Tensor"], "torch.Tensor"]
+    v: torch.Tensor  # Ditto, APFL: each copy's personal model v_k [M, dim]
+    theta: torch.Tensor  # pFedMe: each copy's latest personal model theta [M, dim]
+    alpha: torch.Tensor  # APFL: each copy's alpha_k [M, 1]; v and alpha are views of its kept slot value `kept`
+    kept: torch.Tensor
     held: torch.Tensor  # Mime, MimeLite: beta m, the server's momentum term held fixed during the round
     mu: torch.Tensor  # a batch of slots: each copy's own proximal mu [M, 1] (else the solver's own)
     momentum: torch.Tensor  # a batch of slots: each copy's own client momentum [M, 1]
@@ -579,8 +585,9 @@ class LocalSolver(Protocol):
 
     # model entries a client never sends or receives (FedRep's and FedBABU's head): not counted in the bytes
     private_dim: int = 0
-    # each local step also takes the minibatch's gradient at personal_point(w, state): state["personal_g"] (Ditto)
-    personal_grads: bool = False
+    # eval.personal=personal: the personal steps a client without a kept personal model takes (PersonalSolver);
+    # None: eval.finetune_steps (Per-FedAvg: 1, its one adaptation step)
+    personal_steps: int | None = None
 
     comm_factor: int = 1  # model-sized vectors each way per client and round (SCAFFOLD: 2, its control variate)
     extra_down: int = 0  # model-sized vectors sent down besides comm_factor's (Mime: the control variate c)
@@ -588,7 +595,7 @@ class LocalSolver(Protocol):
     # problem), reach update_server_ctx as extras["grad"]: "before" in a pass of their own ahead of the local steps,
     # also sent in the server context as "grad" (Mime's control variate c); "after" with the training (MimeLite).
     round_gradient: str = "none"
-    anchor_grads: bool = False  # each local step also takes the minibatch's gradient at w0: state["anchor_g"] (Mime)
+    grads_per_step: int = 1  # minibatch gradients a local step takes (state grad_at's besides g): grad_evals counts them
     # step_lrs and weight_stats also take step sizes [R, T], each row (replica) its own: a batch of slots then asks
     # once for all the alike slots' rows (harness/core/slots.py SlotSolver), not slot by slot
     rows_of_step_sizes: bool = False
@@ -610,10 +617,6 @@ class LocalSolver(Protocol):
     def begin(self, w: torch.Tensor, state: SolverState) -> None:
         """The copies w [M, dim] (w0's clones) set in place to where their local steps start (FedRep: each
         client's own head); by default where the server's model is."""
-
-    def personal_point(self, w: torch.Tensor, state: SolverState) -> torch.Tensor:
-        """Where personal_grads' gradient is taken (the copies' personal models); only asked with personal_grads."""
-        raise NotImplementedError
 
     def finish(self, w0: torch.Tensor, w: torch.Tensor, lr_sum: torch.Tensor, state: SolverState,
                p: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

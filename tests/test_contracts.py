@@ -21,7 +21,7 @@ from fedharness.cli import main
 from fedharness.config.compose import defaults
 from fedharness.config.load import load_config
 from fedharness.registry.groups import PARTS, PROTOCOLS
-from fedharness.algorithms import personal, series
+from fedharness.algorithms import personal, personalized, series
 from fedharness.errors import ConfigError
 from fedharness.problems.data import DataProblem
 from fedharness.problems.lazy import LazySyntheticProblem
@@ -30,8 +30,8 @@ from fedharness.problems.objectives import LinearRegression, SoftmaxRegression
 from fedharness.problems.quadratic import QuadraticProblem
 
 ROOT = Path(__file__).resolve().parent.parent
-KEY_MODULES = (samplers, local_work, local_work_fixed, schedules, solvers, personal, aggregators, robust, server,
-               series, registry)
+KEY_MODULES = (samplers, local_work, local_work_fixed, schedules, solvers, personal, personalized, aggregators, robust,
+               server, series, registry)
 
 
 def _quadratic() -> QuadraticProblem:

@@ -211,7 +211,7 @@ REFUSED = [
      "algorithm.solver=fedrep (its clients train from the round's global model))"),
     (["algorithm=fedavg"], "invalid value for 'eval.personal': ['global', 'personal'] (global and/or finetune: "
      "algorithm.solver=sgd keeps no personal model (the personal protocol needs one that does: ditto, fedrep, "
-     "fedbabu))"),
+     "fedbabu, pfedme, perfedavg_fo, perfedavg_hf, apfl))"),
 ]
 
 

@@ -49,12 +49,12 @@ def build_parts(settings: RunSettings):
 
 def check_personal(settings: RunSettings, problem, solver) -> None:
     """ConfigError naming eval.personal unless the run can score each protocol: personal needs a solver that keeps
-    a personal model (contracts.PersonalSolver: ditto, fedrep, fedbabu); finetune and personal a problem that scores
-    each client's own model (contracts.CopyEvaluation)."""
+    a personal model (contracts.PersonalSolver: ditto, fedrep, fedbabu, pfedme, perfedavg_fo, perfedavg_hf, apfl);
+    finetune and personal a problem that scores each client's own model (contracts.CopyEvaluation)."""
     protocols = list(settings.eval.personal)
     require("personal" not in protocols or isinstance(solver, PersonalSolver), "eval.personal", protocols,
             f"global and/or finetune: algorithm.solver={settings.algorithm.solver} keeps no personal model (the "
-            "personal protocol needs one that does: ditto, fedrep, fedbabu)")
+            "personal protocol needs one that does: ditto, fedrep, fedbabu, pfedme, perfedavg_fo, perfedavg_hf, apfl)")
     require(not {"finetune", "personal"} & set(protocols) or isinstance(problem, CopyEvaluation), "eval.personal",
             protocols, f"global: dataset={settings.dataset.name} cannot score a model of each client's own")
 

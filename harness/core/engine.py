@@ -200,7 +200,7 @@ class Engine:
         distinct, work = trained_clients(plan.clients, plan.coef, plan.tau)
         c["local_steps"] += np.where(distinct > 0, np.where(plan.coef != 0, plan.tau, 0).max(1), 0)
         solver = self.alg.solver
-        c["grad_evals"] += work * self.alg.batch_size * (1 + solver.anchor_grads + solver.personal_grads)
+        c["grad_evals"] += work * self.alg.batch_size * solver.grads_per_step
         if solver.round_gradient != "none":  # one pass over each trained client's samples
             c["grad_evals"] += self._full_batch_samples(plan)
         down, up = self._client_bytes

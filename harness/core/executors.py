@@ -265,10 +265,7 @@ class ClientShard:
                 w_t, scale_t, state_t = w[:n], scale[:n], prefix_state(state, n)
                 lr_t = lr_rows[:n] if per_replica else None
             g = grad_fn(w_t, batches, t)
-            if solver.anchor_grads:  # the same minibatch's gradient at the round's start (Mime)
-                state_t["anchor_g"] = grad_fn(w0[:n], batches, t)
-            if solver.personal_grads:  # and at the copies' personal models (Ditto)
-                state_t["personal_g"] = grad_fn(solver.personal_point(w_t, state_t), batches, t)
+            state_t.update(step_oracles(grad_fn, batches, t, b))
             new_buffers = take_buffers(g, b) if b else None
             solver.update(w_t, g, scale_t * (lr_t[:, t:t + 1] if per_replica else float(plan.step_lrs[t])), state_t)
             if new_buffers is not None:
@@ -388,6 +385,18 @@ class ClientShard:
 def transforms(plan: RoundPlan) -> bool:
     """Whether a stage transforms the updates this round (one that only chooses a view does not)."""
     return any(type(work).transform is not ClientWork.transform for work in plan.stages)
+
+
+def step_oracles(grad_fn, batches, t: int, b: int) -> SolverState:
+    """Local step t's minibatch gradient at any points v [n, dim] of the copies (grad_at), one batched call; the
+    last b entries (buffers: the forward pass's statistics, not gradients) come back 0."""
+    def grad_at(v: torch.Tensor) -> torch.Tensor:
+        g = grad_fn(v, batches, t)
+        if b:
+            g[:, -b:] = 0
+        return g
+
+    return {"grad_at": grad_at}
 
 
 def prefix_state(state: SolverState, n: int) -> SolverState:

@@ -18,7 +18,7 @@ minibatches fine-tuning draws (Ditto: its personal objective; FedRep, FedBABU: t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -103,7 +103,8 @@ def personal_models(problem: Problem, solver: PersonalSolver, w0: torch.Tensor, 
                     clients: np.ndarray, spec: FineTune, row: int, chunk: int) -> torch.Tensor:
     """Each client's personal model [m, dim] from copies w0 [m, dim] of executor row `row`'s global model: from
     its kept slot value where it has one (`kept`: the store's, None where none), else after spec.steps personal
-    steps from w0. The clients without one are one batch (`chunk` copies at a time), in `clients`' order."""
+    steps from w0 (the solver's personal_steps where it fixes them). The clients without one are one batch
+    (`chunk` copies at a time), in `clients`' order."""
     held = np.array([value is not None for value in kept], dtype=bool)
     out = torch.empty_like(w0)
     if held.any():
@@ -113,5 +114,6 @@ def personal_models(problem: Problem, solver: PersonalSolver, w0: torch.Tensor, 
     if not held.all():
         fresh = np.flatnonzero(~held)
         at = torch.as_tensor(fresh, device=w0.device)
-        out[at] = finetuned(problem, w0[at], clients[fresh], spec, row, chunk, solver.personal_step)
+        steps = spec if solver.personal_steps is None else replace(spec, steps=solver.personal_steps)
+        out[at] = finetuned(problem, w0[at], clients[fresh], steps, row, chunk, solver.personal_step)
     return out

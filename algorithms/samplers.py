@@ -104,7 +104,8 @@ class FullParticipation(Sampler):
     def select(self, seed: int, replicas: np.ndarray, rnd: int, p: np.ndarray) -> Selection:
         R, N = len(replicas), self.num_clients
         clients = np.broadcast_to(np.arange(N), (R, N)).copy()
-        return Selection(clients, np.broadcast_to(p, (R, N)).copy(), np.ones((R, N)))
+        # p covers every client; the training ones come first (dataset.unseen_clients: the unseen, weight 0, last)
+        return Selection(clients, np.broadcast_to(p[:N], (R, N)).copy(), np.ones((R, N)))
 
 
 class _PartialSampler(Sampler):

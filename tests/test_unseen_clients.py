@@ -46,6 +46,17 @@ def test_unseen_clients_are_never_selected_and_leave_f_star(run_config):
     assert np.abs(everyone - w_star).max() > 1e-3  # all N clients' optimum is elsewhere: the check can fail
 
 
+def test_full_participation_trains_every_training_client_and_no_unseen_one(run_config):
+    """algorithm.sampler=full with unseen clients once failed to broadcast all N weights over the training ones."""
+    run = prepare_run(run_config(*QUADRATIC, "algorithm.sampler=full"))
+    engine = build_engine(run, InlineExecutor(run.problem, run.algorithm.solver))
+    training = N - UNSEEN
+    assert np.array_equal(engine.plan_round(1)[0].clients, np.arange(training)[None])
+    chosen = run.algorithm.sampler.select(0, np.arange(2), 1, run.problem.weights)
+    assert np.array_equal(chosen.weights, np.tile(run.problem.weights[:training], (2, 1)))  # exact: copied
+    assert run.problem.weights[training:].sum() == 0  # exact: the unseen clients weigh nothing
+
+
 def test_every_client_is_evaluated_and_the_unseen_recorded_apart(run_config, tmp_path):
     result = execute(run_config(*QUADRATIC))
     clients = pd.read_parquet(tmp_path / "results" / "clients")

@@ -191,3 +191,36 @@ class TraceAvailability(Availability):
     def online(self, seeds: np.ndarray, replicas: np.ndarray, t: np.ndarray, clients: np.ndarray) -> np.ndarray:
         entry = trace_entry(seeds, replicas, AVAILABILITY_ENTRY, clients, len(self.trace))
         return self.trace.online(entry, np.asarray(t, dtype=np.float64)[:, None])
+
+
+# --- staleness functions (the `staleness` group): s(tau) of an update tau server versions stale -----------------
+
+
+@dataclass(frozen=True)
+class ConstantStaleness:
+    """s(tau) = 1."""
+
+    def weight(self, tau: np.ndarray) -> np.ndarray:
+        return np.ones_like(np.asarray(tau, dtype=np.float64))
+
+
+@dataclass(frozen=True)
+class PolyStaleness:
+    """s(tau) = (1 + tau)^-exponent (0.5: FedBuff's 1 / sqrt(1 + tau))."""
+
+    exponent: float = 0.5
+
+    def weight(self, tau: np.ndarray) -> np.ndarray:
+        return (1.0 + np.asarray(tau, dtype=np.float64)) ** -self.exponent
+
+
+@dataclass(frozen=True)
+class HingeStaleness:
+    """s(tau) = 1 up to the cutoff b, then 1 / (slope (tau - b) + 1) (FedAsync's hinge, a = slope)."""
+
+    slope: float = 0.5
+    cutoff: int = 4
+
+    def weight(self, tau: np.ndarray) -> np.ndarray:
+        tau = np.asarray(tau, dtype=np.float64)
+        return 1.0 / (self.slope * np.maximum(tau - self.cutoff, 0.0) + 1.0)

@@ -288,7 +288,7 @@ def async_w1_child(rounds: int, first: str) -> dict:
     for name, extra in ASYNC_CONFIGS.items():
         run = prepare_run(load_settings([*ASYNC_W1, *COMMON, *extra, f"rounds={WARMUP + rounds}"]))
         assert (run.clock is None) == (name == "plain"), name
-        assert (run.clock is not None and run.clock.asynchronous is not None) == name.startswith("fedbuff"), name
+        assert (run.cadence is not None and run.cadence.spans_versions) == name.startswith("fedbuff"), name
         executor = build_executor(run.settings, run.problem, run.algorithm.solver)
         training[name] = [0.0]
         executor.local_updates = timed(executor.local_updates, training[name])

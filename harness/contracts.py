@@ -888,6 +888,41 @@ class RunState:
     in_flight: dict = field(default_factory=dict)
 
 
+class Staleness(Protocol):
+    """s(tau): the weight of an update tau server versions stale (the `staleness` group: FedAsync's constant,
+    polynomial and hinge functions, algorithms/systems.py; a user's: fedharness.register_staleness)."""
+
+    def weight(self, tau: np.ndarray) -> np.ndarray:
+        """[...] float64 s(tau) of each staleness tau (an integer array)."""
+        ...
+
+
+class Cadence(Protocol):
+    """The shape of a server step (the `cadence` group, docs/extending.md): which clients start when, what a step
+    waits for, what it aggregates with which weights. The engine (core/engine.py) calls `step` once a server
+    version and gives it its primitives: plan_round (the sampler, local work, step sizes, aggregator coefficients
+    and the systems clock's round), train_round (train a plan's clients, the stages and the exact sum), count (the
+    counters of a trained plan), advance (the server optimizer's step to the next version), and its parts (alg,
+    problem, executor, stages, clock, layout). Built-ins: sync (rounds, with deadlines and over-selection on the
+    clock), fedbuff and fedasync (core/flight.py)."""
+
+    # whether a client's update may join a later server version than the one it started from: then only stages
+    # that act on each update in its shard alone combine with it (assembly/stages.py)
+    spans_versions: bool = False
+
+    def sampled(self, clients_per_round: int) -> int:
+        """How many clients the sampler is built to draw each time it is asked."""
+        return clients_per_round
+
+    def init_flight(self, replicas: int, dim: int, device: Any) -> dict:
+        """RunState.in_flight at the start: what the cadence carries between versions ({}: nothing)."""
+        return {}
+
+    def step(self, engine: Any, state: RunState) -> RunState:
+        """One server version: from `state` (version state.round) to the next, through the engine's primitives."""
+        ...
+
+
 @dataclass
 class RunOutcome:
     """How a run (one slot of a batch) ended: ok, diverged, stopped, or what the exception that ended it maps to

@@ -8,14 +8,13 @@ import heapq
 import numpy as np
 import pytest
 
-import fedharness.core.engine as engine_module
 import fedharness.core.flight as flight_module
 from fedharness.base import streams
 from fedharness.cli import main
 from fedharness.config.load import load_settings
 from fedharness.core.checkpoint import load_resume
 from fedharness.core.executors import InlineExecutor
-from fedharness.core.flight import AsyncRule
+from fedharness.algorithms.systems import ConstantStaleness, HingeStaleness, PolyStaleness
 from fedharness.runs.batch import Slot
 from fedharness.runs.execute import build_engine, execute, execute_batch, prepare_run
 from test_systems import (BW_SIGMA, DIM, DUTY, K, LR, MB_PER_S, N, PERIOD, SEED, SIGMA, STEP_S, STEPS, StopAt,
@@ -115,7 +114,7 @@ def recorded_run(settings, monkeypatch):
     run = prepare_run(settings)
     engine = build_engine(run, InlineExecutor(run.problem, run.algorithm.solver, 1))
     events, log = [], []
-    run_version, refill = engine_module.run_version, flight_module._refill
+    run_version, refill = flight_module.run_version, flight_module._refill
 
     def recording(*args, **kwargs):
         log.append(([], [], None))
@@ -129,7 +128,7 @@ def recorded_run(settings, monkeypatch):
         refill(flight, v, p, rule, out, *args)
         log[-1][0].extend((k, t) for k, _, _ in out.started[0][before:])
 
-    monkeypatch.setattr(engine_module, "run_version", recording)
+    monkeypatch.setattr(flight_module, "run_version", recording)
     monkeypatch.setattr(flight_module, "_refill", recording_refill)
     x0 = engine.initial_state().x.double().numpy()[0]
     outcome = engine.run()
@@ -209,11 +208,11 @@ def test_simultaneous_arrivals_follow_the_tie_rule_of_each_refill(refill, monkey
 
 def test_staleness_functions_are_fedasyncs_and_fedbuffs():
     tau = np.arange(8)
-    rule = AsyncRule("fedbuff", 4, 2, None, 0.6, "poly", 0.5, 0)
+    rule = PolyStaleness(0.5)
     np.testing.assert_allclose(rule.weight(tau), 1 / np.sqrt(1 + tau), rtol=1e-15)  # FedBuff's (FedScale's)
-    hinge = AsyncRule("fedasync", 4, 1, None, 0.6, "hinge", 0.5, 3)
+    hinge = HingeStaleness(0.5, 3)
     np.testing.assert_allclose(hinge.weight(tau), [1, 1, 1, 1, 1 / 1.5, 1 / 2, 1 / 2.5, 1 / 3], rtol=1e-15)
-    constant = AsyncRule("fedasync", 4, 1, None, 0.6, "constant", 0.5, 3)
+    constant = ConstantStaleness()
     assert (constant.weight(tau) == 1).all()
 
 

@@ -7,11 +7,13 @@ import math
 
 import numpy as np
 
-from fedharness.algorithms.systems import (AlwaysOnline, DutyCycle, EqualSpeeds, LognormalSpeeds, SlowTailSpeeds,
-                                           TraceAvailability, TraceSpeeds)
-from fedharness.contracts import Speeds, UpdateAggregator, UpdateStage
+from fedharness.algorithms.systems import (AlwaysOnline, ConstantStaleness, DutyCycle, EqualSpeeds, HingeStaleness,
+                                           LognormalSpeeds, PolyStaleness, SlowTailSpeeds, TraceAvailability,
+                                           TraceSpeeds)
+from fedharness.contracts import Cadence, Speeds, UpdateAggregator, UpdateStage
 from fedharness.core.clock import SystemsClock, transfer_s
-from fedharness.core.flight import AsyncRule
+from fedharness.core.flight import FedAsync, FedBuff
+from fedharness.core.rounds import Synchronous
 from fedharness.core.slots import takes_online
 from fedharness.core.stages import Stages
 from fedharness.errors import require
@@ -42,16 +44,12 @@ def availability_for(systems: SystemsSettings, num_clients: int):
     return AlwaysOnline()
 
 
-def clock_for(settings: RunSettings, algorithm, problem, client_bytes: tuple[int, int],
-              stages: Stages | None = None) -> SystemsClock | None:
+def clock_for(settings: RunSettings, algorithm, problem, client_bytes: tuple[int, int]) -> SystemsClock | None:
     """The run's SystemsClock (None: systems off, every client the network's), checked against the sizes of what
-    each client sends (`client_bytes`: down, up); with systems.mode fedbuff or fedasync, its AsyncRule."""
+    each client sends (`client_bytes`: down, up)."""
     systems, alg, num_clients = settings.systems, settings.algorithm, problem.num_clients
     if not systems.on:
         return None
-    rule = None
-    if systems.mode != "sync":
-        rule = async_rule(settings, algorithm, problem, stages or Stages())
     keep = None
     if systems.over_selection != 1:
         check_over_selection(systems, settings, algorithm, num_clients)
@@ -60,7 +58,7 @@ def clock_for(settings: RunSettings, algorithm, problem, client_bytes: tuple[int
     if systems.deadline_s is not None:
         check_deadline(systems.deadline_s, speeds, client_bytes)
     return SystemsClock(speeds, availability_for(systems, num_clients), systems.deadline_s, keep,
-                        systems.late_work == "partial", systems.retry_s, rule)
+                        systems.late_work == "partial", systems.retry_s)
 
 
 def concurrency(settings: RunSettings) -> int:
@@ -77,8 +75,16 @@ def buffer_size(settings: RunSettings) -> int:
     return 1 if settings.systems.mode == "fedasync" else int(settings.algorithm.clients_per_round)
 
 
-def async_rule(settings: RunSettings, algorithm, problem, stages: Stages) -> AsyncRule:
-    """The run's FedBuff / FedAsync rule, refused (ConfigError naming the key) where it cannot hold."""
+def cadence_for(settings: RunSettings, algorithm, problem, stages: Stages | None = None) -> Cadence:
+    """The run's cadence (contracts.Cadence): synchronous rounds, or FedBuff / FedAsync, refused (ConfigError
+    naming the key) where it cannot hold."""
+    if settings.systems.mode == "sync":
+        return Synchronous()
+    return async_rule(settings, algorithm, problem, stages or Stages())
+
+
+def async_rule(settings: RunSettings, algorithm, problem, stages: Stages) -> FedBuff:
+    """The run's FedBuff / FedAsync, refused (ConfigError naming the key) where it cannot hold."""
     s, C, M = settings.systems, concurrency(settings), buffer_size(settings)
     require(C <= problem.num_clients, "systems.concurrency", C, f"at most the {problem.num_clients} clients")
     require(M <= C, "systems.buffer", M, f"at most systems.concurrency ({C}): a step waits for M of the C in flight")
@@ -89,8 +95,11 @@ def async_rule(settings: RunSettings, algorithm, problem, stages: Stages) -> Asy
     budget = problem.memory_budget
     require(budget is None or held <= budget, "systems.concurrency", C, f"at most what memory_budget_gb holds: "
             f"C x dim x 8 bytes x replicas in flight = {held / 1e9:.3g} GB > {(budget or 0) / 1e9:.3g} GB")
-    return AsyncRule(s.mode, C, M, s.max_staleness, float(s.alpha), s.staleness, float(s.staleness_exponent),
-                     int(s.staleness_cutoff), s.refill)
+    staleness = {"constant": ConstantStaleness(), "poly": PolyStaleness(float(s.staleness_exponent)),
+                 "hinge": HingeStaleness(float(s.staleness_exponent), int(s.staleness_cutoff))}[s.staleness]
+    if s.mode == "fedasync":
+        return FedAsync(C, M, s.max_staleness, staleness, s.refill, float(s.alpha))
+    return FedBuff(C, M, s.max_staleness, staleness, s.refill)
 
 
 def check_async_parts(settings: RunSettings, algorithm, stages: Stages) -> None:

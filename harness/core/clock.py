@@ -22,7 +22,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedharness.contracts import Availability, Links, Online, Speeds
-from fedharness.core.flight import AsyncRule
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,6 @@ class SystemsClock:
     keep: int | None = None  # over-selection: keep the first `keep` to finish; None: every client in time
     partial: bool = False  # late_work=partial: a client the deadline cuts off sends the steps it finished
     retry_s: float = 60.0
-    asynchronous: AsyncRule | None = None  # fedbuff / fedasync (core/flight.py); None: synchronous rounds
 
     @property
     def always_online(self) -> bool:

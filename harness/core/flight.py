@@ -33,35 +33,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-from fedharness.contracts import Online, Selection, WeightStats
+from fedharness.contracts import (Coefficients, Online, RoundPlan, RunState, Selection, Staleness,
+                                  WeightStats)
+from fedharness.core.exact_sum import Grids
+from fedharness.core.executors import ShardResult
 
 EMPTY = -1  # the client id of a free slot
 PASS_SHIFT = 32  # a refill's sampler key: v + pass << 32 (pass 0: v, the synchronous round's key)
 BROADCAST_MAX = 1 << 14  # Busy.mask compares candidates with those in flight at once up to this many pairs a row
-
-
-@dataclass(frozen=True)
-class AsyncRule:
-    """The `systems` keys of an asynchronous run: fedbuff or fedasync, C, M, the staleness limit and weight."""
-
-    mode: str  # fedbuff | fedasync
-    concurrency: int  # C
-    buffer: int  # M
-    max_staleness: int | None
-    alpha: float  # fedasync's a
-    staleness: str  # constant | poly | hinge
-    exponent: float
-    cutoff: int
-    refill: str = "arrival"  # arrival: a freed slot starts a client at once | step: at the next version's start
-
-    def weight(self, tau: np.ndarray) -> np.ndarray:
-        """s(tau) of updates tau versions stale (FedAsync's constant, polynomial and hinge functions)."""
-        tau = np.asarray(tau, dtype=np.float64)
-        if self.staleness == "poly":
-            return (1.0 + tau) ** -self.exponent
-        if self.staleness == "hinge":
-            return 1.0 / (self.exponent * np.maximum(tau - self.cutoff, 0.0) + 1.0)  # 1 up to the cutoff
-        return np.ones_like(tau)
 
 
 @dataclass(frozen=True)
@@ -127,7 +106,7 @@ class Version:
     events: list[list[tuple[int, int, int]]]
 
 
-def run_version(flight: dict, v: int, t: np.ndarray, rule: AsyncRule, online: Callable[[np.ndarray, np.ndarray], Busy],
+def run_version(flight: dict, v: int, t: np.ndarray, rule: "FedBuff", online: Callable[[np.ndarray, np.ndarray], Busy],
                 select: Callable[[int, Busy], Selection], prepare: Callable[[int, np.ndarray, np.ndarray, np.ndarray],
                                                                             Draw], retry_s: float) -> Version:
     """Version v's events on each row (module docstring): refill and take arrivals until the M-th is taken.
@@ -150,7 +129,7 @@ def _next_arrival(flight: dict) -> np.ndarray:
     return np.min(np.where(flight["client"] != EMPTY, flight["arrival"], np.inf), axis=1)
 
 
-def _refill(flight: dict, v: int, p: int, rule: AsyncRule, out: Version, active: np.ndarray, online, select,
+def _refill(flight: dict, v: int, p: int, rule: "FedBuff", out: Version, active: np.ndarray, online, select,
             prepare) -> None:
     """Start clients from v in the free slots of the active rows: refill=arrival where no arrival is due at their
     t, refill=step at pass 0 only, whatever is due (module docstring)."""
@@ -190,7 +169,7 @@ def _refill(flight: dict, v: int, p: int, rule: AsyncRule, out: Version, active:
                                   d.lr_scale[r, cols].tolist()))
 
 
-def _take_next(flight: dict, v: int, r: int, rule: AsyncRule, out: Version, retry_s: float) -> bool:
+def _take_next(flight: dict, v: int, r: int, rule: "FedBuff", out: Version, retry_s: float) -> bool:
     """Row r's next arrival: free its slot, take it or drop it; whether the row's version goes on."""
     flying = np.flatnonzero(flight["client"][r] != EMPTY)
     if not len(flying):  # nothing in flight and nobody could start
@@ -223,3 +202,172 @@ def packed(taken: list[list[dict]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
             for name in fields:
                 cols[name][r, w] = entry[name]
     return cols, valid
+
+
+# --- the cadences (contracts.Cadence): a server version's events, then its starters trained and its step ---------
+
+
+@dataclass(frozen=True)
+class FedBuff:
+    """cadence=fedbuff (Nguyen et al.): C clients in flight, a server step after every M taken arrivals, each update
+    weighted by s(tau) (the staleness part), one more than max_staleness versions old dropped; `refill`: arrival
+    (a freed slot starts a client at once) | step (at the next server step, FedScale's)."""
+
+    concurrency: int  # C
+    buffer: int  # M
+    max_staleness: int | None
+    staleness: Staleness
+    refill: str = "arrival"
+
+    spans_versions = True
+
+    def sampled(self, clients_per_round: int) -> int:
+        return self.concurrency  # the sampler draws C a version, and the free slots take the first
+
+    def init_flight(self, replicas: int, dim: int, device) -> dict:
+        return empty_flight(replicas, self.concurrency, dim, device)
+
+    def held_update(self, update: torch.Tensor, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """What a slot holds of a trained client (`update` [n, dim] of replicas `rows` of the models x): FedBuff
+        its Delta_k."""
+        return update
+
+    def step(self, e, state: RunState) -> RunState:
+        """Version v's events (run_version: refills and arrivals on each replica's clock), then its starters
+        trained as one batch and the server's step with what it took."""
+        f, v = state.in_flight, state.round
+        seeds, replicas = e.row_seeds(), e.stream_replicas
+
+        def online(t: np.ndarray, flying: np.ndarray) -> Busy:
+            return Busy(e.clock.availability, seeds, replicas, t, flying)
+
+        def select(key: int, busy: Busy) -> Selection:  # a refill's candidates, preferring who may start
+            return e.alg.sampler.select(e.seed, e.stream_replicas, key, e.problem.weights, online=busy)
+
+        version = run_version(f, v, state.counters["sim_s"], self, online, select, self._refill_prepare(e, v),
+                              e.clock.retry_s)
+        cols, valid = packed(version.taken)
+        held = self._held(f, cols, valid)  # before the starters' updates fill the slots their arrivals freed
+        first, starts, work = self._train_starters(e, state, version.started, cols, valid, held)
+        coefs, delta = self.combine(e, state, cols, valid, held)
+        c = state.counters
+        down, up = e.transfer_bytes
+        c["local_steps"] += np.where(valid, cols["tau"], 0).max(axis=1)
+        c["grad_evals"] += work * e.alg.batch_size
+        c["bytes_down"] += starts * down
+        c["bytes_up"] += version.arrived * up  # a stale update was sent, then dropped
+        c["sim_s"] = version.t
+        c["participants"] = valid.sum(axis=1)
+        return e.advance(state, delta, first, coefs)
+
+    @staticmethod
+    def _refill_prepare(e, v: int) -> Callable[[int, np.ndarray, np.ndarray, np.ndarray], Draw]:
+        """The Draw of the clients a refill starts from version v: their local work keyed by the refill's key, v's
+        step sizes, each one's time from start to arrival on its own profile."""
+        alg, p = e.alg, e.problem
+
+        def prepare(key: int, clients: np.ndarray, weights: np.ndarray, lr_scale: np.ndarray) -> Draw:
+            tau = alg.local_work.steps(e.seed, e.stream_replicas, key, clients, p.sizes, alg.batch_size)
+            tau = tau * e.layout.tau_factor[:, None]
+            lrs = alg.solver.step_lrs(alg.schedule.step_lrs(v, int(tau.max())))
+            lr_scale = lr_scale * e.layout.lr_factor[:, None]
+            finish = e.clock.finish_s(e.row_seeds(), e.stream_replicas, clients, tau, *e.transfer_bytes)
+            return Draw(clients, weights, tau, lr_scale, alg.solver.weight_stats(tau, lrs, lr_scale), finish)
+
+        return prepare
+
+    @staticmethod
+    def _held(f: dict, cols: dict[str, np.ndarray], valid: np.ndarray) -> torch.Tensor:
+        """[R, W, dim] the taken updates held in slots (zeros for the starters of v: trained next)."""
+        update = f["update"]
+        held = torch.zeros(*valid.shape, update.shape[2], dtype=torch.float64, device=update.device)
+        rs, ws = np.nonzero(valid & (cols["slot"] >= 0))
+        if len(rs):
+            held[torch.as_tensor(rs), torch.as_tensor(ws)] = update[torch.as_tensor(rs),
+                                                                    torch.as_tensor(cols["slot"][rs, ws])]
+        return held
+
+    def _train_starters(self, e, state: RunState, started: list[list[tuple]], cols: dict[str, np.ndarray],
+                        valid: np.ndarray, held: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Train the clients that started from v as one batch; a taken one's update goes to `held`, the others'
+        to their slots (held_update). (The version's first step size, starters [R], their local steps [R].)"""
+        alg, v = e.alg, state.round
+        width = max(1, max(len(s) for s in started))
+        clients, on = np.zeros((len(started), width), dtype=np.int64), np.zeros((len(started), width), dtype=bool)
+        tau, lr_scale = np.ones(clients.shape, dtype=np.int64), np.ones(clients.shape)
+        for r, s in enumerate(started):
+            if s:
+                clients[r, :len(s)], tau[r, :len(s)], lr_scale[r, :len(s)] = zip(*s)
+                on[r, :len(s)] = True
+        lrs = alg.solver.step_lrs(alg.schedule.step_lrs(v, int(tau.max())))
+        if on.any():
+            plan = RoundPlan(v, e.plan_seed(), e.stream_replicas, clients, on.astype(np.float64), tau,
+                             lr_scale, lrs, server_ctx=state.server_ctx, send_updates=True)
+            plan.stages = e.stages.client_work(plan, state.counters)  # compression: in the shards, per client
+            self._hold(e, state, plan, cols, valid, held)
+        return lrs[..., 0], on.sum(axis=1), np.where(on, tau, 0).sum(axis=1)
+
+    def _hold(self, e, state: RunState, plan: RoundPlan, cols: dict[str, np.ndarray], valid: np.ndarray,
+              held: torch.Tensor) -> None:
+        f, v = state.in_flight, state.round
+        rs, js = np.nonzero((f["client"] != EMPTY) & (f["version"] == v))  # still in flight
+        dest = {(r, k): (True, j) for r, j, k in zip(rs.tolist(), js.tolist(), f["client"][rs, js].tolist())}
+        rs, ws = np.nonzero(valid & (cols["slot"] < 0))  # arrived and taken within the version
+        dest.update({(r, k): (False, w) for r, w, k in zip(rs.tolist(), ws.tolist(), cols["client"][rs, ws].tolist())})
+        for chunk in e.executor.local_updates(state.x, plan).updates:
+            # np.array copies: a Ray shard's reply is read-only memory, which torch will not wrap
+            rows = torch.as_tensor(np.array(chunk.replica, dtype=np.int64), device=state.x.device)
+            to = [dest[(int(r), int(k))] for r, k in zip(chunk.replica, chunk.clients)]
+            in_slot = torch.as_tensor([s for s, _ in to], dtype=torch.bool, device=state.x.device)
+            at = torch.as_tensor([i for _, i in to], dtype=torch.long, device=state.x.device)
+            update = self.held_update(chunk.delta.to(device=state.x.device, dtype=torch.float64), state.x, rows)
+            f["update"][rows[in_slot], at[in_slot]] = update[in_slot]
+            held[rows[~in_slot], at[~in_slot]] = update[~in_slot]
+
+    def combine(self, e, state: RunState, cols: dict[str, np.ndarray], valid: np.ndarray,
+                held: torch.Tensor) -> tuple[Coefficients, torch.Tensor]:
+        """The step's coefficients and Delta [R, dim] float64 from the taken updates, each weighted by s(tau):
+        the aggregator's coefficients of q_k (C / M) s(tau_k), summed exactly as a round's shards sum
+        (core/exact_sum.py), so C = M = K is a synchronous round's bits (s(0) = C / M = 1)."""
+        x = state.x
+        s = np.where(valid, self.staleness.weight(state.round - cols["version"]), 0.0)
+        rs, ws = np.nonzero(valid)
+        replica = torch.as_tensor(rs, device=x.device)
+        taken = held[replica, torch.as_tensor(ws, device=x.device)]  # [n, dim]
+        stats = WeightStats(*(np.where(valid, cols[name], 1.0) for name in ("l1", "l2sq", "last", "scale")))
+        q = np.where(valid, cols["weight"], 0.0)
+        coefs = e.alg.aggregator.coefficients(q * (self.concurrency / self.buffer) * s, stats,
+                                              np.where(valid, cols["tau"], 1))
+        if not valid.all():
+            coefs.idle(~valid.any(axis=1))
+        total = ShardResult(tuple(x.shape), x.device, grids=Grids(x, {}, self.buffer))
+        if len(replica):
+            weight = torch.as_tensor(coefs.coef[valid], dtype=torch.float64, device=x.device)[:, None]
+            total.add_rows("delta", replica, taken * weight)
+        return coefs, total.delta
+
+
+@dataclass(frozen=True)
+class FedAsync(FedBuff):
+    """cadence=fedasync (Xie et al.): a server step per arrival (M = 1) that mixes models, x <- (1 - a) x + a x_k
+    with a = alpha s(tau); a slot holds its client's model x_v + Delta_k."""
+
+    alpha: float = 0.6
+
+    def held_update(self, update: torch.Tensor, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return update + x[rows].double()
+
+    def combine(self, e, state: RunState, cols: dict[str, np.ndarray], valid: np.ndarray,
+                held: torch.Tensor) -> tuple[Coefficients, torch.Tensor]:
+        """Delta = a (x_k - x) of each replica's one arrival x_k, so the server's sgd step (server_lr 1) gives
+        x <- (1 - a) x + a x_k; a = alpha s(tau) [R, 1] (0 on a replica nothing arrived to)."""
+        x = state.x
+        a = self.alpha * np.where(valid, self.staleness.weight(state.round - cols["version"]), 0.0)
+        rs, ws = np.nonzero(valid)
+        replica = torch.as_tensor(rs, device=x.device)
+        models = held[replica, torch.as_tensor(ws, device=x.device)]  # [n, dim]
+        nan = np.full(len(a), np.nan)
+        weight = torch.as_tensor(a[valid], dtype=torch.float64, device=x.device)[:, None]
+        delta = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+        return (Coefficients(a, nan, nan.copy(), nan.copy()),
+                delta.index_add_(0, replica, weight * (models - x[replica].double())))

@@ -158,7 +158,7 @@ def _scales_with_steps(cfg: dict[str, Any], algorithm: Algorithm, layout: Replic
     """Whether a round's counters are E times those of E = 1 (bytes: equal), replica by replica, so that E's rounds
     follow from one replay. They are when every sampled client makes exactly E steps (the built-in `steps` local
     work, no FedAvg-min: tau = E x the layout's tau_factor), which clients train is the sampler's choice alone (the
-    FedAvg coefficients are the selection's weights q, whatever tau: Engine._count counts coefficient != 0), and no
+    FedAvg coefficients are the selection's weights q, whatever tau: Engine.count counts coefficient != 0), and no
     other part reads E (their factories' signatures; the replica layout compared): then local_steps adds E x
     tau_factor per round with a client, grad_evals E x tau_factor x b per client, bytes nothing that depends on E."""
     if type(algorithm.local_work) is not FixedSteps:
@@ -182,7 +182,7 @@ def _replay(cfg: dict[str, Any], problem, algorithm: Algorithm, layout: ReplicaL
     settings = RunSettings.from_config(cfg)
     compression = compression_for(settings, problem)
     stages = Stages([] if compression is None else [compression])
-    clock = clock_for(settings, algorithm, problem, client_bytes(problem, algorithm.solver, stages), stages)
+    clock = clock_for(settings, algorithm, problem, client_bytes(problem, algorithm.solver, stages))
     engine = Engine(problem, algorithm, None, rounds=settings.rounds, seed=settings.seed, replicas=settings.replicas,
                     eval_every=1, layout=layout, network=NetworkModel.of(settings.network), stages=stages,
                     clock=clock)
@@ -190,7 +190,7 @@ def _replay(cfg: dict[str, Any], problem, algorithm: Algorithm, layout: ReplicaL
     spent: list[int] = []
     for rnd in range(MAX_ROUNDS):
         plan, _ = engine.plan_round(rnd, state.counters["sim_s"])
-        engine._count(state, plan)  # the engine's own accounting, so Parquet agrees with the plan
+        engine.count(state, plan)  # the engine's own accounting, so Parquet agrees with the plan
         c = state.counters
         cost = c["bytes_up"] + c["bytes_down"] if kind == "bytes" else c[kind]
         spent.append(int(np.max(cost)))

@@ -16,7 +16,8 @@ from fedharness.references.closed_forms import heterogeneity
 from fedharness.contracts import Callback
 from fedharness.registry.groups import METRICS
 from fedharness.core.checkpoint import checkpointed, load_resume
-from fedharness.core.engine import BatchedEngine, Engine, NetworkModel, client_bytes
+from fedharness.core.engine import BatchedEngine, Engine
+from fedharness.core.planning import NetworkModel, client_bytes
 from fedharness.core.executors import InlineExecutor, LoopExecutor
 from fedharness.core.kernels import resolve_kernel
 from fedharness.core.personal import Personal

@@ -31,7 +31,8 @@ from fedharness.algorithms.local_work import FixedSteps
 from fedharness.contracts import Algorithm, ReplicaLayout
 from fedharness.assembly.build import algorithm_for, compression_for
 from fedharness.assembly.systems import clock_for
-from fedharness.core.engine import Engine, NetworkModel, client_bytes
+from fedharness.core.engine import Engine
+from fedharness.core.planning import NetworkModel, client_bytes
 from fedharness.core.stages import Stages
 from fedharness.algorithms.series import build_series
 from fedharness.registry.binding import key_parameters

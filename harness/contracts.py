@@ -883,7 +883,7 @@ class RunState:
     server_ctx: ServerContext = field(default_factory=dict)  # the solver's server side (SCAFFOLD's c)
     series_state: list = field(default_factory=list)  # one AverageState per series hook
     wall_s: float = 0.0
-    # asynchronous aggregation (core/flight.py): the clients in flight, [R, C] arrays by name and their updates
+    # a cadence's state between versions (FedBuff's, algorithms/cadences.py): the clients in flight, [R, C] arrays by name and their updates
     # [R, C, dim]; {} for synchronous rounds
     in_flight: dict = field(default_factory=dict)
 
@@ -898,16 +898,16 @@ class Staleness(Protocol):
 
 
 class Cadence(Protocol):
-    """The shape of a server step (the `cadence` group, docs/extending.md): which clients start when, what a step
-    waits for, what it aggregates with which weights. The engine (core/engine.py) calls `step` once a server
-    version and gives it its primitives: plan_round (the sampler, local work, step sizes, aggregator coefficients
-    and the systems clock's round), train_round (train a plan's clients, the stages and the exact sum), count (the
-    counters of a trained plan), advance (the server optimizer's step to the next version), and its parts (alg,
-    problem, executor, stages, clock, layout). Built-ins: sync (rounds, with deadlines and over-selection on the
-    clock), fedbuff and fedasync (core/flight.py)."""
+    """The shape of a server step (the `cadence` group, algorithms/cadences.py, docs/extending.md): which clients
+    start when, what a step waits for, what it aggregates with which weights. The engine (core/engine.py) calls
+    `step` once a server version and lends it its primitives: plan_round (the sampler, local work, step sizes and
+    aggregator coefficients, settled on the systems clock), train_round (train a plan's clients through the stages
+    and the aggregator's sum), exact_sum (per-replica sums with a round's bits), count (the counters of a trained
+    plan), advance (the server optimizer's step to the next version), and its parts (alg, problem, executor,
+    stages, clock, layout). Subclass it: its own step is a synchronous round (cadence=sync)."""
 
-    # whether a client's update may join a later server version than the one it started from: then only stages
-    # that act on each update in its shard alone combine with it (assembly/stages.py)
+    # whether a client's update may join a later server version than the one it started from: then the run's
+    # stages must all act in the shards (Placement.SHARDS), where a stage means the same whichever step it joins
     spans_versions: bool = False
 
     def sampled(self, clients_per_round: int) -> int:
@@ -919,8 +919,12 @@ class Cadence(Protocol):
         return {}
 
     def step(self, engine: Any, state: RunState) -> RunState:
-        """One server version: from `state` (version state.round) to the next, through the engine's primitives."""
-        ...
+        """One server version, from `state` (version state.round) to the next: a synchronous round, plan, train,
+        count, step."""
+        plan, coefs = engine.plan_round(state.round, state.counters["sim_s"])
+        delta, sq_norms = engine.train_round(state, plan)
+        engine.count(state, plan)
+        return engine.advance(state, delta, plan.step_lrs[..., 0], coefs, **sq_norms)
 
 
 @dataclass

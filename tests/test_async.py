@@ -1,4 +1,4 @@
-"""Clients that are late: FedBuff and FedAsync on the simulated clock, in the one round loop (harness/core/flight.py),
+"""Clients that are late: FedBuff and FedAsync on the simulated clock, in the one round loop (algorithms/cadences.py),
 checked against synchronous FedAvg and an event-driven simulation written here."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import heapq
 import numpy as np
 import pytest
 
-import fedharness.core.flight as flight_module
+import fedharness.algorithms.cadences as flight_module
 from fedharness.base import streams
 from fedharness.cli import main
 from fedharness.config.load import load_settings

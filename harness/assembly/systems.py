@@ -12,8 +12,7 @@ from fedharness.algorithms.systems import (AlwaysOnline, ConstantStaleness, Duty
                                            TraceSpeeds)
 from fedharness.contracts import Cadence, Speeds, UpdateAggregator, UpdateStage
 from fedharness.core.clock import SystemsClock, transfer_s
-from fedharness.core.flight import FedAsync, FedBuff
-from fedharness.core.rounds import Synchronous
+from fedharness.algorithms.cadences import FedAsync, FedBuff, Synchronous
 from fedharness.core.slots import takes_online
 from fedharness.core.stages import Stages
 from fedharness.errors import require

@@ -26,11 +26,16 @@ from fedharness.core.buffers import average_into, buffer_dim, local_buffers
 from fedharness.core.clock import SystemsClock
 from fedharness.core.personal import FineTune, Personal
 from fedharness.core.planning import NetworkModel, Planning
-from fedharness.core.flight import flight_rows
-from fedharness.core.rounds import Synchronous
 from fedharness.core.slots import SlotSet, slot_algorithm, takes_online
 from fedharness.core.stages import Stages
 from fedharness.core.updates import aggregate_updates
+
+
+class _Rounds(Cadence):
+    """Synchronous rounds: the contract's own step (a run built without a cadence: tests, the tuning replay)."""
+
+
+SYNCHRONOUS = _Rounds()
 
 
 def _failed(err: BaseException) -> str:
@@ -71,7 +76,7 @@ class Engine(Planning):
                metrics: Sequence[Metric] = (), end_status: Callable[[BaseException], str] = _failed,
                stages: Stages | None = None, client_eval: np.ndarray | None = None, grad_norm: bool = True,
                personal: Personal | None = None, cadence: Cadence | None = None) -> None:
-        """`cadence` (the cadence group): the shape of a server step (None: synchronous rounds, core/rounds.py).
+        """`cadence` (the cadence group): the shape of a server step (None: synchronous rounds).
         `clock` (the systems section, core/clock.py): clients' own speeds and availability, deadlines and
         over-selection on each replica's sim_s; None: every client the `network`'s, always online, no deadline.
         `stages` (the `stages` key): what happens to the updates between training and the server optimizer
@@ -90,7 +95,7 @@ class Engine(Planning):
         self.rounds, self.seed = int(slots.rounds.max()), int(slots.seeds[0])
         self.network = network or NetworkModel()
         self.clock = clock
-        self.cadence = cadence or Synchronous()
+        self.cadence = cadence or SYNCHRONOUS
         self._sampler_online = clock is not None and not clock.always_online and takes_online(algorithm.sampler)
         self._sim_seconds: np.ndarray | None = None  # the planned round's length [R] on the systems clock
         self._downloads: np.ndarray | None = None  # [R] the clients the model reached (the clock: even if dropped)
@@ -477,8 +482,7 @@ class BatchedEngine(Engine):
         state.server_state = {k: v[index] for k, v in state.server_state.items()}
         state.server_ctx = {k: v[index] for k, v in state.server_ctx.items()}
         state.counters = {k: v[rows] for k, v in state.counters.items()}
-        if state.in_flight:
-            state.in_flight = flight_rows(state.in_flight, rows)
+        state.in_flight = {k: v[index] if isinstance(v, torch.Tensor) else v[rows] for k, v in state.in_flight.items()}
         self._last_lr = self._last_lr[rows]
         if self._last_diag is not None:
             d = self._last_diag

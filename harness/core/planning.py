@@ -11,6 +11,8 @@ import torch
 
 from fedharness.contracts import Coefficients, LocalSolver, Problem, RoundPlan, RunState, Selection
 from fedharness.core.clock import link_seconds, rescaled
+from fedharness.core.exact_sum import Grids
+from fedharness.core.executors import ShardResult
 from fedharness.core.stages import Stages
 
 
@@ -83,6 +85,16 @@ class Planning:
 
     def client_bytes(self) -> tuple[int, int]:
         return client_bytes(self.problem, self.alg.solver, self.stages)
+
+    @staticmethod
+    def exact_sum(x: torch.Tensor, replica: torch.Tensor, rows: torch.Tensor, most: int) -> torch.Tensor:
+        """[R, dim] float64: row i of `rows` [n, dim] float64 added to replica replica[i]'s sum, exactly as a
+        round's shards sum (core/exact_sum.py: the same bits in any order or split); `most`: the most rows a
+        replica adds."""
+        total = ShardResult(tuple(x.shape), x.device, grids=Grids(x, {}, most))
+        if len(replica):
+            total.add_rows("delta", replica, rows)
+        return total.delta
 
     def count(self, state: RunState, plan: RoundPlan) -> None:
         """Add a trained round's plan to the counters (what Parquet's rounds/ records; the tuning budget replays

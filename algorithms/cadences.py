@@ -1,5 +1,5 @@
-"""Asynchronous aggregation on the simulated clock: FedBuff and FedAsync as start and wait rules of the one round
-loop (harness/core/engine.py; docs/async.md).
+"""The cadences (contracts.Cadence, the `cadence` group): synchronous rounds, and FedBuff and FedAsync as start and
+wait rules on the simulated clock, run by the one round loop (harness/core/engine.py; docs/async.md).
 
 Each engine step is one server version v, run as events on each replica's clock t (sim_s), one arrival a pass
 (Nguyen et al.'s Algorithm 1):
@@ -33,10 +33,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from fedharness.contracts import (Coefficients, Online, RoundPlan, RunState, Selection, Staleness,
+from fedharness.contracts import (Cadence, Coefficients, Online, RoundPlan, RunState, Selection, Staleness,
                                   WeightStats)
-from fedharness.core.exact_sum import Grids
-from fedharness.core.executors import ShardResult
 
 EMPTY = -1  # the client id of a free slot
 PASS_SHIFT = 32  # a refill's sampler key: v + pass << 32 (pass 0: v, the synchronous round's key)
@@ -84,12 +82,6 @@ def empty_flight(replicas: int, concurrency: int, dim: int, device) -> dict:
     flight["client"][:] = EMPTY
     flight["update"] = torch.zeros(replicas, concurrency, dim, dtype=torch.float64, device=device)
     return flight
-
-
-def flight_rows(flight: dict, rows: np.ndarray) -> dict:
-    """The flight of replica rows `rows` only (a batch whose slots left)."""
-    index = torch.as_tensor(rows, device=flight["update"].device)
-    return {k: v[index] if isinstance(v, torch.Tensor) else v[rows] for k, v in flight.items()}
 
 
 @dataclass
@@ -204,11 +196,18 @@ def packed(taken: list[list[dict]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return cols, valid
 
 
-# --- the cadences (contracts.Cadence): a server version's events, then its starters trained and its step ---------
+# --- the cadences (contracts.Cadence) ------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class FedBuff:
+class Synchronous(Cadence):
+    """cadence=sync: rounds. Every sampled client starts from the server's model and the server waits for the
+    round's clients: on the systems clock those online, in time for the deadline, the first K to finish with
+    over-selection (core/clock.py settles the plan). The contract's own step."""
+
+
+@dataclass(frozen=True)
+class FedBuff(Cadence):
     """cadence=fedbuff (Nguyen et al.): C clients in flight, a server step after every M taken arrivals, each update
     weighted by s(tau) (the staleness part), one more than max_staleness versions old dropped; `refill`: arrival
     (a freed slot starts a client at once) | step (at the next server step, FedScale's)."""
@@ -340,11 +339,8 @@ class FedBuff:
                                               np.where(valid, cols["tau"], 1))
         if not valid.all():
             coefs.idle(~valid.any(axis=1))
-        total = ShardResult(tuple(x.shape), x.device, grids=Grids(x, {}, self.buffer))
-        if len(replica):
-            weight = torch.as_tensor(coefs.coef[valid], dtype=torch.float64, device=x.device)[:, None]
-            total.add_rows("delta", replica, taken * weight)
-        return coefs, total.delta
+        weight = torch.as_tensor(coefs.coef[valid], dtype=torch.float64, device=x.device)[:, None]
+        return coefs, e.exact_sum(x, replica, taken * weight, self.buffer)
 
 
 @dataclass(frozen=True)

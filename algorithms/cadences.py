@@ -27,6 +27,7 @@ float64: C x dim x 8 bytes per replica, checkpointed with the run, so a resume c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -35,6 +36,8 @@ import torch
 
 from fedharness.contracts import (Cadence, Coefficients, Online, RoundPlan, RunState, Selection, Staleness,
                                   WeightStats)
+from fedharness.keys import choice, integer, number
+from fedharness.registry.groups import CADENCES
 
 EMPTY = -1  # the client id of a free slot
 PASS_SHIFT = 32  # a refill's sampler key: v + pass << 32 (pass 0: v, the synchronous round's key)
@@ -199,11 +202,30 @@ def packed(taken: list[list[dict]]) -> tuple[dict[str, np.ndarray], np.ndarray]:
 # --- the cadences (contracts.Cadence) ------------------------------------------------------------------------
 
 
+@CADENCES.register("sync", keys={
+    "deadline_s": number("a round's deadline (s): a client not done by then is dropped (or, with late_work=partial, "
+                         "sends the steps it finished)", lo=0, lo_open=True,
+                         null="no deadline: the round waits for every kept client"),
+    "over_selection": number("sample ceil(over_selection K) clients, keep the first K to finish", lo=1),
+    "late_work": choice("a client the deadline cuts off: drop (its update is lost) | partial (it sends the local "
+                        "steps it finished in time, as FedNova's tau_i)", ("drop", "partial"))})
 @dataclass(frozen=True)
 class Synchronous(Cadence):
-    """cadence=sync: rounds. Every sampled client starts from the server's model and the server waits for the
-    round's clients: on the systems clock those online, in time for the deadline, the first K to finish with
-    over-selection (core/clock.py settles the plan). The contract's own step."""
+    """Rounds: every sampled client starts from the server's model, and the server waits for the round's clients.
+
+    On the systems clock those online, in time for the deadline, the first K to finish with over-selection
+    (core/clock.py settles the plan). The contract's own step."""
+
+    deadline_s: float | None = None
+    over_selection: float = 1.0
+    late_work: str = "drop"
+    retry_s: float = 60.0
+
+    def sampled(self, clients_per_round: int) -> int:
+        """ceil(over_selection K) with over-selection (the first K to finish are kept), else K."""
+        if self.over_selection == 1:
+            return clients_per_round
+        return math.ceil(self.over_selection * clients_per_round - 1e-9)
 
 
 @dataclass(frozen=True)
@@ -217,6 +239,7 @@ class FedBuff(Cadence):
     max_staleness: int | None
     staleness: Staleness
     refill: str = "arrival"
+    retry_s: float = 60.0
 
     spans_versions = True
 
@@ -244,7 +267,7 @@ class FedBuff(Cadence):
             return e.alg.sampler.select(e.seed, e.stream_replicas, key, e.problem.weights, online=busy)
 
         version = run_version(f, v, state.counters["sim_s"], self, online, select, self._refill_prepare(e, v),
-                              e.clock.retry_s)
+                              self.retry_s)
         cols, valid = packed(version.taken)
         held = self._held(f, cols, valid)  # before the starters' updates fill the slots their arrivals freed
         first, starts, work = self._train_starters(e, state, version.started, cols, valid, held)
@@ -367,3 +390,35 @@ class FedAsync(FedBuff):
         delta = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
         return (Coefficients(a, nan, nan.copy(), nan.copy()),
                 delta.index_add_(0, replica, weight * (models - x[replica].double())))
+
+
+# the keys of the asynchronous cadences (`cadence.KEY=V` with cadence=fedbuff or fedasync)
+CONCURRENCY = integer("C, the clients in flight (at most N)", lo=1, null="algorithm.clients_per_round")
+REFILL = choice("when a slot its client's arrival freed starts a new client: arrival (at once, from the version "
+                "current then: Nguyen et al.'s Algorithm 1) | step (at the next server step: FedScale's)",
+                ("arrival", "step"))
+MAX_STALENESS = integer("an update more server versions stale than this is dropped", lo=0, null="no limit")
+
+
+@CADENCES.register("fedbuff", keys={
+    "concurrency": CONCURRENCY, "refill": REFILL, "max_staleness": MAX_STALENESS,
+    "buffer": integer("M, the arrivals each server step aggregates (at most C)", lo=1,
+                      null="algorithm.clients_per_round")})
+def fedbuff(staleness: Staleness, clients_per_round: int, concurrency: int | None = None, buffer: int | None = None,
+            refill: str = "arrival", max_staleness: int | None = None, retry_s: float = 60.0) -> FedBuff:
+    """C clients in flight, a server step after every M arrivals, each update weighted by s(tau) (the staleness
+    group)."""
+    C = clients_per_round if concurrency is None else concurrency
+    M = clients_per_round if buffer is None else buffer
+    return FedBuff(int(C), int(M), max_staleness, staleness, refill, float(retry_s))
+
+
+@CADENCES.register("fedasync", keys={
+    "concurrency": CONCURRENCY, "refill": REFILL, "max_staleness": MAX_STALENESS,
+    "alpha": number("the mixing weight a of x <- (1 - a s(tau)) x + a s(tau) x_k", lo=0, hi=1, lo_open=True)})
+def fedasync(staleness: Staleness, clients_per_round: int, concurrency: int | None = None, refill: str = "arrival",
+             max_staleness: int | None = None, alpha: float = 0.6, retry_s: float = 60.0) -> FedAsync:
+    """C clients in flight, a server step per arrival that mixes models, x <- (1 - a) x + a x_k, a = alpha
+    s(tau)."""
+    C = clients_per_round if concurrency is None else concurrency
+    return FedAsync(int(C), 1, max_staleness, staleness, refill, float(retry_s), float(alpha))

@@ -21,7 +21,7 @@ from test_systems import (BW_SIGMA, DIM, DUTY, K, LR, MB_PER_S, N, PERIOD, SEED,
                           client_profile, quadratic, rows)
 from test_systems import world_rows as systems_world_rows
 
-LOGNORMAL = ["systems.speed=lognormal", f"systems.speed_sigma={SIGMA}", f"systems.bandwidth_sigma={BW_SIGMA}"]
+LOGNORMAL = ["speed=lognormal", f"speed.step_sigma={SIGMA}", f"speed.bandwidth_sigma={BW_SIGMA}"]
 
 
 # --- a: the synchronous round is the special case C = M = K ----------------------------------------------------
@@ -41,8 +41,8 @@ def test_fedbuff_with_c_and_m_equal_to_k_and_equal_profiles_is_synchronous_fedav
     steps = [] if refill == "step" else [f"algorithm.client_steps=[{','.join(['3'] * N)}]"]
     common = ["rounds=6", "replicas=2", "eval_every=1", f"results_dir={tmp_path}",
               f"algorithm.aggregator={aggregator}", *steps, *compress]
-    runs = {"sync": [], "fedbuff": ["systems.mode=fedbuff", f"systems.concurrency={K}", f"systems.buffer={K}",
-                                    f"systems.refill={refill}"]}
+    runs = {"sync": [], "fedbuff": ["cadence=fedbuff", f"cadence.concurrency={K}", f"cadence.buffer={K}",
+                                    f"cadence.refill={refill}"]}
     got = {}
     for name, extra in runs.items():
         assert execute(load_settings(quadratic(*common, *extra)), run_id=name).status == "ok"
@@ -143,12 +143,13 @@ def recorded_run(settings, monkeypatch):
 def test_fedbuff_and_fedasync_follow_an_event_driven_simulation(mode, C, M, max_staleness, duty, refill, monkeypatch,
                                                                 tmp_path):
     versions, alpha, exponent = 25, 0.6, 0.5
-    availability = ["systems.availability=duty_cycle", f"systems.duty_cycle={DUTY}", f"systems.period_s={PERIOD}"]
+    availability = ["availability=duty_cycle", f"availability.duty_cycle={DUTY}", f"availability.period_s={PERIOD}"]
     settings = load_settings(quadratic(
-        f"rounds={versions}", f"results_dir={tmp_path}", *LOGNORMAL, f"systems.mode={mode}",
-        f"systems.concurrency={C}", f"systems.buffer={M}", f"systems.alpha={alpha}", f"systems.refill={refill}",
-        f"systems.max_staleness={'null' if max_staleness is None else max_staleness}",
-        f"systems.staleness_exponent={exponent}", *(availability if duty else [])))
+        f"rounds={versions}", f"results_dir={tmp_path}", *LOGNORMAL, f"cadence={mode}",
+        f"cadence.concurrency={C}", f"cadence.refill={refill}",
+        *([f"cadence.alpha={alpha}"] if mode == "fedasync" else [f"cadence.buffer={M}"]),
+        f"cadence.max_staleness={'null' if max_staleness is None else max_staleness}",
+        f"staleness.exponent={exponent}", *(availability if duty else [])))
     run, x0, events, final, got = recorded_run(settings, monkeypatch)
     want, x, log = simulate(run.problem.e_np, x0, versions, mode, C, M, max_staleness, alpha, exponent, duty, refill)
     assert events == want
@@ -179,7 +180,7 @@ def assert_same_log(got: list, want: list) -> None:
 
 
 def equal_profile(client: int) -> tuple[float, float, float]:
-    """systems.speed=equal: every client has the network's step time and bandwidth (and phase 0)."""
+    """speed=equal: every client has the network's step time and bandwidth (and phase 0)."""
     return STEP_S, MB_PER_S, 0.0
 
 
@@ -191,8 +192,8 @@ def test_simultaneous_arrivals_follow_the_tie_rule_of_each_refill(refill, monkey
     step starts its clients); refill=arrival takes arrivals at one instant first, then fills all 6 slots."""
     C, M, versions, steps = 6, 4, 8, [3] * N
     settings = load_settings(quadratic(
-        f"rounds={versions}", f"results_dir={tmp_path}", "systems.mode=fedbuff", f"systems.concurrency={C}",
-        f"systems.buffer={M}", f"systems.refill={refill}", f"algorithm.client_steps=[{','.join(map(str, steps))}]"))
+        f"rounds={versions}", f"results_dir={tmp_path}", "cadence=fedbuff", f"cadence.concurrency={C}",
+        f"cadence.buffer={M}", f"cadence.refill={refill}", f"algorithm.client_steps=[{','.join(map(str, steps))}]"))
     run, x0, _, final, got = recorded_run(settings, monkeypatch)
     _, x, want = simulate(run.problem.e_np, x0, versions, "fedbuff", C, M, None, 0.6, 0.5, False, refill,
                           equal_profile, steps)
@@ -219,14 +220,15 @@ def test_staleness_functions_are_fedasyncs_and_fedbuffs():
 # --- c: bad input ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides,key,allowed", [
-    (["systems.mode=fedbuff", "systems.concurrency=13"], "'systems.concurrency': 13", "at most the 12 clients"),
-    (["systems.mode=fedbuff", "systems.concurrency=4", "systems.buffer=5"], "'systems.buffer': 5", "at most"),
-    (["systems.mode=fedbuff", "systems.max_staleness=-1"], "'systems.max_staleness': -1", ">= 0"),
-    (["systems.mode=fedasync", "systems.alpha=0"], "'systems.alpha': 0", "(0, 1]"),
-    (["systems.mode=fedasync", "systems.alpha=1.5"], "'systems.alpha': 1.5", "(0, 1]"),
-    (["systems.mode=fedbuff", "systems.deadline_s=30"], "'systems.deadline_s': 30", "null with mode=fedbuff"),
-    (["systems.mode=fedbuff", "algorithm.sampler=yang_s1"], "'algorithm.sampler': 'yang_s1'", "without"),
-    (["systems.mode=fedasync", "attack=sign_flip", "algorithm.aggregator=mean"], "'stages': ['Adversary']",
+    (["cadence=fedbuff", "cadence.concurrency=13"], "'cadence.concurrency': 13", "at most the 12 clients"),
+    (["cadence=fedbuff", "cadence.concurrency=4", "cadence.buffer=5"], "'cadence.buffer': 5", "at most"),
+    (["cadence=fedbuff", "cadence.max_staleness=-1"], "'cadence.max_staleness': -1", ">= 0"),
+    (["cadence=fedasync", "cadence.alpha=0"], "'cadence.alpha': 0", "(0, 1]"),
+    (["cadence=fedasync", "cadence.alpha=1.5"], "'cadence.alpha': 1.5", "(0, 1]"),
+    (["cadence=fedbuff", "cadence.deadline_s=30"], "'cadence.deadline_s': '30'", "no such key; keys of 'cadence'"),
+    (["systems.mode=fedbuff"], "'systems.mode': 'fedbuff'", "it is now cadence=NAME"),  # the old spelling
+    (["cadence=fedbuff", "algorithm.sampler=yang_s1"], "'algorithm.sampler': 'yang_s1'", "without"),
+    (["cadence=fedasync", "attack=sign_flip", "algorithm.aggregator=mean"], "'stages': ['Adversary']",
      "(compression)"),
 ])
 def test_bad_async_input_one_message_exit_2_no_files(overrides, key, allowed, tmp_path, capsys):
@@ -242,15 +244,15 @@ def test_updates_in_flight_beyond_the_memory_budget_are_refused(tmp_path, capsys
     results = tmp_path / "results"
     # 12 clients x 3 floats x 8 bytes x 2 replicas = 576 bytes in flight; the budget, 300, trains one copy (240)
     assert main(["run", f"results_dir={results}", *quadratic("rounds=2", "replicas=2", "memory_budget_gb=3e-7"),
-                 "systems.mode=fedbuff", "systems.concurrency=12", "systems.buffer=2"]) == 2
+                 "cadence=fedbuff", "cadence.concurrency=12", "cadence.buffer=2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "'systems.concurrency': 12" in err[0] and "memory_budget_gb" in err[0], err
+    assert len(err) == 1 and "'cadence.concurrency': 12" in err[0] and "memory_budget_gb" in err[0], err
     assert not results.exists()
 
 
 # --- d: the same bits on shards, in a batch of seeds, resumed mid-flight ----------------------------------------
 
-WORLD = [*LOGNORMAL, "systems.mode=fedbuff", "systems.concurrency=6", "systems.buffer=2", "systems.max_staleness=3",
+WORLD = [*LOGNORMAL, "cadence=fedbuff", "cadence.concurrency=6", "cadence.buffer=2", "cadence.max_staleness=3",
          "dataset.data_seed=0", "replicas=2", "rounds=30", "eval_every=10"]
 
 

@@ -132,11 +132,11 @@ def test_a_full_disk_during_the_run_is_one_line(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("algorithm,override,key", [
     ("fedexp", "algorithm.aggregator=fednova", "algorithm.aggregator"),
     ("fedexp", "algorithm.aggregator=median", "algorithm.aggregator"),
-    ("fedexp", "systems.mode=fedbuff", "systems.mode"),
+    ("fedexp", "cadence=fedbuff", "cadence"),
     ("mime", "algorithm.server_optimizer=adam", "algorithm.server_optimizer"),
     ("mime", "algorithm.aggregator=fednova", "algorithm.aggregator"),
     ("mimelite", "algorithm.momentum=0.5", "algorithm.momentum"),
-    ("mime", "systems.mode=fedbuff", "systems.mode"),
+    ("mime", "cadence=fedbuff", "cadence"),
 ])
 def test_fedexp_and_mime_refuse_combinations_their_papers_do_not_define(tmp_path, algorithm, override, key):
     with pytest.raises(ConfigError) as err:

@@ -8,7 +8,7 @@ from fedharness.algorithms.byzantine import Adversary
 from fedharness.algorithms.compression import Compression
 from fedharness.algorithms.registry import build_algorithm
 from fedharness.assembly.privacy import privacy_for
-from fedharness.assembly.systems import sampled_per_round
+from fedharness.assembly.systems import cadence_for
 from fedharness.config.schema import check_data_clients, stage_name
 from fedharness.contracts import Attack, Compressor, CopyEvaluation, IndependentInclusion, Labelled, UpdateAggregator, \
     UpdateStage
@@ -25,12 +25,11 @@ from fedharness.settings import RunSettings
 
 
 def algorithm_for(settings: RunSettings, problem):
-    """The algorithm's parts; its sampler draws ceil(over_selection K) clients where systems over-select, C
-    (systems.concurrency) a server version with asynchronous aggregation."""
+    """The algorithm's parts; its sampler draws what the cadence asks of it (Cadence.sampled: ceil(over_selection K)
+    where rounds over-select, C a server version for FedBuff and FedAsync)."""
     keys = {**settings.algorithm.as_dict(), "rounds": settings.rounds}  # schedules: rounds
-    if (settings.systems.over_selection != 1 or settings.systems.mode != "sync") \
-            and keys.get("clients_per_round") is not None:
-        keys["clients_per_round"] = sampled_per_round(settings)
+    if keys.get("clients_per_round") is not None:
+        keys["clients_per_round"] = cadence_for(settings).sampled(int(keys["clients_per_round"]))
     return build_algorithm(keys, problem)
 
 

@@ -94,7 +94,8 @@ def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Pre
     resumed_kernel = checkpointed(settings, "kernel", store) if settings.resume else None
     settings = settings.replace(kernel=resolve_kernel(settings, problem, resumed_kernel))
     cadence = cadence_for(settings, algorithm, problem, stages)
-    clock = clock_for(settings, algorithm, problem, client_bytes(problem, algorithm.solver, stages or Stages()))
+    clock = clock_for(settings, algorithm, problem, client_bytes(problem, algorithm.solver, stages or Stages()),
+                      cadence)
     reference = run_reference(settings, problem)  # per `reference: auto | on | off`
     return Prepared(settings, problem, algorithm, reference, layout, series, stages, clock, cadence)
 

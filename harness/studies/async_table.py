@@ -40,24 +40,25 @@ def _float(value) -> float:
 
 def _row(cfg: dict) -> dict:
     """The table row a flattened config is: mode, C, M, alpha, staleness weight and limit, deadline, late work."""
-    mode = str(cfg.get("systems.mode") or "sync")
-    deadline = _float(cfg.get("systems.deadline_s"))
+    mode = str(cfg.get("cadence.name") or "sync")
+    deadline = _float(cfg.get("cadence.deadline_s"))
     K = int(cfg.get("algorithm.clients_per_round"))
-    concurrency = int(cfg.get("systems.concurrency") or K) if mode != "sync" else K
-    buffer = cfg.get("systems.buffer")
+    concurrency = int(cfg.get("cadence.concurrency") or K) if mode != "sync" else K
+    buffer = cfg.get("cadence.buffer")
     buffer = K if mode == "sync" else (1 if mode == "fedasync" else int(buffer or K))
-    staleness = str(cfg.get("systems.staleness") or "poly")
-    weight = "constant" if staleness == "constant" else f"{staleness} {float(cfg.get('systems.staleness_exponent')):g}"
+    staleness = str(cfg.get("staleness.name") or "poly")
+    slope = cfg.get("staleness.slope" if staleness == "hinge" else "staleness.exponent")
+    weight = "constant" if staleness == "constant" else f"{staleness} {float(slope):g}"
     if staleness == "hinge":
-        weight += f", cutoff {int(cfg.get('systems.staleness_cutoff'))}"
+        weight += f", cutoff {int(cfg.get('staleness.cutoff'))}"
     return {"mode": mode, "C": concurrency, "M": buffer,
-            "alpha": float(cfg.get("systems.alpha")) if mode == "fedasync" else math.nan,
+            "alpha": float(cfg.get("cadence.alpha")) if mode == "fedasync" else math.nan,
             "staleness": weight if mode != "sync" else "–",
-            "max_staleness": _float(cfg.get("systems.max_staleness")) if mode != "sync" else math.nan,
+            "max_staleness": _float(cfg.get("cadence.max_staleness")) if mode != "sync" else math.nan,
             "algorithm": "FedNova" if cfg.get("algorithm.aggregator") == "fednova" else "FedAvg",
             "model": str(cfg.get("model.name")), "deadline_s": deadline,
-            "late_work": str(cfg.get("systems.late_work") or "drop") if not np.isnan(deadline) else "–",
-            "speed": str(cfg.get("systems.speed") or "equal"), "speed_label": _speed_label(cfg),
+            "late_work": str(cfg.get("cadence.late_work") or "drop") if not np.isnan(deadline) else "–",
+            "speed": str(cfg.get("speed.name") or "equal"), "speed_label": _speed_label(cfg),
             "availability": _availability_label(cfg), "K": K,
             "step_s": float(cfg.get("network.compute_s_per_step") or 0.0),
             "bandwidth": float(cfg.get("network.bandwidth_MB_per_s"))}

@@ -40,30 +40,30 @@ def problem_label(problem: str, model: str) -> str:
 
 
 def _deadline(cfg: dict) -> float:
-    value = cfg.get("systems.deadline_s")
+    value = cfg.get("cadence.deadline_s")
     return math.nan if value is None else float(value)
 
 
 def _speed_label(cfg: dict) -> str:
     """The speed profile and its parameters, in words."""
-    speed = cfg.get("systems.speed") or "equal"
+    speed = cfg.get("speed.name") or "equal"
     if speed == "lognormal":
-        return f"lognormal (speed_sigma {cfg.get('systems.speed_sigma'):g}, " \
-               f"bandwidth_sigma {cfg.get('systems.bandwidth_sigma'):g})"
+        return f"lognormal (speed_sigma {cfg.get('speed.step_sigma'):g}, " \
+               f"bandwidth_sigma {cfg.get('speed.bandwidth_sigma'):g})"
     if speed == "slow_tail":
-        return f"slow_tail ({100 * float(cfg.get('systems.slow_fraction')):g}% of clients " \
-               f"{float(cfg.get('systems.slow_factor')):g}x slower per step)"
+        return f"slow_tail ({100 * float(cfg.get('speed.fraction')):g}% of clients " \
+               f"{float(cfg.get('speed.factor')):g}x slower per step)"
     if speed == "trace":
-        return f"trace ({cfg.get('systems.device_trace')})"
+        return f"trace ({cfg.get('speed.file')})"
     return "equal"
 
 
 def _availability_label(cfg: dict) -> str:
-    availability = cfg.get("systems.availability") or "always"
+    availability = cfg.get("availability.name") or "always"
     if availability == "duty_cycle":
-        return f"duty_cycle {float(cfg.get('systems.duty_cycle')):g} of {float(cfg.get('systems.period_s')):g} s"
+        return f"duty_cycle {float(cfg.get('availability.duty_cycle')):g} of {float(cfg.get('availability.period_s')):g} s"
     if availability == "trace":
-        return f"trace ({cfg.get('systems.availability_trace')})"
+        return f"trace ({cfg.get('availability.file')})"
     return availability
 
 
@@ -72,9 +72,9 @@ def _row(cfg: dict) -> dict:
     deadline = _deadline(cfg)
     return {"algorithm": "FedNova" if cfg.get("algorithm.aggregator") == "fednova" else "FedAvg",
             "model": str(cfg.get("model.name")), "deadline_s": deadline,
-            "late_work": str(cfg.get("systems.late_work") or "drop") if not np.isnan(deadline) else "–",
-            "over_selection": float(cfg.get("systems.over_selection") or 1.0),
-            "speed": str(cfg.get("systems.speed") or "equal"), "speed_label": _speed_label(cfg),
+            "late_work": str(cfg.get("cadence.late_work") or "drop") if not np.isnan(deadline) else "–",
+            "over_selection": float(cfg.get("cadence.over_selection") or 1.0),
+            "speed": str(cfg.get("speed.name") or "equal"), "speed_label": _speed_label(cfg),
             "availability": _availability_label(cfg), "K": int(cfg.get("algorithm.clients_per_round")),
             "step_s": float(cfg.get("network.compute_s_per_step") or 0.0),
             "bandwidth": float(cfg.get("network.bandwidth_MB_per_s"))}

@@ -829,6 +829,9 @@ class ClientWork(Protocol):
         return delta, {}
 
 
+SHARDS, ROUND = "shards", "round"  # an UpdateStage's place
+
+
 @runtime_checkable
 class UpdateStage(Protocol):
     """A step of what happens to the clients' updates between their training and the server optimizer
@@ -839,9 +842,18 @@ class UpdateStage(Protocol):
     keeps it and the rounds/ table records it; `needs` names the capabilities the run must have, checked before
     it starts: "updates" (an aggregator that sees every update), "poisson" (a sampler of independent inclusion,
     contracts.IndependentInclusion), "labels" (a problem with class labels, contracts.Labelled). Subclass it for
-    the defaults: no state, no work, everything passed on unchanged."""
+    the defaults: no state, no work, everything passed on unchanged.
+
+    A stage declares its place, and the checks read the declarations (no stage is named in them): `place` SHARDS,
+    it acts on each update in its shard alone with no per-replica state (compression), so it means the same
+    whichever server step an update joins (a cadence whose updates span versions takes only such stages); ROUND
+    (the default), it acts on a round's updates or aggregate, or keeps per-replica state (privacy, attacks).
+    `last`: its change to each update in the shards must be the last before the sum, so no SHARDS stage may follow
+    it in `stages` (DP-FedAvg's clipping: its guarantee bounds what is summed)."""
 
     needs: frozenset[str] = frozenset()
+    place: str = "round"  # SHARDS | ROUND
+    last: bool = False
 
     def init_counters(self, replicas: int) -> dict[str, np.ndarray]:
         """The stage's per-replica state at round 0, by name (a rounds/ column where the table has one)."""

@@ -9,7 +9,7 @@ import numpy as np
 
 from fedharness.algorithms.cadences import FedBuff, Synchronous
 from fedharness.algorithms.systems import EqualSpeeds, LognormalSpeeds, SlowTailSpeeds, TraceSpeeds
-from fedharness.contracts import Availability, Cadence, Speeds, UpdateAggregator, UpdateStage
+from fedharness.contracts import SHARDS, Availability, Cadence, Speeds, UpdateAggregator
 from fedharness.core.clock import SystemsClock, transfer_s
 from fedharness.core.slots import takes_online
 from fedharness.core.stages import Stages
@@ -98,7 +98,7 @@ def check_async_parts(settings: RunSettings, algorithm, stages: Stages) -> None:
             f"a sampler without replacement that skips the clients in flight {why}: scheme_ii, "
             "scheme_ii_transformed, original or yang_s2")
     require(float(alg.dropout or 0) == 0, "algorithm.dropout", alg.dropout, f"0 {why} (use availability=...)")
-    driver_side = [type(st).__name__ for st in stages.stages if not acts_in_shards_only(st)]
+    driver_side = [type(st).__name__ for st in stages.stages if st.place != SHARDS]
     require(not driver_side, "stages", driver_side, f"only stages that act on each update in the shards alone "
             f"(compression) {why}: privacy and attacks act on a round's updates or aggregate")
     require(not isinstance(algorithm.aggregator, UpdateAggregator), "algorithm.aggregator", alg.aggregator,
@@ -106,15 +106,6 @@ def check_async_parts(settings: RunSettings, algorithm, stages: Stages) -> None:
     require(name != "fedasync" or alg.aggregator == "fedavg", "algorithm.aggregator", alg.aggregator,
             "fedavg with cadence=fedasync (it mixes models: x <- (1 - a) x + a x_k)")
     require(algorithm.solver.comm_factor == 1, "algorithm.solver", alg.solver, f"a solver without server state {why}")
-
-
-def acts_in_shards_only(stage: UpdateStage) -> bool:
-    """Whether the stage only changes each client's update in its shard (compression): no per-replica state, no
-    work on a round's updates or aggregate, no capability needed. Such a stage means the same whichever server
-    step an update joins."""
-    kind = type(stage)
-    return (not stage.needs and kind.init_counters is UpdateStage.init_counters
-            and kind.on_updates is UpdateStage.on_updates and kind.on_aggregate is UpdateStage.on_aggregate)
 
 
 def check_over_selection(cadence: Synchronous, settings: RunSettings, algorithm, num_clients: int) -> None:

@@ -411,10 +411,6 @@ def stages_known(cfg: dict[str, Any]) -> None:
     if compress is not None and compress.get("name") != NONE:
         require("compress" in names, "stages", names, f"a list with compress in it: compress={compress['name']} runs "
                 "as the stage 'compress' (e.g. stages=[attack,compress,dp])")
-        if "dp" in names and (dp.get("noise_multiplier") is not None or dp.get("target_epsilon") is not None):
-            require(names.index("compress") < names.index("dp"), "stages", names, "compress before dp "
-                    "(e.g. stages=[attack,compress,dp]): DP-FedAvg's guarantee needs its clipping to be the last "
-                    "change to each update before the sum (error feedback would add unclipped residuals after it)")
 
 
 def dp_covered(cfg: dict[str, Any]) -> None:

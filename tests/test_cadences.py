@@ -20,9 +20,9 @@ from fedharness.algorithms.systems import ConstantStaleness
 from fedharness.cli import main
 from fedharness.config.load import load_settings
 from fedharness.contracts import SHARDS, Coefficients, UpdateStage
-from fedharness.runs.batch import Slot
-from fedharness.runs.execute import execute, execute_batch
-from test_systems import SEED, SIGMA, StopAt, quadratic, rows
+from fedharness.runs.execute import execute
+from test_systems import SEED, SIGMA, batch_rows, quadratic, resumed_rows, rows
+from test_systems import world_rows as systems_world_rows
 
 # --- the notebook's cell ------------------------------------------------------------------------------------------
 
@@ -61,10 +61,8 @@ WORLD = ["speed=lognormal", f"speed.step_sigma={SIGMA}", "cadence.concurrency=5"
 MINE = ["cadence=delay_adaptive", *WORLD]
 
 
-def world_rows(tmp_path, run_id: str, *extra: str, callbacks=()) -> list[tuple]:
-    settings = load_settings(quadratic(f"results_dir={tmp_path}", *MINE, *extra))
-    assert execute(settings, run_id=run_id, callbacks=list(callbacks)).status == ("stopped" if callbacks else "ok")
-    return rows(tmp_path, run_id)
+def world_rows(tmp_path, run_id: str, *extra: str) -> list[tuple]:
+    return systems_world_rows(tmp_path, run_id, *extra, world=MINE)
 
 
 def test_a_notebooks_cadence_is_listed_and_its_keys_checked(capsys):
@@ -95,17 +93,10 @@ def test_a_notebooks_cadence_gives_the_same_rows_on_shards_in_a_batch_and_resume
     alone = world_rows(tmp_path, "alone")
     assert world_rows(tmp_path, "three", "num_shards=3") == alone
 
-    world_rows(tmp_path, "resumed", "checkpoint_every=5", callbacks=[StopAt(13)])
-    settings = load_settings(quadratic(f"results_dir={tmp_path}", *MINE, "checkpoint_every=5", "resume=resumed"))
-    assert execute(settings).status == "ok"
-    assert rows(tmp_path, "resumed") == alone
-
-    def slot(seed: int) -> Slot:
-        return Slot(load_settings(quadratic(f"results_dir={tmp_path}", *MINE, "replicas=1", f"seed={seed}")),
-                    f"batch-{seed}")
-
-    assert [r.status for r in execute_batch([slot(SEED), slot(SEED + 1)])] == ["ok", "ok"]
-    assert rows(tmp_path, f"batch-{SEED}") == [r for r in alone if r[0] == 0]
+    assert resumed_rows(tmp_path, MINE, 13) == alone  # clients in flight at the checkpoint (round 10)
+    first, second = batch_rows(tmp_path, MINE)
+    assert first == [r for r in alone if r[0] == 0]
+    assert second == world_rows(tmp_path, "solo-next", "replicas=1", f"seed={SEED + 1}")
 
 
 @pytest.mark.slow  # CI: Ray's start-up

@@ -209,25 +209,36 @@ def world_rows(tmp_path, run_id: str, *extra: str, callbacks=(), world=WORLD) ->
     return rows(tmp_path, run_id)
 
 
+def resumed_rows(tmp_path, world: list[str], stop_at: int) -> list[tuple]:
+    """The rows of `world` stopped after round `stop_at`, then resumed from its last checkpoint (every 5 rounds)."""
+    world_rows(tmp_path, "resumed", "checkpoint_every=5", callbacks=[StopAt(stop_at)], world=world)
+    settings = load_settings(quadratic(f"results_dir={tmp_path}", *world, "checkpoint_every=5", "resume=resumed"))
+    assert execute(settings).status == "ok"
+    return rows(tmp_path, "resumed")
+
+
+def batch_rows(tmp_path, world: list[str]) -> tuple[list[tuple], list[tuple]]:
+    """The rows of `world` with seeds SEED and SEED + 1 (one replica each) run as one batch of two slots."""
+
+    def slot(seed: int) -> Slot:
+        return Slot(load_settings(quadratic(f"results_dir={tmp_path}", *world, "replicas=1", f"seed={seed}")),
+                    f"batch-{seed}")
+
+    assert [r.status for r in execute_batch([slot(SEED), slot(SEED + 1)])] == ["ok", "ok"]
+    return rows(tmp_path, f"batch-{SEED}"), rows(tmp_path, f"batch-{SEED + 1}")
+
+
 def test_profiles_deadline_and_over_selection_give_the_same_rows_on_shards_in_a_batch_and_resumed(tmp_path):
     alone = world_rows(tmp_path, "alone")
     assert len(alone) == 8 and any(r[-1] < K for r in alone[1:])  # 2 replicas x 4 evaluations; someone missed out
     assert world_rows(tmp_path, "three", "num_shards=3") == alone
 
-    world_rows(tmp_path, "resumed", "checkpoint_every=5", callbacks=[StopAt(17)])
-    settings = load_settings(quadratic(f"results_dir={tmp_path}", *WORLD, "checkpoint_every=5", "resume=resumed"))
-    assert execute(settings).status == "ok"
-    assert rows(tmp_path, "resumed") == alone
-
-    def slot(seed: int) -> Slot:
-        return Slot(load_settings(quadratic(f"results_dir={tmp_path}", *WORLD, "replicas=1", f"seed={seed}")),
-                    f"batch-{seed}")
-
-    assert [r.status for r in execute_batch([slot(SEED), slot(SEED + 1)])] == ["ok", "ok"]
+    assert resumed_rows(tmp_path, WORLD, 17) == alone
+    first, second = batch_rows(tmp_path, WORLD)
     replica0 = [r for r in alone if r[0] == 0]
-    assert rows(tmp_path, f"batch-{SEED}") == replica0
+    assert first == replica0
     solo = world_rows(tmp_path, "solo-next", "replicas=1", f"seed={SEED + 1}")
-    assert rows(tmp_path, f"batch-{SEED + 1}") == solo != replica0
+    assert second == solo != replica0
 
 
 @pytest.mark.slow  # CI: Ray's start-up

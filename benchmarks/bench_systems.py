@@ -21,7 +21,7 @@
    are reported; the runs' models must end the same bits (every client on time: the same clients, weights and
    steps). Goal: within 5%.
 
-Clients that are late (issue 40): what FedBuff's server step costs (docs/async.md, harness/core/flight.py).
+Clients that are late (issue 40): what FedBuff's server step costs (docs/async.md, algorithms/cadences.py).
 
 3. Population, asynchronous: the population of 1. without the deadline (FedBuff refuses one) and with a sampler
    without replacement (yang_s2, C = 100 draws a version, the free slots taking the first online ones not in
@@ -75,7 +75,7 @@ ON_TIME = ["speed=lognormal", "speed.step_sigma=0.5", "availability=duty_cycle",
 CONFIGS = {"plain": [],  # today's: no systems keys
            "speeds": ["speed=lognormal", "speed.step_sigma=0.5", "cadence.deadline_s=1000000"],
            "systems": ON_TIME}
-# 3.: 1.'s population under FedBuff: no deadline (refused with mode=fedbuff), a sampler without replacement
+# 3.: 1.'s population under FedBuff: no deadline (refused with cadence=fedbuff), a sampler without replacement
 ASYNC_POPULATION = [o for o in POPULATION if not o.startswith(("algorithm.sampler=", "cadence.deadline_s="))] + [
     "algorithm.sampler=yang_s2", "cadence=fedbuff", "cadence.concurrency=100", "cadence.buffer=10"]
 # 4.: W1 with a sampler FedBuff accepts (yang_s2: sync and fedbuff draw alike), lognormal speeds, always online

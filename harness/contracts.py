@@ -507,7 +507,7 @@ class Links:
 
 
 class Speeds(Protocol):
-    """Each client's step time and links (systems.speed): a pure function of (seed, replica, client)."""
+    """Each client's step time and links (the `speed` group): a pure function of (seed, replica, client)."""
 
     def links(self, seeds: np.ndarray, replicas: np.ndarray, clients: np.ndarray) -> Links:
         """Seeds and replicas [R], clients [R, K]."""
@@ -515,7 +515,7 @@ class Speeds(Protocol):
 
 
 class Availability(Protocol):
-    """When each client is online (systems.availability): a pure function of (seed, replica, client, time)."""
+    """When each client is online (the `availability` group): a pure function of (seed, replica, client, time)."""
 
     always: bool = False  # every client online at every time: the clock asks nobody (algorithms/systems.py)
 
@@ -902,7 +902,7 @@ class RunState:
 
 class Staleness(Protocol):
     """s(tau): the weight of an update tau server versions stale (the `staleness` group: FedAsync's constant,
-    polynomial and hinge functions, algorithms/systems.py; a user's: fedharness.register_staleness)."""
+    polynomial and hinge functions, algorithms/systems.py; a user's: fedharness.register_option("staleness", ...))."""
 
     def weight(self, tau: np.ndarray) -> np.ndarray:
         """[...] float64 s(tau) of each staleness tau (an integer array)."""

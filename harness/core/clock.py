@@ -1,5 +1,6 @@
 """Synchronous rounds on the simulated clock: who is online when a round starts, who finishes in time, how long
-the round lasts (the `systems` section, docs/systems.md).
+the round lasts (the `speed` and `availability` groups and the sync cadence's deadline and over-selection,
+docs/systems.md).
 
 Each replica keeps its own clock, the rounds/ column sim_s. A round starts at the replica's clock t: the sampler
 prefers the clients online at t (algorithms/samplers.py; a sampled client that is offline drops out). A kept

@@ -77,7 +77,7 @@ class Engine(Planning):
                stages: Stages | None = None, client_eval: np.ndarray | None = None, grad_norm: bool = True,
                personal: Personal | None = None, cadence: Cadence | None = None) -> None:
         """`cadence` (the cadence group): the shape of a server step (None: synchronous rounds).
-        `clock` (the systems section, core/clock.py): clients' own speeds and availability, deadlines and
+        `clock` (core/clock.py, from the speed and availability groups): clients' own speeds and availability, deadlines and
         over-selection on each replica's sim_s; None: every client the `network`'s, always online, no deadline.
         `stages` (the `stages` key): what happens to the updates between training and the server optimizer
         (core/stages.py). `client_eval` (eval.per_client): the clients each evaluation scores on their own

@@ -921,6 +921,7 @@ class Cadence(Protocol):
     # whether a client's update may join a later server version than the one it started from: then the run's
     # stages must all act in the shards (Placement.SHARDS), where a stage means the same whichever step it joins
     spans_versions: bool = False
+    retry_s: float = 60.0  # how long a step lasts that nobody takes part in (the systems clock's, cadence.retry_s)
 
     def sampled(self, clients_per_round: int) -> int:
         """How many clients the sampler is built to draw each time it is asked."""

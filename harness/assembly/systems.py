@@ -54,7 +54,7 @@ def clock_for(settings: RunSettings, algorithm, problem, client_bytes: tuple[int
     if deadline is not None:
         check_deadline(deadline, speeds, client_bytes)
     return SystemsClock(speeds, availability_for(settings, num_clients), deadline, keep, partial,
-                        float(getattr(cadence, "retry_s", 60.0)))
+                        float(cadence.retry_s))
 
 
 def cadence_for(settings: RunSettings, algorithm=None, problem=None, stages: Stages | None = None) -> Cadence:

@@ -160,7 +160,7 @@ class Engine(Planning):
         return delta, ({"sq_norms": result.weighted_sq_norms()} if plan.sq_norms else {})
 
     def advance(self, state: RunState, delta: torch.Tensor, first: np.ndarray, coefs: Coefficients,
-                 **sq_norms: np.ndarray) -> RunState:
+                **sq_norms: np.ndarray) -> RunState:
         """The server's step with the aggregated `delta` to the next version; `first`: the version's first client
         step size ([] or, in a batch of slots, [R]); `sq_norms`: what a server that reads_sq_norms takes."""
         x = self.alg.server.step(state.x, delta, state.server_state, first * self.layout.lr_factor, **sq_norms)

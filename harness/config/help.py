@@ -37,7 +37,7 @@ def _line(key: str, default: Any, doc: str) -> str:
 def _options_line(group: str, default: str, options: list[str] | tuple[str, ...] | None = None) -> str:
     """The group's options, `default` starred; `options`: the group's config names unless given."""
     names = [f"{o}*" if o == default else o for o in (group_options(group) if options is None else options)]
-    return f"  {group:<11}{', '.join(names)}"
+    return f"  {group + ' ':<11}{', '.join(names)}"
 
 
 def describe_run() -> str:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from fedharness.base import streams
-from fedharness.contracts import ClientSlot, ClientWork, Compressor, RoundPlan, UpdateStage
+from fedharness.contracts import SHARDS, ClientSlot, ClientWork, Compressor, RoundPlan, UpdateStage
 from fedharness.keys import integer, number
 from fedharness.registry.groups import COMPRESSORS
 
@@ -166,6 +166,7 @@ class Compression(UpdateStage):
 
     compressor: Compressor
     error_feedback: bool = False
+    place = SHARDS  # each update compressed in its shard alone (its residual is the client's own slot)
 
     def client_slots(self, problem) -> tuple[ClientSlot, ...]:
         """Error feedback's residual: float64 [dim] a client, none before its first round (KeepsClientState)."""

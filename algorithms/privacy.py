@@ -90,6 +90,7 @@ class DPFedAvg(UpdateStage):
         return (z ** -2 - (2 * sigma_b) ** -2) ** -0.5
 
     needs = frozenset({"poisson"})  # the accountant charges Poisson-subsampled rounds
+    last = True  # its clipping is the last change to each update before the sum: the guarantee bounds the sum
 
     def init_counters(self, replicas: int) -> dict[str, np.ndarray]:
         return {CLIP_COUNTER: np.full(replicas, float(self.clip_norm))}

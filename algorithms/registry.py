@@ -16,6 +16,7 @@ from fedharness.algorithms import (aggregators, local_work, local_work_fixed, pe
                                    schedules, server, solvers)
 from fedharness.algorithms import attacks  # noqa: F401  (the attacks register themselves)
 from fedharness.algorithms import compression  # noqa: F401  (and the compressors)
+from fedharness.algorithms import cadences, systems  # noqa: F401  (the cadences, speeds, availabilities, staleness)
 from fedharness.algorithms import series
 from fedharness.contracts import Algorithm, Problem, training_clients
 from fedharness.errors import ConfigError

@@ -5,7 +5,7 @@ SYSTEMS), so a population of 10^8 clients costs nothing to set up, holds no per-
 same profile in any shard, batch of seeds or resume. Replicas are independent worlds: each draws its own
 population (coupled Richardson-Romberg replicas share a stream, hence a world).
 
-Speeds (systems.speed), relative to the `network` section's step time and bandwidth:
+Speeds (the `speed` group, speed=NAME speed.KEY=V), relative to the `network` section's step time and bandwidth:
   equal      every client the network section's
   lognormal  step time and bandwidth each times exp(sigma z), z standard normal per client (FedScale's fallback
              when it has no device trace): the network section's values are the medians
@@ -14,7 +14,7 @@ Speeds (systems.speed), relative to the `network` section's step time and bandwi
   trace      FedScale's device trace: step = ms per sample x samples per step / 1000, both links its kbit/s / 8000
              (MB/s; FedScale's one "communication" number serves both ways). FedScale also multiplies compute by
              an augmentation factor of 3; this does not.
-Availability (systems.availability):
+Availability (the `availability` group):
   always     online at every time
   duty_cycle online a share d of every period P: at t iff (t + phase) mod P < d P, phase uniform on [0, P) per client
   trace      FedScale's behaviour trace: online during its [active, inactive] intervals, repeating every
@@ -32,7 +32,11 @@ from typing import Callable
 import numpy as np
 
 from fedharness.base import streams
-from fedharness.contracts import Availability, Links
+from fedharness.contracts import Availability, Links, Speeds
+from fedharness.errors import require
+from fedharness.keys import integer, number, text
+from fedharness.problems.device_traces import read_availability_trace, read_device_trace
+from fedharness.registry.groups import AVAILABILITIES, SPEEDS, STALENESS
 
 # The `round` slot of a client's SYSTEMS stream: one sub-stream per purpose, so no two share numbers.
 SPEED, PHASE, DEVICE_ENTRY, AVAILABILITY_ENTRY = 0, 1, 2, 3
@@ -191,3 +195,101 @@ class TraceAvailability(Availability):
     def online(self, seeds: np.ndarray, replicas: np.ndarray, t: np.ndarray, clients: np.ndarray) -> np.ndarray:
         entry = trace_entry(seeds, replicas, AVAILABILITY_ENTRY, clients, len(self.trace))
         return self.trace.online(entry, np.asarray(t, dtype=np.float64)[:, None])
+
+
+# --- staleness functions (the `staleness` group): s(tau) of an update tau server versions stale -----------------
+
+
+@STALENESS.register("constant", keys={})
+@dataclass(frozen=True)
+class ConstantStaleness:
+    """s(tau) = 1."""
+
+    def weight(self, tau: np.ndarray) -> np.ndarray:
+        return np.ones_like(np.asarray(tau, dtype=np.float64))
+
+
+@STALENESS.register("poly", keys={"exponent": number("a in s(tau) = (1 + tau)^-a (0.5: FedBuff's 1/sqrt(1 + tau))",
+                                                  lo=0)})
+@dataclass(frozen=True)
+class PolyStaleness:
+    """s(tau) = (1 + tau)^-exponent (0.5: FedBuff's 1 / sqrt(1 + tau))."""
+
+    exponent: float = 0.5
+
+    def weight(self, tau: np.ndarray) -> np.ndarray:
+        return (1.0 + np.asarray(tau, dtype=np.float64)) ** -self.exponent
+
+
+@STALENESS.register("hinge", keys={"slope": number("a: past the cutoff, s(tau) = 1 / (a (tau - b) + 1)", lo=0),
+                                   "cutoff": integer("b, the staleness up to which s(tau) = 1", lo=0)})
+@dataclass(frozen=True)
+class HingeStaleness:
+    """s(tau) = 1 up to the cutoff b, then 1 / (slope (tau - b) + 1) (FedAsync's hinge, a = slope)."""
+
+    slope: float = 0.5
+    cutoff: int = 4
+
+    def weight(self, tau: np.ndarray) -> np.ndarray:
+        tau = np.asarray(tau, dtype=np.float64)
+        return 1.0 / (self.slope * np.maximum(tau - self.cutoff, 0.0) + 1.0)
+
+
+# --- the built-in speeds and availabilities as the groups build them: each factory takes its own keys, and the
+# context it asks for by name (network: the network section; num_clients; batch_size: algorithm.batch_size) ------
+
+
+@SPEEDS.register("equal", keys={})
+def equal_speeds(network) -> Speeds:
+    """Every client the network section's step time and links."""
+    return EqualSpeeds(network.compute_s_per_step, network.bandwidth_MB_per_s, network.upload_MB_per_s)
+
+
+@SPEEDS.register("lognormal", keys={
+    "step_sigma": number("sigma of a client's log step time (median: network.compute_s_per_step)", lo=0),
+    "bandwidth_sigma": number("sigma of a client's log bandwidth (median: network.bandwidth_MB_per_s)", lo=0)})
+def lognormal_speeds(network, num_clients: int, step_sigma: float = 0.5, bandwidth_sigma: float = 0.5) -> Speeds:
+    """Step time and bandwidth each the network section's times exp(sigma z), z standard normal per client."""
+    return LognormalSpeeds(equal_speeds(network), step_sigma, bandwidth_sigma, num_clients)
+
+
+@SPEEDS.register("slow_tail", keys={"fraction": number("the share of clients that are slow", lo=0, hi=1),
+                                    "factor": number("how many times longer a slow client's step takes", lo=1)})
+def slow_tail_speeds(network, num_clients: int, fraction: float = 0.1, factor: float = 10.0) -> Speeds:
+    """A share `fraction` of the clients take `factor` times longer per step than the network section's."""
+    return SlowTailSpeeds(equal_speeds(network), fraction, factor, num_clients)
+
+
+@SPEEDS.register("trace", keys={
+    "file": text("FedScale's client_device_capacity (a pickle, read without running code, or its JSON form)",
+                 null="none"),
+    "samples_per_step": integer("samples per local step, for the trace's ms per sample", lo=1,
+                                null="algorithm.batch_size")})
+def trace_speeds(batch_size: int, file: str | None = None, samples_per_step: int | None = None) -> Speeds:
+    """FedScale's device trace: each client's step time and links from a trace entry."""
+    require(file is not None, "speed.file", None, "a file (speed=trace reads it)")
+    trace = read_device_trace(file)
+    return TraceSpeeds(trace.ms_per_sample, trace.kbit_per_s, samples_per_step or batch_size)
+
+
+@AVAILABILITIES.register("always", keys={})
+def always_online() -> Availability:
+    """Every client online at every time."""
+    return AlwaysOnline()
+
+
+@AVAILABILITIES.register("duty_cycle", keys={
+    "duty_cycle": number("the share of each period a client is online", lo=0, hi=1, lo_open=True),
+    "period_s": number("the period of a client's on/off cycle (s)", lo=0, lo_open=True)})
+def duty_cycle(num_clients: int, duty_cycle: float = 0.5, period_s: float = 86400.0) -> Availability:
+    """Online a share duty_cycle of every period_s, from the client's own phase."""
+    return DutyCycle(duty_cycle, period_s, num_clients) if duty_cycle < 1 else AlwaysOnline()
+
+
+@AVAILABILITIES.register("trace", keys={
+    "file": text("FedScale's client_behave_trace (a pickle, read without running code, or its JSON form)",
+                 null="none")})
+def trace_availability(file: str | None = None) -> Availability:
+    """FedScale's behaviour trace: online during a trace entry's intervals."""
+    require(file is not None, "availability.file", None, "a file (availability=trace reads it)")
+    return TraceAvailability(read_availability_trace(file))

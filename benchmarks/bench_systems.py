@@ -21,11 +21,11 @@
    are reported; the runs' models must end the same bits (every client on time: the same clients, weights and
    steps). Goal: within 5%.
 
-Clients that are late (issue 40): what FedBuff's server step costs (docs/async.md, harness/core/flight.py).
+Clients that are late (issue 40): what FedBuff's server step costs (docs/async.md, algorithms/cadences.py).
 
 3. Population, asynchronous: the population of 1. without the deadline (FedBuff refuses one) and with a sampler
    without replacement (yang_s2, C = 100 draws a version, the free slots taking the first online ones not in
-   flight), systems.mode=fedbuff, C = 100, M = 10: N = 10^3 against N = 10^8, fresh processes alternating pair by
+   flight), cadence=fedbuff, C = 100, M = 10: N = 10^3 against N = 10^8, fresh processes alternating pair by
    pair as in 1., S server steps each (engine.step). The updates in flight are C x dim float64 per replica (8 KB at
    d = 10). Goals: set-up and peak memory within 10%; ms per server step reported (and its ratio).
 4. W1, asynchronous: W1 with yang_s2 (K = 10) and lognormal speeds (sigma 0.5 for step time and bandwidth, always
@@ -64,30 +64,30 @@ CHILD_ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 COMMON = ["threads=1", "progress=false", "heterogeneity=false", "eval_every=1000000"]
 POPULATION = ["dataset=quadratic_lazy", "algorithm.sampler=scheme_i", "algorithm.clients_per_round=100",
               "algorithm.local_steps=20", "algorithm.batch_size=24", "algorithm.client_lr=0.05",
-              "network.compute_s_per_step=0.01", "systems.speed=lognormal", "systems.speed_sigma=0.5",
-              "systems.bandwidth_sigma=0.5", "systems.availability=duty_cycle", "systems.duty_cycle=0.5",
-              "systems.period_s=5", "systems.deadline_s=0.3"]
+              "network.compute_s_per_step=0.01", "speed=lognormal", "speed.step_sigma=0.5",
+              "speed.bandwidth_sigma=0.5", "availability=duty_cycle", "availability.duty_cycle=0.5",
+              "availability.period_s=5", "cadence.deadline_s=0.3"]
 # conf/sweep/compression.yaml's W1 (model auto: logistic regression; fedavg's scheme I, E = 20, b = 24, lr 0.05)
 W1 = ["dataset=synthetic", "dataset.num_clients=100", "dataset.samples_per_client=200", "dataset.data_seed=0",
       "algorithm.clients_per_round=10", "reference=off"]
-ON_TIME = ["systems.speed=lognormal", "systems.speed_sigma=0.5", "systems.availability=duty_cycle",
-           "systems.duty_cycle=1.0", "systems.deadline_s=1000000"]
+ON_TIME = ["speed=lognormal", "speed.step_sigma=0.5", "availability=duty_cycle",
+           "availability.duty_cycle=1.0", "cadence.deadline_s=1000000"]
 CONFIGS = {"plain": [],  # today's: no systems keys
-           "speeds": ["systems.speed=lognormal", "systems.speed_sigma=0.5", "systems.deadline_s=1000000"],
+           "speeds": ["speed=lognormal", "speed.step_sigma=0.5", "cadence.deadline_s=1000000"],
            "systems": ON_TIME}
-# 3.: 1.'s population under FedBuff: no deadline (refused with mode=fedbuff), a sampler without replacement
-ASYNC_POPULATION = [o for o in POPULATION if not o.startswith(("algorithm.sampler=", "systems.deadline_s="))] + [
-    "algorithm.sampler=yang_s2", "systems.mode=fedbuff", "systems.concurrency=100", "systems.buffer=10"]
+# 3.: 1.'s population under FedBuff: no deadline (refused with cadence=fedbuff), a sampler without replacement
+ASYNC_POPULATION = [o for o in POPULATION if not o.startswith(("algorithm.sampler=", "cadence.deadline_s="))] + [
+    "algorithm.sampler=yang_s2", "cadence=fedbuff", "cadence.concurrency=100", "cadence.buffer=10"]
 # 4.: W1 with a sampler FedBuff accepts (yang_s2: sync and fedbuff draw alike), lognormal speeds, always online
 ASYNC_W1 = [*W1, "algorithm.sampler=yang_s2"]
-LATE = ["systems.speed=lognormal", "systems.speed_sigma=0.5", "systems.bandwidth_sigma=0.5",
+LATE = ["speed=lognormal", "speed.step_sigma=0.5", "speed.bandwidth_sigma=0.5",
         "network.compute_s_per_step=0.05", "network.bandwidth_MB_per_s=0.01"]
 ASYNC_CONFIGS = {"plain": [],  # yang_s2, no systems keys
                  "sync": LATE,  # synchronous FedAvg, K = 10, on the systems clock
                  # refill=step: the K start together and the step waits for all, whatever their speeds
-                 "fedbuff_c10": [*LATE, "systems.mode=fedbuff", "systems.concurrency=10", "systems.buffer=10",
-                                 "systems.refill=step"],
-                 "fedbuff_c20": [*LATE, "systems.mode=fedbuff", "systems.concurrency=20", "systems.buffer=10"]}
+                 "fedbuff_c10": [*LATE, "cadence=fedbuff", "cadence.concurrency=10", "cadence.buffer=10",
+                                 "cadence.refill=step"],
+                 "fedbuff_c20": [*LATE, "cadence=fedbuff", "cadence.concurrency=20", "cadence.buffer=10"]}
 PLAN_CALLS = 300
 WARMUP = 2
 MB = 2**20
@@ -288,7 +288,7 @@ def async_w1_child(rounds: int, first: str) -> dict:
     for name, extra in ASYNC_CONFIGS.items():
         run = prepare_run(load_settings([*ASYNC_W1, *COMMON, *extra, f"rounds={WARMUP + rounds}"]))
         assert (run.clock is None) == (name == "plain"), name
-        assert (run.clock is not None and run.clock.asynchronous is not None) == name.startswith("fedbuff"), name
+        assert (run.cadence is not None and run.cadence.spans_versions) == name.startswith("fedbuff"), name
         executor = build_executor(run.settings, run.problem, run.algorithm.solver)
         training[name] = [0.0]
         executor.local_updates = timed(executor.local_updates, training[name])

@@ -22,6 +22,7 @@ _EXPORTS = {"run": "api", "tune": "api", "sweep": "api", "report": "api", "Resul
             "ConfigError": "errors", "register_dataset": "extend", "register_model": "extend",
             "register_part": "extend", "register_partitioner": "extend", "register_metric": "extend",
             "register_attack": "extend", "register_stage": "extend", "register_compressor": "extend",
+            "register_option": "extend", "Cadence": "contracts",
             "Callback": "contracts", "RoundContext": "contracts", "DataSplit": "contracts",
             "UpdateStage": "contracts", "ClientWork": "contracts", "Compressor": "contracts"}
 
@@ -30,9 +31,9 @@ __all__ = ["__version__", *sorted(_EXPORTS)]
 if TYPE_CHECKING:
     from fedharness.api import Result, Study, report, run, sweep, tune
     from fedharness.errors import ConfigError
-    from fedharness.contracts import Callback, ClientWork, Compressor, DataSplit, RoundContext, UpdateStage
+    from fedharness.contracts import Cadence, Callback, ClientWork, Compressor, DataSplit, RoundContext, UpdateStage
     from fedharness.extend import register_dataset, register_metric, register_model, register_part, register_partitioner
-    from fedharness.extend import register_attack, register_compressor, register_stage
+    from fedharness.extend import register_attack, register_compressor, register_option, register_stage
 
 
 def __getattr__(name: str) -> Any:

@@ -142,14 +142,15 @@ def cmd_list() -> int:
     from fedharness.algorithms.registry import PARTS
     from fedharness.problems import DATASETS, MODELS
     from fedharness.partitions import PARTITIONERS
-    from fedharness.registry.groups import ATTACKS, COMPRESSORS
+    from fedharness.registry.groups import ATTACKS, AVAILABILITIES, CADENCES, COMPRESSORS, SPEEDS, STALENESS
     from fedharness.registry.plugins import load_entry_points
 
     load_entry_points()  # installed packages' parts are listed with the built-ins
     sections = {
         "datasets": DATASETS, "partitions": ("auto", *PARTITIONERS), "models": MODELS,
         "algorithms": group_options("algorithm"), "experiments": group_options("experiment"),
-        "attacks": ("none", *ATTACKS), "compressors": ("none", *COMPRESSORS),
+        "attacks": ("none", *ATTACKS), "compressors": ("none", *COMPRESSORS), "cadences": CADENCES,
+        "speeds": SPEEDS, "availabilities": AVAILABILITIES, "staleness": STALENESS,
     }
     sections.update({f"{kind}s" if not kind.endswith("s") else kind: tuple(reg) for kind, reg in PARTS.items()})
     for title, names in sections.items():

@@ -516,7 +516,7 @@ class Links:
 
 
 class Speeds(Protocol):
-    """Each client's step time and links (systems.speed): a pure function of (seed, replica, client)."""
+    """Each client's step time and links (the `speed` group): a pure function of (seed, replica, client)."""
 
     def links(self, seeds: np.ndarray, replicas: np.ndarray, clients: np.ndarray) -> Links:
         """Seeds and replicas [R], clients [R, K]."""
@@ -524,7 +524,7 @@ class Speeds(Protocol):
 
 
 class Availability(Protocol):
-    """When each client is online (systems.availability): a pure function of (seed, replica, client, time)."""
+    """When each client is online (the `availability` group): a pure function of (seed, replica, client, time)."""
 
     always: bool = False  # every client online at every time: the clock asks nobody (algorithms/systems.py)
 
@@ -866,6 +866,9 @@ class ClientWork(Protocol):
         return delta, {}
 
 
+SHARDS, ROUND = "shards", "round"  # an UpdateStage's place
+
+
 @runtime_checkable
 class UpdateStage(Protocol):
     """A step of what happens to the clients' updates between their training and the server optimizer
@@ -876,9 +879,18 @@ class UpdateStage(Protocol):
     keeps it and the rounds/ table records it; `needs` names the capabilities the run must have, checked before
     it starts: "updates" (an aggregator that sees every update), "poisson" (a sampler of independent inclusion,
     contracts.IndependentInclusion), "labels" (a problem with class labels, contracts.Labelled). Subclass it for
-    the defaults: no state, no work, everything passed on unchanged."""
+    the defaults: no state, no work, everything passed on unchanged.
+
+    A stage declares its place, and the checks read the declarations (no stage is named in them): `place` SHARDS,
+    it acts on each update in its shard alone with no per-replica state (compression), so it means the same
+    whichever server step an update joins (a cadence whose updates span versions takes only such stages); ROUND
+    (the default), it acts on a round's updates or aggregate, or keeps per-replica state (privacy, attacks).
+    `last`: its change to each update in the shards must be the last before the sum, so no SHARDS stage may follow
+    it in `stages` (DP-FedAvg's clipping: its guarantee bounds what is summed)."""
 
     needs: frozenset[str] = frozenset()
+    place: str = "round"  # SHARDS | ROUND
+    last: bool = False
 
     def init_counters(self, replicas: int) -> dict[str, np.ndarray]:
         """The stage's per-replica state at round 0, by name (a rounds/ column where the table has one)."""
@@ -920,9 +932,49 @@ class RunState:
     server_ctx: ServerContext = field(default_factory=dict)  # the solver's server side (SCAFFOLD's c)
     series_state: list = field(default_factory=list)  # one AverageState per series hook
     wall_s: float = 0.0
-    # asynchronous aggregation (core/flight.py): the clients in flight, [R, C] arrays by name and their updates
+    # a cadence's state between versions (FedBuff's, algorithms/cadences.py): the clients in flight, [R, C] arrays by name and their updates
     # [R, C, dim]; {} for synchronous rounds
     in_flight: dict = field(default_factory=dict)
+
+
+class Staleness(Protocol):
+    """s(tau): the weight of an update tau server versions stale (the `staleness` group: FedAsync's constant,
+    polynomial and hinge functions, algorithms/systems.py; a user's: fedharness.register_option("staleness", ...))."""
+
+    def weight(self, tau: np.ndarray) -> np.ndarray:
+        """[...] float64 s(tau) of each staleness tau (an integer array)."""
+        ...
+
+
+class Cadence(Protocol):
+    """The shape of a server step (the `cadence` group, algorithms/cadences.py, docs/extending.md): which clients
+    start when, what a step waits for, what it aggregates with which weights. The engine (core/engine.py) calls
+    `step` once a server version and lends it its primitives: plan_round (the sampler, local work, step sizes and
+    aggregator coefficients, settled on the systems clock), train_round (train a plan's clients through the stages
+    and the aggregator's sum), exact_sum (per-replica sums with a round's bits), count (the counters of a trained
+    plan), advance (the server optimizer's step to the next version), and its parts (alg, problem, executor,
+    stages, clock, layout). Subclass it: its own step is a synchronous round (cadence=sync)."""
+
+    # whether a client's update may join a later server version than the one it started from: then the run's
+    # stages must all act in the shards (Placement.SHARDS), where a stage means the same whichever step it joins
+    spans_versions: bool = False
+    retry_s: float = 60.0  # how long a step lasts that nobody takes part in (the systems clock's, cadence.retry_s)
+
+    def sampled(self, clients_per_round: int) -> int:
+        """How many clients the sampler is built to draw each time it is asked."""
+        return clients_per_round
+
+    def init_flight(self, replicas: int, dim: int, device: Any) -> dict:
+        """RunState.in_flight at the start: what the cadence carries between versions ({}: nothing)."""
+        return {}
+
+    def step(self, engine: Any, state: RunState) -> RunState:
+        """One server version, from `state` (version state.round) to the next: a synchronous round, plan, train,
+        count, step."""
+        plan, coefs = engine.plan_round(state.round, state.counters["sim_s"])
+        delta, sq_norms = engine.train_round(state, plan)
+        engine.count(state, plan)
+        return engine.advance(state, delta, plan.step_lrs[..., 0], coefs, **sq_norms)
 
 
 @dataclass

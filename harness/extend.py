@@ -22,15 +22,18 @@ import fedharness.problems  # noqa: F401  (the built-in data sets and models)
 from fedharness.algorithms.registry import BUILTIN_KEYS, undeclared
 from fedharness.contracts import ROUND_COLUMNS, Metric
 from fedharness.errors import ConfigError, require
-from fedharness.keys import Key
+from fedharness.keys import Key, anything
 from fedharness.registry.binding import Registry
-from fedharness.registry.groups import (ATTACKS, BUILTIN_STAGES, COMPRESSORS, DATASETS, METRICS, MODELS, PARTITIONERS,
-                                       PARTS, STAGES)
+from fedharness.registry.groups import (ATTACKS, AVAILABILITIES, BUILTIN_STAGES, CADENCES, COMPRESSORS, DATASETS,
+                                       METRICS, MODELS, PARTITIONERS, PARTS, SPEEDS, STAGES, STALENESS)
 
 GROUPS: dict[str, Registry] = {"model": MODELS, "dataset": DATASETS, "partition": PARTITIONERS, "attack": ATTACKS,
-                               "compress": COMPRESSORS, "stage": STAGES}
+                               "compress": COMPRESSORS, "stage": STAGES, "cadence": CADENCES, "speed": SPEEDS,
+                               "availability": AVAILABILITIES, "staleness": STALENESS}
+PROFILES = ("cadence", "speed", "availability", "staleness")  # the part groups every run has an option of
 _BUILTIN = {"model": set(MODELS), "dataset": set(DATASETS), "partition": {"auto", *PARTITIONERS},
             "attack": {"none", *ATTACKS}, "compress": {"none", *COMPRESSORS}, "stage": {*BUILTIN_STAGES, *STAGES},
+            **{group: set(GROUPS[group]) for group in PROFILES},
             **{kind: set(reg) for kind, reg in PARTS.items()}}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
 _NODES: dict[tuple[str, str], dict[str, Any]] = {}  # (group, name) -> the config defaults of a Python registration
@@ -106,6 +109,27 @@ def register_stage(name: str, factory: Callable[..., Any], **defaults: Any) -> N
     shards, sweep tasks and tuning workers as every registration does (docs/extending.md)."""
     _add("stage", name, factory)
     _NODES[("stage", name)] = dict(defaults)  # carried to Ray workers with the factory
+
+
+def register_option(group: str, name: str, factory: Callable[..., Any], *, keys: dict[str, Key] | None = None,
+                    **defaults: Any) -> None:
+    """An option of a group every run has (cadence, speed, availability, staleness): `group=name` selects it,
+    `defaults` are its keys' values, settable as `group.KEY=V`; `keys` declares them (fedharness.keys: number(...),
+    ...; else any value passes to the factory). The builder calls `factory` with those keys and with
+    the context its parameters ask for by name:
+
+    * cadence (contracts.Cadence: subclass it, or a built-in of fedharness.algorithms.cadences): `staleness` (the
+      run's staleness function), `clients_per_round`; `cadence.retry_s` is every cadence's key;
+    * speed (contracts.Speeds): `network` (the network section), `num_clients`, `batch_size`;
+    * availability (contracts.Availability): `num_clients`;
+    * staleness (contracts.Staleness): none.
+
+    It reaches Ray shards, sweep tasks and tuning workers as every registration does (docs/extending.md)."""
+    require(group in PROFILES, "group", group, PROFILES)
+    _check(group, name, factory)
+    declared = keys if keys is not None else {k: anything(f"a key of {group}={name} (its factory's)") for k in defaults}
+    GROUPS[group].add(name, factory, declared)
+    _store(group, name, {**({"retry_s": 60.0} if group == "cadence" else {}), **defaults})
 
 
 def stage_defaults(name: str) -> dict[str, Any]:

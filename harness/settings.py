@@ -23,6 +23,9 @@ from fedharness.errors import ConfigError
 from fedharness.keys import Key, _is_list, anything, boolean, choice, integer, number, text
 
 
+PROFILE_GROUPS = ("cadence", "speed", "availability", "staleness")  # part groups every run config has
+
+
 def key(spec: Key) -> Any:
     """A field that is a config key, declared by its Key; no default (the YAML under conf/ holds it)."""
     return field(metadata={"key": spec})
@@ -100,69 +103,6 @@ class NetworkSettings:
     compute_s_per_step: float = key(number("simulated seconds per local step", lo=0))
     upload_MB_per_s: float | None = key(number("each client's uplink in MB/s", lo=0, lo_open=True,
                                                null="network.bandwidth_MB_per_s, one link both ways"))
-
-
-@dataclass(frozen=True, slots=True)
-class SystemsSettings:
-    """Clients that are slow and absent (harness/core/clock.py, docs/systems.md): each client's speed and
-    availability on the simulated clock (sim_s), round deadlines and over-selection. Every speed and bandwidth is
-    relative to the `network` section's (their median, for lognormal)."""
-
-    speed: str = key(choice("each client's step time and bandwidth: equal (the network section's) | lognormal "
-                            "(median the network's, log-spread speed_sigma and bandwidth_sigma) | slow_tail "
-                            "(a share slow_fraction of clients slow_factor times slower steps) | trace (a FedScale "
-                            "device trace, systems.device_trace)", ("equal", "lognormal", "slow_tail", "trace")))
-    speed_sigma: float = key(number("lognormal: sigma of a client's log step time", lo=0))
-    bandwidth_sigma: float = key(number("lognormal: sigma of a client's log bandwidth", lo=0))
-    slow_fraction: float = key(number("slow_tail: the share of clients that are slow", lo=0, hi=1))
-    slow_factor: float = key(number("slow_tail: how many times longer a slow client's step takes", lo=1))
-    device_trace: str | None = key(text("speed=trace: FedScale's client_device_capacity (a pickle, read without "
-                                        "running code, or its JSON form)", null="none"))
-    availability: str = key(choice("when each client is online: always | duty_cycle (online a share duty_cycle "
-                                   "of every period_s, from its own phase) | trace (a FedScale availability "
-                                   "trace, systems.availability_trace)", ("always", "duty_cycle", "trace")))
-    duty_cycle: float = key(number("duty_cycle: the share of each period a client is online", lo=0, hi=1,
-                                   lo_open=True))
-    period_s: float = key(number("duty_cycle: the period of a client's on/off cycle (s)", lo=0, lo_open=True))
-    availability_trace: str | None = key(text("availability=trace: FedScale's client_behave_trace (a pickle, read "
-                                              "without running code, or its JSON form)", null="none"))
-    trace_batch_size: int | None = key(integer("speed=trace: samples per local step, for the trace's ms per sample",
-                                               lo=1, null="algorithm.batch_size"))
-    deadline_s: float | None = key(number("a round's deadline (s): a client not done by then is dropped (or, with "
-                                          "late_work=partial, sends the steps it finished)", lo=0, lo_open=True,
-                                          null="no deadline: the round waits for every kept client"))
-    over_selection: float = key(number("sample ceil(over_selection K) clients, keep the first K to finish", lo=1))
-    late_work: str = key(choice("a client the deadline cuts off: drop (its update is lost) | partial (it sends the "
-                                "local steps it finished in time, as FedNova's tau_i)", ("drop", "partial")))
-    retry_s: float = key(number("how long a round lasts in which no client takes part and no deadline is set (s)",
-                                lo=0, lo_open=True))
-    mode: str = key(choice("when the server steps (docs/async.md): sync (rounds: everyone starts together, the "
-                           "server waits) | fedbuff (C clients in flight, a step after every M arrivals, "
-                           "staleness-weighted) | fedasync (a step per arrival, x <- (1 - a) x + a x_k)",
-                           ("sync", "fedbuff", "fedasync")))
-    concurrency: int | None = key(integer("fedbuff, fedasync: C, the clients in flight (at most N)", lo=1,
-                                          null="algorithm.clients_per_round"))
-    buffer: int | None = key(integer("fedbuff: M, the arrivals each server step aggregates (at most C)", lo=1,
-                                     null="fedbuff: algorithm.clients_per_round; fedasync: 1"))
-    refill: str = key(choice("fedbuff, fedasync: when a slot its client's arrival freed starts a new client: arrival "
-                             "(at once, from the version current then: Nguyen et al.'s Algorithm 1) | step (at the "
-                             "next server step: FedScale's)", ("arrival", "step")))
-    max_staleness: int | None = key(integer("fedbuff, fedasync: an update more server versions stale than this is "
-                                            "dropped", lo=0, null="no limit"))
-    alpha: float = key(number("fedasync: the mixing weight a of x <- (1 - a s(tau)) x + a s(tau) x_k", lo=0,
-                              hi=1, lo_open=True))
-    staleness: str = key(choice("fedbuff, fedasync: s(tau) of an update tau versions stale: constant (1) | poly "
-                                "((1 + tau)^-staleness_exponent; 0.5: FedBuff's 1/sqrt(1 + tau)) | hinge (1 up to "
-                                "staleness_cutoff, then 1 / (staleness_exponent (tau - cutoff) + 1))",
-                                ("constant", "poly", "hinge")))
-    staleness_exponent: float = key(number("poly: the exponent; hinge: the slope a", lo=0))
-    staleness_cutoff: int = key(integer("hinge: b, the staleness up to which s(tau) = 1", lo=0))
-
-    @property
-    def on(self) -> bool:
-        """Whether any client differs from today's uniform, always-online, deadline-free world."""
-        return (self.speed != "equal" or self.availability != "always" or self.deadline_s is not None
-                or self.over_selection != 1 or self.mode != "sync")
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,7 +309,6 @@ class RunSettings:
     tune: Any = key(anything("a tuning study's settings (tune=NAME; checked by fedharness tune)"))
     ray: RaySettings = section(RaySettings)
     network: NetworkSettings = section(NetworkSettings)
-    systems: SystemsSettings = section(SystemsSettings)
     wandb: WandbSettings = section(WandbSettings)
     dp: DPSettings = section(DPSettings)
     eval: EvalSettings = section(EvalSettings)
@@ -380,6 +319,10 @@ class RunSettings:
     trial: int | None = field()  # not a config key: the tuning trial this run is (set by fedharness tune)
     attack: PartSettings | None = field()  # attack=NAME (algorithms/attacks.py), an optional group; None: no attack
     compress: PartSettings | None = field()  # compress=NAME (algorithms/compression.py), optional; None: dense updates
+    cadence: PartSettings = field()  # cadence=NAME (algorithms/cadences.py): when the server steps
+    speed: PartSettings = field()  # speed=NAME (algorithms/systems.py): each client's step time and links
+    availability: PartSettings = field()  # availability=NAME (algorithms/systems.py): when each client is online
+    staleness: PartSettings = field()  # staleness=NAME (algorithms/systems.py): s(tau) of a stale update
     config: dict[str, Any] = field(repr=False, compare=False)  # the plain validated config; read it, never change it
 
     @property
@@ -399,7 +342,8 @@ class RunSettings:
         values.update({name: PartSettings.of(config[name]) for name in parts_of(cls)})
         attack, compress = (PartSettings.of(config[g]) if config.get(g) is not None else None
                             for g in ("attack", "compress"))
-        return cls(**values, trial=config.get("trial"), attack=attack, compress=compress, config=config)
+        profiles = {g: PartSettings.of(config[g]) for g in PROFILE_GROUPS}
+        return cls(**values, trial=config.get("trial"), attack=attack, compress=compress, **profiles, config=config)
 
     def replace(self, **changes: Any) -> RunSettings:
         """New settings with `changes` (fields: values, sections and parts as their settings objects); `.config`

@@ -1,4 +1,4 @@
-"""Clients that are late: FedBuff and FedAsync on the simulated clock, in the one round loop (harness/core/flight.py),
+"""Clients that are late: FedBuff and FedAsync on the simulated clock, in the one round loop (algorithms/cadences.py),
 checked against synchronous FedAvg and an event-driven simulation written here."""
 
 from __future__ import annotations
@@ -8,21 +8,20 @@ import heapq
 import numpy as np
 import pytest
 
-import fedharness.core.engine as engine_module
-import fedharness.core.flight as flight_module
+import fedharness.algorithms.cadences as flight_module
 from fedharness.base import streams
 from fedharness.cli import main
 from fedharness.config.load import load_settings
 from fedharness.core.checkpoint import load_resume
 from fedharness.core.executors import InlineExecutor
-from fedharness.core.flight import AsyncRule
+from fedharness.algorithms.systems import ConstantStaleness, HingeStaleness, PolyStaleness
 from fedharness.runs.batch import Slot
 from fedharness.runs.execute import build_engine, execute, execute_batch, prepare_run
 from test_systems import (BW_SIGMA, DIM, DUTY, K, LR, MB_PER_S, N, PERIOD, SEED, SIGMA, STEP_S, STEPS, StopAt,
                           client_profile, quadratic, rows)
 from test_systems import world_rows as systems_world_rows
 
-LOGNORMAL = ["systems.speed=lognormal", f"systems.speed_sigma={SIGMA}", f"systems.bandwidth_sigma={BW_SIGMA}"]
+LOGNORMAL = ["speed=lognormal", f"speed.step_sigma={SIGMA}", f"speed.bandwidth_sigma={BW_SIGMA}"]
 
 
 # --- a: the synchronous round is the special case C = M = K ----------------------------------------------------
@@ -42,8 +41,8 @@ def test_fedbuff_with_c_and_m_equal_to_k_and_equal_profiles_is_synchronous_fedav
     steps = [] if refill == "step" else [f"algorithm.client_steps=[{','.join(['3'] * N)}]"]
     common = ["rounds=6", "replicas=2", "eval_every=1", f"results_dir={tmp_path}",
               f"algorithm.aggregator={aggregator}", *steps, *compress]
-    runs = {"sync": [], "fedbuff": ["systems.mode=fedbuff", f"systems.concurrency={K}", f"systems.buffer={K}",
-                                    f"systems.refill={refill}"]}
+    runs = {"sync": [], "fedbuff": ["cadence=fedbuff", f"cadence.concurrency={K}", f"cadence.buffer={K}",
+                                    f"cadence.refill={refill}"]}
     got = {}
     for name, extra in runs.items():
         assert execute(load_settings(quadratic(*common, *extra)), run_id=name).status == "ok"
@@ -115,7 +114,7 @@ def recorded_run(settings, monkeypatch):
     run = prepare_run(settings)
     engine = build_engine(run, InlineExecutor(run.problem, run.algorithm.solver, 1))
     events, log = [], []
-    run_version, refill = engine_module.run_version, flight_module._refill
+    run_version, refill = flight_module.run_version, flight_module._refill
 
     def recording(*args, **kwargs):
         log.append(([], [], None))
@@ -129,7 +128,7 @@ def recorded_run(settings, monkeypatch):
         refill(flight, v, p, rule, out, *args)
         log[-1][0].extend((k, t) for k, _, _ in out.started[0][before:])
 
-    monkeypatch.setattr(engine_module, "run_version", recording)
+    monkeypatch.setattr(flight_module, "run_version", recording)
     monkeypatch.setattr(flight_module, "_refill", recording_refill)
     x0 = engine.initial_state().x.double().numpy()[0]
     outcome = engine.run()
@@ -144,12 +143,13 @@ def recorded_run(settings, monkeypatch):
 def test_fedbuff_and_fedasync_follow_an_event_driven_simulation(mode, C, M, max_staleness, duty, refill, monkeypatch,
                                                                 tmp_path):
     versions, alpha, exponent = 25, 0.6, 0.5
-    availability = ["systems.availability=duty_cycle", f"systems.duty_cycle={DUTY}", f"systems.period_s={PERIOD}"]
+    availability = ["availability=duty_cycle", f"availability.duty_cycle={DUTY}", f"availability.period_s={PERIOD}"]
     settings = load_settings(quadratic(
-        f"rounds={versions}", f"results_dir={tmp_path}", *LOGNORMAL, f"systems.mode={mode}",
-        f"systems.concurrency={C}", f"systems.buffer={M}", f"systems.alpha={alpha}", f"systems.refill={refill}",
-        f"systems.max_staleness={'null' if max_staleness is None else max_staleness}",
-        f"systems.staleness_exponent={exponent}", *(availability if duty else [])))
+        f"rounds={versions}", f"results_dir={tmp_path}", *LOGNORMAL, f"cadence={mode}",
+        f"cadence.concurrency={C}", f"cadence.refill={refill}",
+        *([f"cadence.alpha={alpha}"] if mode == "fedasync" else [f"cadence.buffer={M}"]),
+        f"cadence.max_staleness={'null' if max_staleness is None else max_staleness}",
+        f"staleness.exponent={exponent}", *(availability if duty else [])))
     run, x0, events, final, got = recorded_run(settings, monkeypatch)
     want, x, log = simulate(run.problem.e_np, x0, versions, mode, C, M, max_staleness, alpha, exponent, duty, refill)
     assert events == want
@@ -180,7 +180,7 @@ def assert_same_log(got: list, want: list) -> None:
 
 
 def equal_profile(client: int) -> tuple[float, float, float]:
-    """systems.speed=equal: every client has the network's step time and bandwidth (and phase 0)."""
+    """speed=equal: every client has the network's step time and bandwidth (and phase 0)."""
     return STEP_S, MB_PER_S, 0.0
 
 
@@ -192,8 +192,8 @@ def test_simultaneous_arrivals_follow_the_tie_rule_of_each_refill(refill, monkey
     step starts its clients); refill=arrival takes arrivals at one instant first, then fills all 6 slots."""
     C, M, versions, steps = 6, 4, 8, [3] * N
     settings = load_settings(quadratic(
-        f"rounds={versions}", f"results_dir={tmp_path}", "systems.mode=fedbuff", f"systems.concurrency={C}",
-        f"systems.buffer={M}", f"systems.refill={refill}", f"algorithm.client_steps=[{','.join(map(str, steps))}]"))
+        f"rounds={versions}", f"results_dir={tmp_path}", "cadence=fedbuff", f"cadence.concurrency={C}",
+        f"cadence.buffer={M}", f"cadence.refill={refill}", f"algorithm.client_steps=[{','.join(map(str, steps))}]"))
     run, x0, _, final, got = recorded_run(settings, monkeypatch)
     _, x, want = simulate(run.problem.e_np, x0, versions, "fedbuff", C, M, None, 0.6, 0.5, False, refill,
                           equal_profile, steps)
@@ -209,25 +209,26 @@ def test_simultaneous_arrivals_follow_the_tie_rule_of_each_refill(refill, monkey
 
 def test_staleness_functions_are_fedasyncs_and_fedbuffs():
     tau = np.arange(8)
-    rule = AsyncRule("fedbuff", 4, 2, None, 0.6, "poly", 0.5, 0)
+    rule = PolyStaleness(0.5)
     np.testing.assert_allclose(rule.weight(tau), 1 / np.sqrt(1 + tau), rtol=1e-15)  # FedBuff's (FedScale's)
-    hinge = AsyncRule("fedasync", 4, 1, None, 0.6, "hinge", 0.5, 3)
+    hinge = HingeStaleness(0.5, 3)
     np.testing.assert_allclose(hinge.weight(tau), [1, 1, 1, 1, 1 / 1.5, 1 / 2, 1 / 2.5, 1 / 3], rtol=1e-15)
-    constant = AsyncRule("fedasync", 4, 1, None, 0.6, "constant", 0.5, 3)
+    constant = ConstantStaleness()
     assert (constant.weight(tau) == 1).all()
 
 
 # --- c: bad input ---------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides,key,allowed", [
-    (["systems.mode=fedbuff", "systems.concurrency=13"], "'systems.concurrency': 13", "at most the 12 clients"),
-    (["systems.mode=fedbuff", "systems.concurrency=4", "systems.buffer=5"], "'systems.buffer': 5", "at most"),
-    (["systems.mode=fedbuff", "systems.max_staleness=-1"], "'systems.max_staleness': -1", ">= 0"),
-    (["systems.mode=fedasync", "systems.alpha=0"], "'systems.alpha': 0", "(0, 1]"),
-    (["systems.mode=fedasync", "systems.alpha=1.5"], "'systems.alpha': 1.5", "(0, 1]"),
-    (["systems.mode=fedbuff", "systems.deadline_s=30"], "'systems.deadline_s': 30", "null with mode=fedbuff"),
-    (["systems.mode=fedbuff", "algorithm.sampler=yang_s1"], "'algorithm.sampler': 'yang_s1'", "without"),
-    (["systems.mode=fedasync", "attack=sign_flip", "algorithm.aggregator=mean"], "'stages': ['Adversary']",
+    (["cadence=fedbuff", "cadence.concurrency=13"], "'cadence.concurrency': 13", "at most the 12 clients"),
+    (["cadence=fedbuff", "cadence.concurrency=4", "cadence.buffer=5"], "'cadence.buffer': 5", "at most"),
+    (["cadence=fedbuff", "cadence.max_staleness=-1"], "'cadence.max_staleness': -1", ">= 0"),
+    (["cadence=fedasync", "cadence.alpha=0"], "'cadence.alpha': 0", "(0, 1]"),
+    (["cadence=fedasync", "cadence.alpha=1.5"], "'cadence.alpha': 1.5", "(0, 1]"),
+    (["cadence=fedbuff", "cadence.deadline_s=30"], "'cadence.deadline_s': '30'", "no such key; keys of 'cadence'"),
+    (["systems.mode=fedbuff"], "'systems.mode': 'fedbuff'", "it is now cadence=NAME"),  # the old spelling
+    (["cadence=fedbuff", "algorithm.sampler=yang_s1"], "'algorithm.sampler': 'yang_s1'", "without"),
+    (["cadence=fedasync", "attack=sign_flip", "algorithm.aggregator=mean"], "'stages': ['Adversary']",
      "(compression)"),
 ])
 def test_bad_async_input_one_message_exit_2_no_files(overrides, key, allowed, tmp_path, capsys):
@@ -243,15 +244,15 @@ def test_updates_in_flight_beyond_the_memory_budget_are_refused(tmp_path, capsys
     results = tmp_path / "results"
     # 12 clients x 3 floats x 8 bytes x 2 replicas = 576 bytes in flight; the budget, 300, trains one copy (240)
     assert main(["run", f"results_dir={results}", *quadratic("rounds=2", "replicas=2", "memory_budget_gb=3e-7"),
-                 "systems.mode=fedbuff", "systems.concurrency=12", "systems.buffer=2"]) == 2
+                 "cadence=fedbuff", "cadence.concurrency=12", "cadence.buffer=2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "'systems.concurrency': 12" in err[0] and "memory_budget_gb" in err[0], err
+    assert len(err) == 1 and "'cadence.concurrency': 12" in err[0] and "memory_budget_gb" in err[0], err
     assert not results.exists()
 
 
 # --- d: the same bits on shards, in a batch of seeds, resumed mid-flight ----------------------------------------
 
-WORLD = [*LOGNORMAL, "systems.mode=fedbuff", "systems.concurrency=6", "systems.buffer=2", "systems.max_staleness=3",
+WORLD = [*LOGNORMAL, "cadence=fedbuff", "cadence.concurrency=6", "cadence.buffer=2", "cadence.max_staleness=3",
          "dataset.data_seed=0", "replicas=2", "rounds=30", "eval_every=10"]
 
 

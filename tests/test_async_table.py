@@ -24,23 +24,22 @@ ASYNC_ROUNDS, ASYNC_EVERY = 24, 3
 
 
 def sweep(tmp_path) -> str:
-    return tiny_sweep(tmp_path, [{"systems.mode": ["sync"], "systems.deadline_s": [None, DEADLINE]},
-                                 {"systems.mode": ["fedbuff"], "systems.concurrency": [6], "systems.buffer": [2],
+    return tiny_sweep(tmp_path, [{"cadence": ["sync"], "cadence.deadline_s": [None, DEADLINE]},
+                                 {"cadence": ["fedbuff"], "cadence.concurrency": [6], "cadence.buffer": [2],
                                   "rounds": [2 * ROUNDS]},
-                                 {"systems.mode": ["fedasync"], "systems.concurrency": [4], "systems.alpha": [0.5],
+                                 {"cadence": ["fedasync"], "cadence.concurrency": [4], "cadence.alpha": [0.5],
                                   "rounds": [ASYNC_ROUNDS], "eval_every": [ASYNC_EVERY]}],
                       ok=4, num_clients=12, sampler="yang_s2", clients_per_round=K, rounds=ROUNDS, replicas=REPLICAS,
                       **{"network.compute_s_per_step": 0.05, "network.bandwidth_MB_per_s": 0.02,
-                         "systems.speed": "slow_tail"})
+                         "speed": "slow_tail"})
 
 
 def independent(res: str) -> pd.DataFrame:
     """Per (row, replica), from the Parquet files alone."""
     out = []
     for run, rep, r, first, last in parquet_replicas(res):
-        s = json.loads(run.config_json)["systems"]
-        row = (s["mode"], s["concurrency"], s["buffer"], s["alpha"] if s["mode"] == "fedasync" else None,
-               s["deadline_s"])
+        s = json.loads(run.config_json)["cadence"]
+        row = (s["name"], s.get("concurrency"), s.get("buffer"), s.get("alpha"), s.get("deadline_s"))
         out.append({"row": row, "replica": rep, "reached": first is not None, "step": at(first, "round"),
                     "sim_s": at(first, "sim_s"), "mb": mb_at(first),
                     "participants": r.loc[r["round"] > 0, "participants"].mean(),

@@ -81,10 +81,14 @@ def test_bad_value_one_line_exit_2_no_files(overrides, key, allowed, tmp_path, m
 @pytest.mark.slow  # CI only (issue 35: the default run in under 5 minutes); 8 s idle
 def test_every_yaml_key_is_declared_and_every_declared_key_is_in_the_yaml():
     top = schema.defaults()
-    assert set(top) - {"dataset", "partition", "model", "algorithm"} == \
+    assert set(top) - {"dataset", "partition", "model", "algorithm", *schema.CHOSEN} == \
         set(schema.TOP) - {"scale", "scales", "tune"} | set(schema.SECTIONS)
     for section, keys in schema.SECTIONS.items():
         assert set(top[section]) == set(keys), section
+    for group in schema.CHOSEN:  # cadence, speed, availability, staleness: each option's YAML is its keys
+        assert top[group]["name"] == schema.CHOSEN[group]
+        for option in group_options(group):
+            assert set(schema.defaults(group, option)) == set(schema.part_section_keys(group, option)), (group, option)
     for group in ("dataset", "partition", "model", "algorithm"):
         for option in group_options(group):
             yaml_keys = set(schema.defaults(group, option))
@@ -132,11 +136,11 @@ def test_a_full_disk_during_the_run_is_one_line(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("algorithm,override,key", [
     ("fedexp", "algorithm.aggregator=fednova", "algorithm.aggregator"),
     ("fedexp", "algorithm.aggregator=median", "algorithm.aggregator"),
-    ("fedexp", "systems.mode=fedbuff", "systems.mode"),
+    ("fedexp", "cadence=fedbuff", "cadence"),
     ("mime", "algorithm.server_optimizer=adam", "algorithm.server_optimizer"),
     ("mime", "algorithm.aggregator=fednova", "algorithm.aggregator"),
     ("mimelite", "algorithm.momentum=0.5", "algorithm.momentum"),
-    ("mime", "systems.mode=fedbuff", "systems.mode"),
+    ("mime", "cadence=fedbuff", "cadence"),
 ])
 def test_fedexp_and_mime_refuse_combinations_their_papers_do_not_define(tmp_path, algorithm, override, key):
     with pytest.raises(ConfigError) as err:

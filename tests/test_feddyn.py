@@ -176,7 +176,7 @@ def test_the_same_rows_on_ray(local_ray, tmp_path):
     ("algorithm.server_optimizer=adam", "algorithm.server_optimizer"),
     ("algorithm.sampler=poisson", "algorithm.sampler"),  # |P_t| would vary from round to round
     ("algorithm.dropout=0.2", "algorithm.dropout"),
-    ("systems.deadline_s=2", "systems.deadline_s"),
+    ("cadence.deadline_s=2", "cadence.deadline_s"),
 ])
 def test_combinations_outside_the_paper_are_refused_in_one_line(override, key, tmp_path, capsys):
     results = tmp_path / "results"

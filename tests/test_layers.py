@@ -351,3 +351,36 @@ def test_the_contracts_name_nothing_above_base_not_even_for_annotations():
              for a in n.names}
     project = {m for m in named if m and m.startswith("fedharness")}
     assert {m for m in project if not m.startswith("fedharness.base")} == set()
+
+
+# The engine runs every cadence, speed, availability and staleness function the same way (issue 52): the options
+# are parts chosen from their groups, so no module of harness/core names one. The names are the shipped options'
+# (conf/<group>/*.yaml), matched as string constants outside docstrings: a comparison, a membership test or a
+# dispatch table keyed by name all need one.
+PROFILE_GROUPS = ("cadence", "speed", "availability", "staleness")
+PROFILE_NAMES = frozenset(p.stem for g in PROFILE_GROUPS for p in (ROOT / "conf" / g).glob("*.yaml"))
+
+
+def profile_names(source: str, where: str) -> list[str]:
+    """`where:line name` for each string constant of `source` (docstrings aside) that is a shipped option's name."""
+    tree = ast.parse(source)
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [f"{where}:{node.lineno} {node.value}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            and node.value in PROFILE_NAMES]
+
+
+def test_the_core_compares_no_cadence_speed_or_availability_name():
+    assert {"sync", "fedbuff", "fedasync", "lognormal", "duty_cycle", "poly"} <= PROFILE_NAMES
+    modules = [m for m in MODULES if m.startswith("fedharness.core")]
+    assert len(modules) > 10
+    assert [hit for m in modules for hit in profile_names(MODULES[m].read_text(), m)] == []
+
+
+def test_the_profile_check_sees_a_comparison_and_not_a_docstring():
+    """The engine before issue 52, one of its lines: a branch on the asynchronous rule's mode."""
+    source = ('"""Runs fedbuff and fedasync."""\nif self.rule.mode == "fedasync":\n    update = update + x\n'
+              'speeds = {"lognormal": LognormalSpeeds}\n')
+    assert profile_names(source, "engine") == ["engine:2 fedasync", "engine:4 lognormal"]

@@ -78,8 +78,8 @@ def test_config_names_the_groups_and_options_there_are(capsys):
                                                "label_flip, sign_flip, gaussian, scaling, alie, ipm)")
     assert main(["config", "nope"]) == 2
     assert capsys.readouterr().err.strip() == ("fedharness: error: invalid value for 'group': 'nope' (one of: "
-                                               "algorithm, attack, compress, dataset, model, partition, stages, sweep, "
-                                               "tune)")
+                                               "algorithm, attack, availability, cadence, compress, dataset, model, "
+                                               "partition, speed, stages, staleness, sweep, tune)")
 
 
 def test_run_help_names_every_attacks_keys(capsys):

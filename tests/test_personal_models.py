@@ -205,9 +205,9 @@ REFUSED = [
      "(none with algorithm.solver=fedrep (not yet combined with personal models))"),
     (["algorithm=fedbabu", "compress=topk", "stages=[compress]"], "invalid value for 'compress': 'topk' (none with "
      "algorithm.solver=fedbabu (not yet combined with personal models))"),
-    (["algorithm=ditto", "systems.deadline_s=2"], "invalid value for 'systems.deadline_s': 2 (null with "
+    (["algorithm=ditto", "cadence.deadline_s=2"], "invalid value for 'cadence.deadline_s': 2 (null with "
      "algorithm.solver=ditto (a cut-off client's personal model would be half-trained))"),
-    (["algorithm=fedrep", "systems.mode=fedbuff"], "invalid value for 'systems.mode': 'fedbuff' (sync with "
+    (["algorithm=fedrep", "cadence=fedbuff"], "invalid value for 'cadence': 'fedbuff' (sync with "
      "algorithm.solver=fedrep (its clients train from the round's global model))"),
     (["algorithm=fedavg"], "invalid value for 'eval.personal': ['global', 'personal'] (global and/or finetune: "
      "algorithm.solver=sgd keeps no personal model (the personal protocol needs one that does: ditto, fedrep, "

@@ -304,7 +304,7 @@ def test_report_fits_the_speedup_in_simulated_seconds_from_each_replicas_clock(r
         execute(run_config("dataset=synthetic", "dataset.num_clients=16", "dataset.samples_per_client=50",
                            "eval_every=2", "rounds=30", "replicas=3", "reference=off", "heterogeneity=false",
                            "algorithm.sampler=yang_s2", f"algorithm.clients_per_round={K}",
-                           "network.compute_s_per_step=0.1", "systems.speed=slow_tail", "systems.slow_fraction=0.3"))
+                           "network.compute_s_per_step=0.1", "speed=slow_tail", "speed.fraction=0.3"))
     target = parse_target("train_loss<=1.0")
     report = build_report(load_results(tmp_path / "results"), targets=[target],
                           scale_key="algorithm.clients_per_round", out_dir=tmp_path / "report", bootstrap=20)

@@ -116,7 +116,8 @@ def test_settings_travel_as_their_config(settings):
 def test_the_schema_top_keys_and_sections_are_the_dataclass_fields():
     assert schema.TOP == keys_of(RunSettings)
     assert schema.SECTIONS == {name: keys_of(cls) for name, cls in sections_of(RunSettings).items()}
-    groups = {"dataset", "partition", "model", "algorithm", "attack", "compress"}  # attack, compress: optional groups
+    groups = {"dataset", "partition", "model", "algorithm", "attack", "compress", "cadence", "speed", "availability",
+              "staleness"}  # attack, compress: optional groups
     assert {f.name for f in dataclasses.fields(RunSettings)} == set(schema.TOP) | set(schema.SECTIONS) | groups | \
         {"trial", "config"}
     for name, cls in sections_of(RunSettings).items():
@@ -148,9 +149,17 @@ def test_a_config_recorded_before_a_key_existed_reads_with_todays_default():
     from fedharness.config.load import load_config, recorded_settings
 
     old = json.loads(json.dumps(load_config(["network.bandwidth_MB_per_s=3", "rounds=7"])))
-    del old["network"]["upload_MB_per_s"], old["systems"]
+    del old["network"]["upload_MB_per_s"], old["cadence"], old["speed"], old["availability"], old["staleness"]
     with pytest.raises(KeyError):
         RunSettings.from_config(old)
     settings = recorded_settings(old)
-    assert settings.network.upload_MB_per_s is None and settings.systems.speed == "equal"
+    assert settings.network.upload_MB_per_s is None and settings.speed.name == "equal"
     assert settings.network.bandwidth_MB_per_s == 3 and settings.rounds == 7
+    # a `systems` section (recorded before the cadence and profile groups): its choices and keys in the groups
+    old["systems"] = {"mode": "fedbuff", "concurrency": 6, "buffer": 2, "speed": "lognormal", "speed_sigma": 0.3,
+                      "availability": "always", "staleness": "hinge", "staleness_exponent": 2.0, "deadline_s": None}
+    settings = recorded_settings(old)
+    assert settings.cadence.as_dict() == {"name": "fedbuff", "retry_s": 60.0, "concurrency": 6, "buffer": 2,
+                                          "refill": "arrival", "max_staleness": None}
+    assert settings.speed.as_dict() == {"name": "lognormal", "step_sigma": 0.3, "bandwidth_sigma": 0.5}
+    assert settings.staleness.as_dict() == {"name": "hinge", "slope": 2.0, "cutoff": 4}

@@ -12,7 +12,7 @@ from fedharness.algorithms.schedules import Constant, InverseStep
 from fedharness.algorithms.server import ServerMomentum, ServerSGD
 from fedharness.algorithms.solvers import LocalSGD
 from fedharness.contracts import Algorithm
-from fedharness.core.engine import trained_clients
+from fedharness.core.planning import trained_clients
 from fedharness.core.slots import SlotServer, SlotSet, SlotSolver
 
 

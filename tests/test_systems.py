@@ -40,8 +40,8 @@ def rows(results_dir, run_id: str) -> list[tuple]:
 
 
 def test_equal_profiles_always_online_and_no_deadline_give_todays_run_bit_for_bit(tmp_path):
-    runs = {"today": [], "equal": ["systems.speed=lognormal", "systems.speed_sigma=0", "systems.bandwidth_sigma=0",
-                                   "systems.availability=duty_cycle", "systems.duty_cycle=1.0"]}
+    runs = {"today": [], "equal": ["speed=lognormal", "speed.step_sigma=0", "speed.bandwidth_sigma=0",
+                                   "availability=duty_cycle", "availability.duty_cycle=1.0"]}
     got = {}
     for name, extra in runs.items():
         settings = load_settings(quadratic("rounds=6", f"results_dir={tmp_path}", *extra))
@@ -53,8 +53,8 @@ def test_equal_profiles_always_online_and_no_deadline_give_todays_run_bit_for_bi
 
 def test_an_uplink_of_its_own_times_the_upload_with_the_section_off_as_on(tmp_path):
     slow_up = [f"network.upload_MB_per_s={MB_PER_S / 100}", "rounds=2", f"results_dir={tmp_path}"]
-    for name, extra in (("off", []), ("on", ["systems.speed=lognormal", "systems.speed_sigma=0",
-                                             "systems.bandwidth_sigma=0"])):
+    for name, extra in (("off", []), ("on", ["speed=lognormal", "speed.step_sigma=0",
+                                             "speed.bandwidth_sigma=0"])):
         assert execute(load_settings(quadratic(*slow_up, *extra)), run_id=name).status == "ok"
     off, on = rows(tmp_path, "off"), rows(tmp_path, "on")
     assert off == on
@@ -120,9 +120,9 @@ def test_deadline_and_over_selection_keep_the_clients_a_client_by_client_simulat
     rounds = 12
     settings = load_settings(quadratic(
         f"rounds={rounds}", f"results_dir={tmp_path}", f"algorithm.aggregator={aggregator}",
-        "systems.speed=lognormal", f"systems.speed_sigma={SIGMA}", f"systems.bandwidth_sigma={BW_SIGMA}",
-        "systems.availability=duty_cycle", f"systems.duty_cycle={DUTY}", f"systems.period_s={PERIOD}",
-        f"systems.deadline_s={deadline}", f"systems.over_selection={over}", f"systems.late_work={late_work}"))
+        "speed=lognormal", f"speed.step_sigma={SIGMA}", f"speed.bandwidth_sigma={BW_SIGMA}",
+        "availability=duty_cycle", f"availability.duty_cycle={DUTY}", f"availability.period_s={PERIOD}",
+        f"cadence.deadline_s={deadline}", f"cadence.over_selection={over}", f"cadence.late_work={late_work}"))
     run = prepare_run(settings)
     engine = build_engine(run, InlineExecutor(run.problem, run.algorithm.solver, 1))
     plans, lengths = [], []
@@ -157,8 +157,8 @@ def test_deadline_and_over_selection_keep_the_clients_a_client_by_client_simulat
 
 def test_a_round_nobody_takes_part_in_moves_nothing_and_says_so(tmp_path):
     settings = load_settings(quadratic("rounds=8", f"results_dir={tmp_path}", "eval_every=1",
-                                       "systems.availability=duty_cycle", "systems.duty_cycle=0.05",
-                                       "systems.period_s=1000", "systems.retry_s=7.5"))
+                                       "availability=duty_cycle", "availability.duty_cycle=0.05",
+                                       "availability.period_s=1000", "cadence.retry_s=7.5"))
     assert execute(settings, run_id="r").status == "ok"
     table = sorted(ds.dataset(tmp_path / "rounds" / "run_id=r", format="parquet").to_table().to_pylist(),
                    key=lambda r: r["round"])
@@ -170,12 +170,12 @@ def test_a_round_nobody_takes_part_in_moves_nothing_and_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("overrides,key,allowed", [
-    (["systems.over_selection=0.9"], "'systems.over_selection': 0.9", ">= 1"),
-    (["systems.deadline_s=1.0"], "'systems.deadline_s': 1.0", "fastest client's transfer"),
-    (["systems.deadline_s=1.0", "systems.speed=slow_tail"], "'systems.deadline_s': 1.0", "fastest client's"),
-    (["systems.over_selection=1.5", "algorithm.sampler=yang_s1"], "'systems.over_selection': 1.5", "without"),
-    (["systems.over_selection=4"], "'systems.over_selection': 4", "at most N / K"),
-    (["systems.speed=trace"], "'systems.device_trace': None", "a file"),
+    (["cadence.over_selection=0.9"], "'cadence.over_selection': 0.9", ">= 1"),
+    (["cadence.deadline_s=1.0"], "'cadence.deadline_s': 1.0", "fastest client's transfer"),
+    (["cadence.deadline_s=1.0", "speed=slow_tail"], "'cadence.deadline_s': 1.0", "fastest client's"),
+    (["cadence.over_selection=1.5", "algorithm.sampler=yang_s1"], "'cadence.over_selection': 1.5", "without"),
+    (["cadence.over_selection=4"], "'cadence.over_selection': 4", "at most N / K"),
+    (["speed=trace"], "'speed.file': None", "a file"),
 ])
 def test_bad_systems_input_one_message_exit_2_no_files(overrides, key, allowed, tmp_path, capsys):
     results = tmp_path / "results"
@@ -188,10 +188,10 @@ def test_bad_systems_input_one_message_exit_2_no_files(overrides, key, allowed, 
 
 # --- the same bits everywhere ---------------------------------------------------------------------------------
 
-WORLD = ["algorithm.aggregator=fednova", "dataset.data_seed=0", "replicas=2", "rounds=30", "eval_every=10", "systems.speed=lognormal",
-         f"systems.speed_sigma={SIGMA}", "systems.availability=duty_cycle", f"systems.duty_cycle={DUTY}",
-         f"systems.period_s={PERIOD}", "systems.deadline_s=10.0", "systems.over_selection=1.5",
-         "systems.late_work=partial"]
+WORLD = ["algorithm.aggregator=fednova", "dataset.data_seed=0", "replicas=2", "rounds=30", "eval_every=10", "speed=lognormal",
+         f"speed.step_sigma={SIGMA}", "availability=duty_cycle", f"availability.duty_cycle={DUTY}",
+         f"availability.period_s={PERIOD}", "cadence.deadline_s=10.0", "cadence.over_selection=1.5",
+         "cadence.late_work=partial"]
 
 
 class StopAt(Callback):
@@ -209,25 +209,36 @@ def world_rows(tmp_path, run_id: str, *extra: str, callbacks=(), world=WORLD) ->
     return rows(tmp_path, run_id)
 
 
+def resumed_rows(tmp_path, world: list[str], stop_at: int) -> list[tuple]:
+    """The rows of `world` stopped after round `stop_at`, then resumed from its last checkpoint (every 5 rounds)."""
+    world_rows(tmp_path, "resumed", "checkpoint_every=5", callbacks=[StopAt(stop_at)], world=world)
+    settings = load_settings(quadratic(f"results_dir={tmp_path}", *world, "checkpoint_every=5", "resume=resumed"))
+    assert execute(settings).status == "ok"
+    return rows(tmp_path, "resumed")
+
+
+def batch_rows(tmp_path, world: list[str]) -> tuple[list[tuple], list[tuple]]:
+    """The rows of `world` with seeds SEED and SEED + 1 (one replica each) run as one batch of two slots."""
+
+    def slot(seed: int) -> Slot:
+        return Slot(load_settings(quadratic(f"results_dir={tmp_path}", *world, "replicas=1", f"seed={seed}")),
+                    f"batch-{seed}")
+
+    assert [r.status for r in execute_batch([slot(SEED), slot(SEED + 1)])] == ["ok", "ok"]
+    return rows(tmp_path, f"batch-{SEED}"), rows(tmp_path, f"batch-{SEED + 1}")
+
+
 def test_profiles_deadline_and_over_selection_give_the_same_rows_on_shards_in_a_batch_and_resumed(tmp_path):
     alone = world_rows(tmp_path, "alone")
     assert len(alone) == 8 and any(r[-1] < K for r in alone[1:])  # 2 replicas x 4 evaluations; someone missed out
     assert world_rows(tmp_path, "three", "num_shards=3") == alone
 
-    world_rows(tmp_path, "resumed", "checkpoint_every=5", callbacks=[StopAt(17)])
-    settings = load_settings(quadratic(f"results_dir={tmp_path}", *WORLD, "checkpoint_every=5", "resume=resumed"))
-    assert execute(settings).status == "ok"
-    assert rows(tmp_path, "resumed") == alone
-
-    def slot(seed: int) -> Slot:
-        return Slot(load_settings(quadratic(f"results_dir={tmp_path}", *WORLD, "replicas=1", f"seed={seed}")),
-                    f"batch-{seed}")
-
-    assert [r.status for r in execute_batch([slot(SEED), slot(SEED + 1)])] == ["ok", "ok"]
+    assert resumed_rows(tmp_path, WORLD, 17) == alone
+    first, second = batch_rows(tmp_path, WORLD)
     replica0 = [r for r in alone if r[0] == 0]
-    assert rows(tmp_path, f"batch-{SEED}") == replica0
+    assert first == replica0
     solo = world_rows(tmp_path, "solo-next", "replicas=1", f"seed={SEED + 1}")
-    assert rows(tmp_path, f"batch-{SEED + 1}") == solo != replica0
+    assert second == solo != replica0
 
 
 @pytest.mark.slow  # CI: Ray's start-up
@@ -255,9 +266,9 @@ def write_traces(folder) -> tuple[str, str]:
 def test_a_run_on_fedscale_traces_keeps_only_online_clients_in_time(tmp_path):
     device, behave = write_traces(tmp_path)
     settings = load_settings(quadratic(f"results_dir={tmp_path / 'r'}", "rounds=12", "eval_every=1",
-                                       "systems.speed=trace", f"systems.device_trace={device}",
-                                       "systems.trace_batch_size=10", "systems.availability=trace",
-                                       f"systems.availability_trace={behave}", "systems.deadline_s=25"))
+                                       "speed=trace", f"speed.file={device}",
+                                       "speed.samples_per_step=10", "availability=trace",
+                                       f"availability.file={behave}", "cadence.deadline_s=25"))
     assert execute(settings, run_id="t").status == "ok"
     table = sorted(ds.dataset(tmp_path / "r" / "rounds", format="parquet").to_table().to_pylist(),
                    key=lambda r: r["round"])
@@ -281,22 +292,22 @@ def test_bad_trace_files_one_message_exit_2_no_files(tmp_path, capsys):
     broken.write_bytes(pickle.dumps({1: {"active": [9.0], "inactive": [5.0], "finish_time": 100.0}}))
     numpy_inside = tmp_path / "numpy.pkl"  # an array: a global the reader refuses (numpy numbers it reads)
     numpy_inside.write_bytes(pickle.dumps({1: {"active": np.array([1.0]), "inactive": [5.0], "finish_time": 9.0}}))
-    cases = [([f"systems.availability_trace={broken}"], "'systems.availability_trace'", "ends (5.0) before it starts"),
-             ([f"systems.availability_trace={device}"], "'systems.availability_trace'", "no 'finish_time' key"),
-             ([f"systems.availability_trace={tmp_path / 'nope.pkl'}"], "'systems.availability_trace'", "not found"),
-             ([f"systems.availability_trace={numpy_inside}"], "'systems.availability_trace'", "multiarray._reconstruct")]
+    cases = [([f"availability.file={broken}"], "'availability.file'", "ends (5.0) before it starts"),
+             ([f"availability.file={device}"], "'availability.file'", "no 'finish_time' key"),
+             ([f"availability.file={tmp_path / 'nope.pkl'}"], "'availability.file'", "not found"),
+             ([f"availability.file={numpy_inside}"], "'availability.file'", "multiarray._reconstruct")]
     for overrides, key, allowed in cases:
         results = tmp_path / "results"
-        assert main(["run", f"results_dir={results}", *quadratic("rounds=2"), "systems.availability=trace",
+        assert main(["run", f"results_dir={results}", *quadratic("rounds=2"), "availability=trace",
                      *overrides]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and key in err[0] and allowed in err[0], err
         assert not results.exists()
     # a deadline below the fastest entry's transfer: 48 bytes at 20 kB/s is 2.4 ms
-    assert main(["run", f"results_dir={tmp_path / 'results'}", *quadratic("rounds=2"), "systems.speed=trace",
-                 f"systems.device_trace={device}", "systems.deadline_s=0.002"]) == 2
+    assert main(["run", f"results_dir={tmp_path / 'results'}", *quadratic("rounds=2"), "speed=trace",
+                 f"speed.file={device}", "cadence.deadline_s=0.002"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "'systems.deadline_s': 0.002" in err and "0.0024 s" in err
+    assert "'cadence.deadline_s': 0.002" in err and "0.0024 s" in err
     assert not (tmp_path / "results").exists()
 
 

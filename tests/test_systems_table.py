@@ -22,13 +22,13 @@ DEADLINE = 0.5  # a median client: 5 steps of 0.05 s and 2 x 2,600 bytes at 0.02
 
 
 def sweep(tmp_path) -> str:
-    return tiny_sweep(tmp_path, [{"algorithm": ["fedavg"], "systems.deadline_s": [None, DEADLINE]},
-                                 {"algorithm": ["fedavg"], "systems.over_selection": [1.5]},
-                                 {"algorithm": ["fednova"], "systems.deadline_s": [DEADLINE],
-                                  "systems.late_work": ["partial"]}],
+    return tiny_sweep(tmp_path, [{"algorithm": ["fedavg"], "cadence.deadline_s": [None, DEADLINE]},
+                                 {"algorithm": ["fedavg"], "cadence.over_selection": [1.5]},
+                                 {"algorithm": ["fednova"], "cadence.deadline_s": [DEADLINE],
+                                  "cadence.late_work": ["partial"]}],
                       ok=4, num_clients=12, sampler="yang_s2", clients_per_round=K, rounds=ROUNDS, replicas=REPLICAS,
                       **{"network.compute_s_per_step": 0.05, "network.bandwidth_MB_per_s": 0.02,
-                         "systems.speed": "lognormal"})
+                         "speed": "lognormal"})
 
 
 def independent(res: str) -> pd.DataFrame:
@@ -36,8 +36,8 @@ def independent(res: str) -> pd.DataFrame:
     out = []
     for run, rep, r, first, last in parquet_replicas(res):
         cfg = json.loads(run.config_json)
-        row = (cfg["algorithm"]["aggregator"], cfg["systems"]["over_selection"], cfg["systems"]["deadline_s"],
-               cfg["systems"]["late_work"])
+        row = (cfg["algorithm"]["aggregator"], cfg["cadence"]["over_selection"], cfg["cadence"]["deadline_s"],
+               cfg["cadence"]["late_work"])
         out.append({"row": row, "replica": rep, "reached": first is not None, "round": at(first, "round"),
                     "sim_s": at(first, "sim_s"), "participants": r.loc[r["round"] > 0, "participants"].mean(),
                     "max_participants": r["participants"].max(),

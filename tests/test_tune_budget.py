@@ -82,8 +82,8 @@ def test_a_budget_with_slow_and_absent_clients_follows_the_clock(tmp_path, kind)
     clock: the replayed plans (on the clock, with the encoded upload's size) give the run's exact rounds."""
     cfg = load_config(["dataset=quadratic", "dataset.num_clients=20", "algorithm.sampler=yang_s2",
                        "algorithm.clients_per_round=5", "algorithm.local_steps=6", "algorithm.aggregator=fednova",
-                       "network.compute_s_per_step=1.0", "systems.speed=lognormal", "systems.deadline_s=5.0",
-                       "systems.late_work=partial", "systems.availability=duty_cycle", "systems.period_s=40",
+                       "network.compute_s_per_step=1.0", "speed=lognormal", "cadence.deadline_s=5.0",
+                       "cadence.late_work=partial", "availability=duty_cycle", "availability.period_s=40",
                        "compress=topk", "compress.ratio=0.2", f"results_dir={tmp_path}", "progress=false"])
     budget = Budget(kind, 400 if kind == "local_steps" else 20_000)
     cfg["rounds"] = budget.rounds_for(cfg)
@@ -161,8 +161,8 @@ def test_a_budget_other_than_rounds_refuses_an_asynchronous_run_in_one_line():
     from fedharness.errors import ConfigError
 
     cfg = load_config(["dataset=quadratic", "algorithm.sampler=yang_s2", "algorithm.clients_per_round=4",
-                       "systems.mode=fedbuff", "systems.concurrency=8", "systems.buffer=4"])
+                       "cadence=fedbuff", "cadence.concurrency=8", "cadence.buffer=4"])
     with pytest.raises(ConfigError) as err:
         Budget("local_steps", 400).rounds_for(cfg)
-    assert err.value.key == "systems.mode" and err.value.value == "fedbuff" and "in rounds" in err.value.allowed
+    assert err.value.key == "cadence" and err.value.value == "fedbuff" and "in rounds" in err.value.allowed
     assert Budget("rounds", 40).rounds_for(cfg) == 40  # server steps

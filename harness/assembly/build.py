@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import math
+from typing import Any, Callable
 
 from fedharness.algorithms.byzantine import Adversary
 from fedharness.algorithms.compression import Compression
 from fedharness.algorithms.registry import build_algorithm
 from fedharness.assembly.privacy import privacy_for
-from fedharness.assembly.systems import sampled_per_round
+from fedharness.assembly.systems import cadence_for
 from fedharness.config.schema import check_data_clients, stage_name
-from fedharness.contracts import Attack, Compressor, CopyEvaluation, IndependentInclusion, Labelled, PersonalSolver, \
-    UpdateAggregator, UpdateStage
+from fedharness.contracts import SHARDS, Attack, Compressor, CopyEvaluation, IndependentInclusion, Labelled, \
+    PersonalSolver, UpdateAggregator, UpdateStage
 from fedharness.core.buffers import buffer_dim
 from fedharness.core.client_store import declared_slots, require_slots_fit, slot_holders
 from fedharness.core.executors import entry_bytes, require_fits_budget
@@ -25,12 +26,11 @@ from fedharness.settings import RunSettings
 
 
 def algorithm_for(settings: RunSettings, problem):
-    """The algorithm's parts; its sampler draws ceil(over_selection K) clients where systems over-select, C
-    (systems.concurrency) a server version with asynchronous aggregation."""
+    """The algorithm's parts; its sampler draws what the cadence asks of it (Cadence.sampled: ceil(over_selection K)
+    where rounds over-select, C a server version for FedBuff and FedAsync)."""
     keys = {**settings.algorithm.as_dict(), "rounds": settings.rounds}  # schedules: rounds
-    if (settings.systems.over_selection != 1 or settings.systems.mode != "sync") \
-            and keys.get("clients_per_round") is not None:
-        keys["clients_per_round"] = sampled_per_round(settings)
+    if keys.get("clients_per_round") is not None:
+        keys["clients_per_round"] = cadence_for(settings).sampled(int(keys["clients_per_round"]))
     return build_algorithm(keys, problem)
 
 
@@ -105,28 +105,43 @@ def check_slots(settings: RunSettings, problem, solver, stages) -> None:
                       copies, settings.client_slots_on_disk)
 
 
+# the built-in stages, each built from its own section (registry/groups.py BUILTIN_STAGES: the `stages` entries)
+BUILTIN: dict[str, Callable[[RunSettings, Any, Any], UpdateStage | None]] = {
+    "attack": adversary_for, "dp": lambda settings, algorithm, problem: privacy_for(settings, problem),
+    "compress": lambda settings, algorithm, problem: compression_for(settings, problem)}
+
+
 def stages_for(settings: RunSettings, algorithm, problem) -> Stages:
-    """The run's update stages in the order of its `stages` key: attack and dp from their own sections (left out
-    when off), a user's from the registry with its entry's keys; each one's needs checked before the run starts."""
-    built = []
+    """The run's update stages in the order of its `stages` key: the built-ins from their own sections (left out
+    when off), a user's from the registry with its entry's keys; each one's needs and the order its declarations
+    ask for (contracts.UpdateStage: place, last) checked before the run starts."""
+    named = []
     for entry in settings.stages:
         name = stage_name(entry)
-        if name == "attack":
-            stage = adversary_for(settings, algorithm, problem)
-        elif name == "dp":
-            stage = privacy_for(settings, problem)
-        elif name == "compress":
-            stage = compression_for(settings, problem)
+        if name in BUILTIN:
+            stage = BUILTIN[name](settings, algorithm, problem)
         else:
             keys = {} if isinstance(entry, str) else {k: v for k, v in entry.items() if k != "name"}
             stage = STAGES.build(name, {**stage_defaults(name), **keys}, {"problem": problem})
             require(isinstance(stage, UpdateStage), "stages", name, "its factory must build an update stage "
                     "(subclass fedharness.contracts.UpdateStage)")
         if stage is not None:
-            if name != "attack":  # adversary_for checked it
-                check_needs(stage, "stages", name, settings, algorithm, problem)
-            built.append(stage)
-    return Stages(built)
+            named.append((name, stage))
+    check_order(named)
+    for name, stage in named:
+        check_needs(stage, "stages", name, settings, algorithm, problem)
+    return Stages([stage for _, stage in named])
+
+
+def check_order(named: list[tuple[str, UpdateStage]]) -> None:
+    """No stage that acts in the shards after one whose change must be the last there (contracts.UpdateStage)."""
+    names = [name for name, _ in named]
+    for i, (name, stage) in enumerate(named):
+        after = [later for later, s in named[i + 1:] if s.place == SHARDS]
+        require(not (stage.last and after), "stages", names, f"{after[0] if after else ''} before {name} (e.g. "
+                f"stages=[attack,compress,dp]): {name}'s change to each update must be the last before the sum "
+                f"(DP-FedAvg's guarantee bounds the clipped updates; error feedback would add unclipped residuals "
+                f"after it)")
 
 
 def check_needs(stage: UpdateStage, key: str, value: str, settings: RunSettings, algorithm, problem) -> None:

@@ -30,7 +30,8 @@ def _conf_dir() -> Path:
 
 
 CONF_DIR = _conf_dir()
-GROUPS = ("dataset", "partition", "model", "algorithm", "attack", "compress", "experiment", "tune", "sweep")
+GROUPS = ("dataset", "partition", "model", "algorithm", "attack", "compress", "cadence", "speed", "availability",
+          "staleness", "experiment", "tune", "sweep")
 
 # `${div:a,b}` = max(1, a // b) in configs, e.g. a budget of local steps: rounds: ${div:10000,${algorithm.local_steps}}
 if not OmegaConf.has_resolver("div"):
@@ -48,11 +49,34 @@ def user_config_dirs() -> list[str]:
     return [d for d in os.environ.get("FEDHARNESS_CONFIG_PATH", "").split(os.pathsep) if d]
 
 
-MOVED = {"dataset.eval_clients": "eval.clients"}  # a removed key -> the key that now does its work
+# a removed key -> the key that now does its work (and where it is described)
+MOVED = {"dataset.eval_clients": "eval.clients (docs/results.md, Evaluation on a sample)",
+         "systems": "the groups cadence, speed, availability and staleness (docs/systems.md)",
+         **{f"systems.{old}": f"{new} (docs/systems.md)" for old, new in (
+             ("mode", "cadence=NAME (sync, fedbuff, fedasync)"), ("speed", "speed=NAME"),
+             ("availability", "availability=NAME"), ("staleness", "staleness=NAME"),
+             ("speed_sigma", "speed.step_sigma with speed=lognormal"),
+             ("bandwidth_sigma", "speed.bandwidth_sigma with speed=lognormal"),
+             ("slow_fraction", "speed.fraction with speed=slow_tail"),
+             ("slow_factor", "speed.factor with speed=slow_tail"), ("device_trace", "speed.file with speed=trace"),
+             ("trace_batch_size", "speed.samples_per_step with speed=trace"),
+             ("duty_cycle", "availability.duty_cycle with availability=duty_cycle"),
+             ("period_s", "availability.period_s with availability=duty_cycle"),
+             ("availability_trace", "availability.file with availability=trace"),
+             ("deadline_s", "cadence.deadline_s (cadence=sync)"),
+             ("over_selection", "cadence.over_selection (cadence=sync)"),
+             ("late_work", "cadence.late_work (cadence=sync)"), ("retry_s", "cadence.retry_s"),
+             ("concurrency", "cadence.concurrency with cadence=fedbuff or fedasync"),
+             ("buffer", "cadence.buffer with cadence=fedbuff"),
+             ("refill", "cadence.refill with cadence=fedbuff or fedasync"),
+             ("max_staleness", "cadence.max_staleness with cadence=fedbuff or fedasync"),
+             ("alpha", "cadence.alpha with cadence=fedasync"),
+             ("staleness_exponent", "staleness.exponent with staleness=poly, staleness.slope with staleness=hinge"),
+             ("staleness_cutoff", "staleness.cutoff with staleness=hinge"))}}
 
 
 def moved(key: str) -> str:
-    return f"no such key: it is now {MOVED[key]} (docs/results.md, Evaluation on a sample)"
+    return f"no such key: it is now {MOVED[key]}"
 
 
 def _explain(overrides: list[str], err: Exception, config_name: str = "config") -> ConfigError:

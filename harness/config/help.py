@@ -37,7 +37,7 @@ def _line(key: str, default: Any, doc: str) -> str:
 def _options_line(group: str, default: str, options: list[str] | tuple[str, ...] | None = None) -> str:
     """The group's options, `default` starred; `options`: the group's config names unless given."""
     names = [f"{o}*" if o == default else o for o in (group_options(group) if options is None else options)]
-    return f"  {group:<11}{', '.join(names)}"
+    return f"  {group + ' ':<11}{', '.join(names)}"
 
 
 def describe_run() -> str:
@@ -47,7 +47,7 @@ def describe_run() -> str:
     lines = ["config groups (group=OPTION, * the default; `fedharness config GROUP` shows a group's keys):"]
     lines += [_options_line(g, top[g]["name"]) for g in HELP_GROUPS]
     lines.append(_options_line("experiment", "") + "  (paper reproductions; none by default)")
-    lines += [_options_line(g, schema.NONE, schema.part_options(g)) for g in schema.PART_GROUPS]
+    lines += [_options_line(g, schema.part_default(g), schema.part_options(g)) for g in schema.PART_GROUPS]
     lines += ["", "keys (key = default  doc); set any as key=value, e.g. rounds=50 ray.num_shards=4:"]
     for key, spec in schema.TOP.items():
         if key in top:
@@ -126,7 +126,7 @@ def describe_part_group(group: str, option: str | None = None) -> str:
         raise ConfigError(group, option, f"one of: {', '.join(options)}")
     if option is None:
         head = f"{group} options (`{group}=OPTION`, * the default; `fedharness config {group} OPTION` shows one):"
-        shown, marked, what = options, schema.NONE, "what each does"
+        shown, marked, what = options, schema.part_default(group), "what each does"
     else:
         head = f"{group} options (`{group}=OPTION`, * the one shown; `fedharness config {group}` shows every one):"
         shown, marked, what = (option,), option, "what it does"

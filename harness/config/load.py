@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from fedharness.config.compose import compose_raw, compose_values
+from fedharness.config.compose import compose_raw, compose_values, defaults as defaults_of
 from fedharness.extend import register_targets
 from fedharness.registry.plugins import load_entry_points
 from fedharness.config.schema import validate
@@ -55,9 +55,38 @@ def recorded_settings(config: dict[str, Any]) -> RunSettings:
     sections' keys added since then take today's defaults; nothing recorded changes."""
     defaults = compose_raw([])
     merged = copy.deepcopy(config)
+    if isinstance(merged.get("systems"), dict):  # recorded before the cadence and profile groups
+        merged.update(_groups_of_systems(merged.pop("systems")))
     for name, value in defaults.items():
         if name not in merged:
             merged[name] = copy.deepcopy(value)
         elif name in sections_of(RunSettings) and isinstance(merged[name], dict):
             merged[name] = {**value, **merged[name]}
     return RunSettings.from_config(merged)
+
+
+# a recorded `systems` section's keys (before the cadence, speed, availability and staleness groups) -> (group, key)
+_SYSTEMS_KEYS = {"speed_sigma": ("speed", "step_sigma"), "bandwidth_sigma": ("speed", "bandwidth_sigma"),
+                 "slow_fraction": ("speed", "fraction"), "slow_factor": ("speed", "factor"),
+                 "device_trace": ("speed", "file"), "trace_batch_size": ("speed", "samples_per_step"),
+                 "duty_cycle": ("availability", "duty_cycle"), "period_s": ("availability", "period_s"),
+                 "availability_trace": ("availability", "file"), "retry_s": ("cadence", "retry_s"),
+                 "deadline_s": ("cadence", "deadline_s"), "over_selection": ("cadence", "over_selection"),
+                 "late_work": ("cadence", "late_work"), "concurrency": ("cadence", "concurrency"),
+                 "buffer": ("cadence", "buffer"), "refill": ("cadence", "refill"),
+                 "max_staleness": ("cadence", "max_staleness"), "alpha": ("cadence", "alpha"),
+                 "staleness_exponent": ("staleness", "exponent"), "staleness_cutoff": ("staleness", "cutoff")}
+
+
+def _groups_of_systems(systems: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The groups a recorded `systems` section chose, each with the keys its chosen option has."""
+    names = {"cadence": systems.get("mode", "sync"), "speed": systems.get("speed", "equal"),
+             "availability": systems.get("availability", "always"), "staleness": systems.get("staleness", "poly")}
+    groups = {group: dict(defaults_of(group, name)) for group, name in names.items()}
+    if names["staleness"] == "hinge":
+        groups["staleness"]["slope"] = systems.get("staleness_exponent", groups["staleness"]["slope"])
+    for old, value in systems.items():
+        group, key = _SYSTEMS_KEYS.get(old, (None, None))
+        if group is not None and key in groups[group]:
+            groups[group][key] = value
+    return groups

@@ -27,7 +27,8 @@ from fedharness.keys import Key, _is_int, _is_list, _is_real, anything, boolean,
 from fedharness.config.memory import check_memory
 import fedharness.partitions  # noqa: F401  (the built-in partitioners register themselves)
 import fedharness.problems  # noqa: F401  (the built-in data sets and models)
-from fedharness.registry.groups import (ATTACKS, BUILTIN_STAGES, COMPRESSORS, DATASETS, METRICS, MODELS, PARTITIONERS,
+from fedharness.registry.groups import (ATTACKS, AVAILABILITIES, BUILTIN_STAGES, CADENCES, COMPRESSORS, SPEEDS,
+                                       STALENESS, DATASETS, METRICS, MODELS, PARTITIONERS,
                                        STAGES)
 from fedharness.settings import RunSettings, _frozen, keys_of, sections_of
 from fedharness.results.store import open_store
@@ -57,21 +58,30 @@ GROUPS = {"dataset": DATASETS, "partition": PARTITIONERS, "model": MODELS}  # at
 # leave out: absent, the group is its `none` option, which builds nothing (conf/<group>/none.yaml). The checks,
 # `fedharness config GROUP` and `run --help` read every part group alike, so a new stage group (compress, ...) is
 # one entry here, its registry and its none.yaml.
-PART_GROUPS: dict[str, Registry] = {"attack": ATTACKS, "compress": COMPRESSORS}
+PART_GROUPS: dict[str, Registry] = {"attack": ATTACKS, "compress": COMPRESSORS, "cadence": CADENCES, "speed": SPEEDS,
+                                    "availability": AVAILABILITIES, "staleness": STALENESS}
 NONE = "none"
+# The part groups every run has (no `none`): their default option (conf/config.yaml's defaults list).
+CHOSEN: dict[str, str] = {"cadence": "sync", "speed": "equal", "availability": "always", "staleness": "poly"}
+
+
+def part_default(group: str) -> str:
+    """The option a run without `group=` has: `none`, or a profile group's default."""
+    return CHOSEN.get(group, NONE)
 UNDECLARED = "a parameter of its constructor (no declared doc)"
 
 
 def part_options(group: str) -> tuple[str, ...]:
-    """The options of a part group: `none`, then every registered part (a user's too), read when called."""
-    return (NONE, *PART_GROUPS[group])
+    """The options of a part group: `none` (where the group may be left out), then every registered part (a
+    user's too), read when called."""
+    return (*(() if group in CHOSEN else (NONE,)), *PART_GROUPS[group])
 
 
 def part_keys(group: str, option: str) -> dict[str, Key]:
     """The keys of an option of a part group besides `name`: the group's common keys, then those the option
     declared, or else its constructor's parameters (an undeclared user's part: its signature is its schema)."""
     registry = PART_GROUPS[group]
-    if option == NONE:
+    if option == NONE and group not in CHOSEN:
         return dict(registry.common)
     declared = registry.declared(option)
     if declared is not None:
@@ -280,8 +290,8 @@ def fedexp_composes(cfg: dict[str, Any]) -> None:
         return
     require(acfg["aggregator"] == "fedavg", "algorithm.aggregator", acfg["aggregator"],
             "fedavg with server_optimizer=fedexp (its step size is derived for a weighted average of the updates)")
-    mode = cfg["systems"]["mode"]
-    require(mode == "sync", "systems.mode", mode, "sync with server_optimizer=fedexp (a synchronous round's updates)")
+    cadence = cfg["cadence"]["name"]
+    require(cadence == "sync", "cadence", cadence, "sync with server_optimizer=fedexp (a synchronous round's updates)")
 
 
 def mime_composes(cfg: dict[str, Any]) -> None:
@@ -294,7 +304,7 @@ def mime_composes(cfg: dict[str, Any]) -> None:
         require(acfg[key] == allowed, f"algorithm.{key}", acfg[key], f"{allowed} {why}")
     for key in ("momentum", "mu", "weight_decay"):
         require(acfg[key] == 0, f"algorithm.{key}", acfg[key], f"0 {why}")
-    require(cfg["systems"]["mode"] == "sync", "systems.mode", cfg["systems"]["mode"], f"sync {why}")
+    require(cfg["cadence"]["name"] == "sync", "cadence", cfg["cadence"]["name"], f"sync {why}")
 
 
 OWN_STEP_SOLVERS = ("pfedme", "perfedavg_fo", "perfedavg_hf", "apfl")  # algorithms/personalized.py
@@ -417,10 +427,6 @@ def stages_known(cfg: dict[str, Any]) -> None:
     if compress is not None and compress.get("name") != NONE:
         require("compress" in names, "stages", names, f"a list with compress in it: compress={compress['name']} runs "
                 "as the stage 'compress' (e.g. stages=[attack,compress,dp])")
-        if "dp" in names and (dp.get("noise_multiplier") is not None or dp.get("target_epsilon") is not None):
-            require(names.index("compress") < names.index("dp"), "stages", names, "compress before dp "
-                    "(e.g. stages=[attack,compress,dp]): DP-FedAvg's guarantee needs its clipping to be the last "
-                    "change to each update before the sum (error feedback would add unclipped residuals after it)")
 
 
 def dp_covered(cfg: dict[str, Any]) -> None:
@@ -450,7 +456,7 @@ FEDDYN_SAMPLERS = ("full", "yang_s2")  # a fixed number of clients, uniformly wi
 def feddyn_composes(cfg: dict[str, Any]) -> None:
     """FedDyn's three parts go together (the clients' g_k, the plain mean of their models, the server's h), and
     every round the server hears from the |P| clients its h assumes (Acar et al., Algorithm 1)."""
-    acfg, systems = cfg["algorithm"], cfg["systems"]
+    acfg, cadence = cfg["algorithm"], cfg["cadence"]
     named = [kind for kind in FEDDYN_PARTS if acfg[kind] == "feddyn"]
     if not named:
         return
@@ -462,10 +468,12 @@ def feddyn_composes(cfg: dict[str, Any]) -> None:
             "server takes |P| / N from the sampler: a fixed number of clients, uniformly without replacement)")
     require(acfg["dropout"] == 0, "algorithm.dropout", acfg["dropout"], f"0 {why} (its server assumes every sampled "
             "client returns)")
-    for name, allowed in (("mode", "sync"), ("deadline_s", "null"), ("availability", "always"), ("over_selection", 1)):
-        value = "null" if systems[name] is None else systems[name]
-        require(value == allowed, f"systems.{name}", systems[name], f"{allowed} {why} (its server assumes every "
-                "sampled client returns, in its round)")
+    for key, value, allowed in (("cadence", cadence["name"], "sync"), ("cadence.deadline_s", cadence.get("deadline_s"),
+                                                                       None),
+                                ("availability", cfg["availability"]["name"], "always"),
+                                ("cadence.over_selection", cadence.get("over_selection", 1), 1)):
+        require(value == allowed, key, value, f"{'null' if allowed is None else allowed} {why} (its server assumes "
+                "every sampled client returns, in its round)")
     compress = (cfg.get("compress") or {}).get("name", NONE)
     require(compress == NONE, "compress", compress, f"none {why} (its server's h must see the updates its clients' "
             "g_k saw)")
@@ -477,7 +485,7 @@ PERSONAL_SOLVERS = ("ditto", "fedrep", "fedbabu", *OWN_STEP_SOLVERS)  # algorith
 def personal_composes(cfg: dict[str, Any]) -> None:
     """A personal solver goes with server optimizers and samplers only (for now): not with dp, an attack,
     compression, a deadline or an asynchronous schedule."""
-    acfg, systems = cfg["algorithm"], cfg["systems"]
+    acfg, cadence = cfg["algorithm"], cfg["cadence"]
     solver = acfg["solver"]
     if solver not in PERSONAL_SOLVERS:
         return
@@ -488,10 +496,10 @@ def personal_composes(cfg: dict[str, Any]) -> None:
     for section in ("attack", "compress"):
         name = (cfg.get(section) or {}).get("name", NONE)
         require(name == NONE, section, name, f"none {why} (not yet combined with personal models)")
-    require(systems["deadline_s"] is None, "systems.deadline_s", systems["deadline_s"], f"null {why} (a cut-off "
-            "client's personal model would be half-trained)")
-    require(systems["mode"] == "sync", "systems.mode", systems["mode"], f"sync {why} (its clients train from the "
+    require(cadence["name"] == "sync", "cadence", cadence["name"], f"sync {why} (its clients train from the "
             "round's global model)")
+    require(cadence.get("deadline_s") is None, "cadence.deadline_s", cadence.get("deadline_s"), f"null {why} (a "
+            "cut-off client's personal model would be half-trained)")
 
 
 CLIENT_RULES = (shards_within_clients, sampled_within_clients, per_client_steps, unseen_leave_a_round)  # the rules that need N

@@ -13,7 +13,7 @@ between the two leaves the part in the checkpoint, and `restore_rows` (resume, a
 lost) puts it in place. So a `rounds/` part never straddles a checkpoint, and the rows on disk always reach the
 checkpoint's round; resuming drops the parts past it and replays from it.
 Random streams are keyed by round, so the RunState (round, model, server state and
-context, counters, series state, the updates in flight of asynchronous aggregation: core/flight.py) and the
+context, counters, series state, the updates in flight of asynchronous aggregation: algorithms/cadences.py) and the
 clients' state are all a run needs to continue
 on exactly the same trajectory. state.pt holds plain data only, so that it loads with
 torch.load(weights_only=True): a planted file cannot run code when a run is resumed.

@@ -1,5 +1,6 @@
 """Synchronous rounds on the simulated clock: who is online when a round starts, who finishes in time, how long
-the round lasts (the `systems` section, docs/systems.md).
+the round lasts (the `speed` and `availability` groups and the sync cadence's deadline and over-selection,
+docs/systems.md).
 
 Each replica keeps its own clock, the rounds/ column sim_s. A round starts at the replica's clock t: the sampler
 prefers the clients online at t (algorithms/samplers.py; a sampled client that is offline drops out). A kept
@@ -22,7 +23,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedharness.contracts import Availability, Links, Online, Speeds
-from fedharness.core.flight import AsyncRule
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,6 @@ class SystemsClock:
     keep: int | None = None  # over-selection: keep the first `keep` to finish; None: every client in time
     partial: bool = False  # late_work=partial: a client the deadline cuts off sends the steps it finished
     retry_s: float = 60.0
-    asynchronous: AsyncRule | None = None  # fedbuff / fedasync (core/flight.py); None: synchronous rounds
 
     @property
     def always_online(self) -> bool:

@@ -11,50 +11,31 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
 
-from fedharness.contracts import (Algorithm, Callback, ClientGradients, ClientScores, Coefficients, LocalSolver,
-                                  Metric, Problem,
-                                  ReplicaLayout, RoundContext, RoundPlan, RunOutcome, RunState, SeriesHook,
-                                  Selection, UpdateAggregator, WeightStats, training_clients)
+from fedharness.contracts import (Algorithm, Cadence, Callback, ClientGradients, ClientScores, Coefficients, LocalSolver,
+                                  Metric, Problem, ReplicaLayout, RoundContext, RoundPlan, RunOutcome, RunState,
+                                  SeriesHook, UpdateAggregator, training_clients)
 from fedharness.base.interrupts import atomic
 from fedharness.errors import require
 from fedharness.core.buffers import average_into, buffer_dim, local_buffers
-from fedharness.core.clock import SystemsClock, link_seconds, rescaled
-from fedharness.core.exact_sum import Grids
-from fedharness.core.executors import ShardResult
+from fedharness.core.clock import SystemsClock
 from fedharness.core.personal import FineTune, Personal
-from fedharness.core.flight import EMPTY, Busy, Draw, empty_flight, flight_rows, packed, run_version
+from fedharness.core.planning import NetworkModel, Planning
 from fedharness.core.slots import SlotSet, slot_algorithm, takes_online
 from fedharness.core.stages import Stages
 from fedharness.core.updates import aggregate_updates
 
 
-@dataclass(frozen=True)
-class NetworkModel:
-    """Simulated wall-clock of a round (Yang et al.'s Table 2): every sampled client downloads and uploads the
-    model (and any control variates) over its own link, then trains; the round lasts as long as its slowest client.
+class _Rounds(Cadence):
+    """Synchronous rounds: the contract's own step (a run built without a cadence: tests, the tuning replay)."""
 
-    sim_s per round = (bytes_down + bytes_up of one client) / bandwidth + max_k tau_k * compute_s_per_step, or
-    with an uplink of its own bytes_down / bandwidth + bytes_up / upload. MB means 10^6 bytes.
-    """
 
-    bandwidth_MB_per_s: float = 20.0
-    compute_s_per_step: float = 0.0
-    upload_MB_per_s: float | None = None  # None: one link both ways
-
-    @classmethod
-    def of(cls, network) -> "NetworkModel":
-        """The model of the run's `network` settings (harness/settings.py's NetworkSettings)."""
-        return cls(network.bandwidth_MB_per_s, network.compute_s_per_step, network.upload_MB_per_s)
-
-    def round_seconds(self, down_bytes: float, up_bytes: float, max_tau: np.ndarray) -> np.ndarray:
-        transfer = link_seconds(down_bytes, up_bytes, self.bandwidth_MB_per_s, self.upload_MB_per_s)
-        return transfer + max_tau * self.compute_s_per_step
+SYNCHRONOUS = _Rounds()
 
 
 def _failed(err: BaseException) -> str:
@@ -75,7 +56,7 @@ def _evaluation(hook: Callback, context: RoundContext) -> bool | None:
     return hook.on_evaluation(context)
 
 
-class Engine:
+class Engine(Planning):
     """The round loop, over a batch of slots: Engine itself is a run alone (a batch of one slot), BatchedEngine a
     batch of several. `end_status(err)`: the status of a slot that an exception ended."""
 
@@ -94,8 +75,9 @@ class Engine:
                reference=None, network: NetworkModel | None = None, clock: SystemsClock | None = None,
                metrics: Sequence[Metric] = (), end_status: Callable[[BaseException], str] = _failed,
                stages: Stages | None = None, client_eval: np.ndarray | None = None, grad_norm: bool = True,
-               personal: Personal | None = None) -> None:
-        """`clock` (the systems section, core/clock.py): clients' own speeds and availability, deadlines and
+               personal: Personal | None = None, cadence: Cadence | None = None) -> None:
+        """`cadence` (the cadence group): the shape of a server step (None: synchronous rounds).
+        `clock` (core/clock.py, from the speed and availability groups): clients' own speeds and availability, deadlines and
         over-selection on each replica's sim_s; None: every client the `network`'s, always online, no deadline.
         `stages` (the `stages` key): what happens to the updates between training and the server optimizer
         (core/stages.py). `client_eval` (eval.per_client): the clients each evaluation scores on their own
@@ -113,7 +95,7 @@ class Engine:
         self.rounds, self.seed = int(slots.rounds.max()), int(slots.seeds[0])
         self.network = network or NetworkModel()
         self.clock = clock
-        self.rule = None if clock is None else clock.asynchronous  # fedbuff / fedasync: core/flight.py
+        self.cadence = cadence or SYNCHRONOUS
         self._sampler_online = clock is not None and not clock.always_online and takes_online(algorithm.sampler)
         self._sim_seconds: np.ndarray | None = None  # the planned round's length [R] on the systems clock
         self._downloads: np.ndarray | None = None  # [R] the clients the model reached (the clock: even if dropped)
@@ -121,7 +103,7 @@ class Engine:
         self.hooks = dict(zip(slots.ids, hooks))
         self.round_hooks = {i: [h for h in hs if _acts_at_round_end(h)] for i, hs in self.hooks.items()}
         self.bytes_per_param = torch.finfo(problem.dtype).bits // 8
-        self._client_bytes = self.client_bytes()
+        self.transfer_bytes = self.client_bytes()
         self._last_lr = np.full(len(layout), np.nan)
         self._last_diag: Coefficients | None = None
         self.rows: dict[int, list[dict]] = {i: [] for i in slots.ids}  # each slot's evaluated rows
@@ -144,85 +126,20 @@ class Engine:
         zeros["sim_s"] = np.zeros(len(x))  # simulated seconds (NetworkModel), float
         zeros.update(self.stages.init_counters(len(x)))  # the stages' per-replica state (DP's clip norm)
         ctx = self.alg.solver.init_server_ctx(x)
-        flight = {} if self.rule is None else empty_flight(len(x), self.rule.concurrency, x.shape[1], x.device)
         return RunState(0, x, self.alg.server.init_state(x), zeros, ctx, [h.init_state(x) for h in self.series],
-                        in_flight=flight)
+                        in_flight=self.cadence.init_flight(len(x), x.shape[1], x.device))
 
     def row_seeds(self) -> np.ndarray:
         """[R] each replica's seed (a run alone: its seed on every replica)."""
         return np.full(len(self.layout), self.seed)
 
-    def plan_round(self, rnd: int, clock: np.ndarray | None = None) -> tuple[RoundPlan, Coefficients]:
-        """Round `rnd`'s plan; `clock` [R]: each replica's sim_s at its start (the systems clock; None: 0)."""
-        alg, p = self.alg, self.problem
-        online = {}
-        if self._sampler_online:  # the sampler prefers the clients online at the round's start
-            online["online"] = self.clock.online(self.row_seeds(), self.stream_replicas, self._start_times(clock))
-        sel = alg.sampler.select(self.seed, self.stream_replicas, rnd, p.weights, **online)
-        tau = alg.local_work.steps(self.seed, self.stream_replicas, rnd, sel.clients, p.sizes, alg.batch_size)
-        tau = tau * self.layout.tau_factor[:, None]
-        if self.clock is not None:
-            sel, tau = self._settle(sel, tau, self._start_times(clock))
-        lrs = alg.solver.step_lrs(alg.schedule.step_lrs(rnd, int(tau.max())))
-        lr_scale = sel.lr_scale * self.layout.lr_factor[:, None]
-        coefs = alg.aggregator.coefficients(sel.weights, alg.solver.weight_stats(tau, lrs, lr_scale), tau)
-        if sel.active is not None and not sel.active.all():
-            coefs.idle(~sel.active)  # replicas none of whose sampled clients returned (dropout): Delta = 0
-        plan = RoundPlan(rnd, self.seed, self.stream_replicas, sel.clients, coefs.coef, tau, lr_scale, lrs,
-                         send_updates=self.send_updates)  # else shards reduce in place
-        return plan, coefs
-
-    def _start_times(self, clock: np.ndarray | None) -> np.ndarray:
-        return np.zeros(len(self.layout)) if clock is None else np.asarray(clock, dtype=np.float64)
-
-    def _settle(self, sel: Selection, tau: np.ndarray, t: np.ndarray) -> tuple[Selection, np.ndarray]:
-        """The selection and local steps after the systems clock's round (who is online, in time, first to
-        finish); the round's length goes to _sim_seconds."""
-        trains = sel.weights != 0
-        if sel.active is not None:
-            trains &= sel.active[:, None]
-        settled = self.clock.settle(self.row_seeds(), self.stream_replicas, t, sel.clients, trains, tau,
-                                    *self._client_bytes)
-        self._sim_seconds = settled.seconds
-        if np.array_equal(settled.returned, trains):  # everyone on time: the selection as it was
-            self._downloads = None
-            return sel, settled.tau
-        same = np.array_equal(settled.reached, settled.returned)  # else some got the model and were then dropped
-        self._downloads = None if same else trained_clients(sel.clients, settled.reached.astype(np.float64), tau)[0]
-        active = settled.returned.any(axis=1)
-        return Selection(sel.clients, rescaled(sel.weights, settled.returned), sel.lr_scale, active), settled.tau
-
-    def client_bytes(self) -> tuple[int, int]:
-        return client_bytes(self.problem, self.alg.solver, self.stages)
-
-    def _count(self, state: RunState, plan: RoundPlan) -> None:
-        c = state.counters
-        distinct, work = trained_clients(plan.clients, plan.coef, plan.tau)
-        c["local_steps"] += np.where(distinct > 0, np.where(plan.coef != 0, plan.tau, 0).max(1), 0)
-        solver = self.alg.solver
-        c["grad_evals"] += work * self.alg.batch_size * solver.grads_per_step
-        if solver.round_gradient != "none":  # one pass over each trained client's samples
-            c["grad_evals"] += self._full_batch_samples(plan)
-        down, up = self._client_bytes
-        c["bytes_down"] += distinct * down if self._downloads is None else self._downloads * down
-        c["bytes_up"] += distinct * up
-        if self.clock is None:
-            c["sim_s"] += self.network.round_seconds(down, up, plan.tau.max(1))
-        else:
-            c["sim_s"] += self._sim_seconds
-        c["participants"] = distinct  # the clients that took part in the round just done (not cumulative)
-
-    def _full_batch_samples(self, plan: RoundPlan) -> np.ndarray:
-        """[R] the samples of each row's distinct trained clients (a full-batch gradient's sample gradients)."""
-        trains = np.where(plan.coef != 0, plan.clients, -1)
-        return np.array([int(np.sum(self.problem.sizes[np.unique(row[row >= 0])])) for row in trains], dtype=np.int64)
-
     def step(self, state: RunState) -> RunState:
-        """One server version: a synchronous round, or (systems.mode fedbuff, fedasync) the clients that start from
-        it and the arrivals its step aggregates."""
-        if self.rule is not None:
-            return self._flight_step(state)
-        plan, coefs = self.plan_round(state.round, state.counters["sim_s"])
+        """One server version, as the run's cadence (contracts.Cadence) shapes it."""
+        return self.cadence.step(self, state)
+
+    def train_round(self, state: RunState, plan: RoundPlan) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+        """Train a round's plan from state.x: the stages, the aggregator's sum and the solver's server side; the
+        aggregated Delta [R, dim] and what a server that reads_sq_norms takes."""
         plan.server_ctx = state.server_ctx
         plan.stages = self.stages.client_work(plan, state.counters)
         plan.sq_norms = self.alg.server.reads_sq_norms
@@ -240,12 +157,10 @@ class Engine:
         extras = {**ahead, **result.extras}
         if extras:
             state.server_ctx = self.alg.solver.update_server_ctx(state.server_ctx, extras)
-        self._count(state, plan)
-        sq_norms = {"sq_norms": result.weighted_sq_norms()} if plan.sq_norms else {}
-        return self._advance(state, delta, plan.step_lrs[..., 0], coefs, **sq_norms)
+        return delta, ({"sq_norms": result.weighted_sq_norms()} if plan.sq_norms else {})
 
-    def _advance(self, state: RunState, delta: torch.Tensor, first: np.ndarray, coefs: Coefficients,
-                 **sq_norms: np.ndarray) -> RunState:
+    def advance(self, state: RunState, delta: torch.Tensor, first: np.ndarray, coefs: Coefficients,
+                **sq_norms: np.ndarray) -> RunState:
         """The server's step with the aggregated `delta` to the next version; `first`: the version's first client
         step size ([] or, in a batch of slots, [R]); `sq_norms`: what a server that reads_sq_norms takes."""
         x = self.alg.server.step(state.x, delta, state.server_state, first * self.layout.lr_factor, **sq_norms)
@@ -258,141 +173,9 @@ class Engine:
         state.x, state.round = x, state.round + 1
         return state
 
-    # --- asynchronous aggregation (core/flight.py) ---------------------------------------------------------------
-
     def plan_seed(self) -> int | np.ndarray:
         """The seed a plan carries: the run's (a batch of slots: each replica's)."""
         return self.seed
-
-    def _flight_step(self, state: RunState) -> RunState:
-        """Version v's events (core/flight.py run_version: refills and arrivals on each replica's clock), then its
-        starters trained as one batch and the server's step with what it took."""
-        f, v = state.in_flight, state.round
-        seeds, replicas = self.row_seeds(), self.stream_replicas
-
-        def online(t: np.ndarray, flying: np.ndarray) -> Busy:
-            return Busy(self.clock.availability, seeds, replicas, t, flying)
-
-        version = run_version(f, v, state.counters["sim_s"], self.rule, online, self._refill_select,
-                              self._refill_prepare(v), self.clock.retry_s)
-        cols, valid = packed(version.taken)
-        held = self._held(f, cols, valid)  # before the starters' updates fill the slots their arrivals freed
-        first, starts, work = self._train_starters(state, version.started, cols, valid, held)
-        coefs, delta = self._flight_delta(state, cols, valid, held)
-        c = state.counters
-        down, up = self._client_bytes
-        c["local_steps"] += np.where(valid, cols["tau"], 0).max(axis=1)
-        c["grad_evals"] += work * self.alg.batch_size
-        c["bytes_down"] += starts * down
-        c["bytes_up"] += version.arrived * up  # a stale update was sent, then dropped
-        c["sim_s"] = version.t
-        c["participants"] = valid.sum(axis=1)
-        return self._advance(state, delta, first, coefs)
-
-    def _refill_select(self, key: int, busy: Busy) -> Selection:
-        """A refill's candidates: the sampler keyed by the refill's key, preferring who may start."""
-        return self.alg.sampler.select(self.seed, self.stream_replicas, key, self.problem.weights, online=busy)
-
-    def _refill_prepare(self, v: int) -> Callable[[int, np.ndarray, np.ndarray, np.ndarray], Draw]:
-        """The Draw of the clients a refill starts from version v: their local work keyed by the refill's key, v's
-        step sizes, each one's time from start to arrival on its own profile."""
-        alg, p = self.alg, self.problem
-
-        def prepare(key: int, clients: np.ndarray, weights: np.ndarray, lr_scale: np.ndarray) -> Draw:
-            tau = alg.local_work.steps(self.seed, self.stream_replicas, key, clients, p.sizes, alg.batch_size)
-            tau = tau * self.layout.tau_factor[:, None]
-            lrs = alg.solver.step_lrs(alg.schedule.step_lrs(v, int(tau.max())))
-            lr_scale = lr_scale * self.layout.lr_factor[:, None]
-            finish = self.clock.finish_s(self.row_seeds(), self.stream_replicas, clients, tau, *self._client_bytes)
-            return Draw(clients, weights, tau, lr_scale, alg.solver.weight_stats(tau, lrs, lr_scale), finish)
-
-        return prepare
-
-    @staticmethod
-    def _held(f: dict, cols: dict[str, np.ndarray], valid: np.ndarray) -> torch.Tensor:
-        """[R, W, dim] the taken updates held in slots (zeros for the starters of v: trained next)."""
-        update = f["update"]
-        held = torch.zeros(*valid.shape, update.shape[2], dtype=torch.float64, device=update.device)
-        rs, ws = np.nonzero(valid & (cols["slot"] >= 0))
-        if len(rs):
-            held[torch.as_tensor(rs), torch.as_tensor(ws)] = update[torch.as_tensor(rs),
-                                                                    torch.as_tensor(cols["slot"][rs, ws])]
-        return held
-
-    def _train_starters(self, state: RunState, started: list[list[tuple]], cols: dict[str, np.ndarray],
-                        valid: np.ndarray, held: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Train the clients that started from v as one batch; a taken one's update goes to `held`, the others'
-        to their slots (FedBuff's Delta_k, FedAsync's model x_v + Delta_k: it mixes models). (The version's first
-        step size, starters [R], their local steps [R].)"""
-        alg, v = self.alg, state.round
-        width = max(1, max(len(s) for s in started))
-        clients, on = np.zeros((len(started), width), dtype=np.int64), np.zeros((len(started), width), dtype=bool)
-        tau, lr_scale = np.ones(clients.shape, dtype=np.int64), np.ones(clients.shape)
-        for r, s in enumerate(started):
-            if s:
-                clients[r, :len(s)], tau[r, :len(s)], lr_scale[r, :len(s)] = zip(*s)
-                on[r, :len(s)] = True
-        lrs = alg.solver.step_lrs(alg.schedule.step_lrs(v, int(tau.max())))
-        if on.any():
-            plan = RoundPlan(v, self.plan_seed(), self.stream_replicas, clients, on.astype(np.float64), tau,
-                             lr_scale, lrs, server_ctx=state.server_ctx, send_updates=True)
-            plan.stages = self.stages.client_work(plan, state.counters)  # compression: in the shards, per client
-            self._hold(state, plan, cols, valid, held)
-        return lrs[..., 0], on.sum(axis=1), np.where(on, tau, 0).sum(axis=1)
-
-    def _hold(self, state: RunState, plan: RoundPlan, cols: dict[str, np.ndarray], valid: np.ndarray,
-              held: torch.Tensor) -> None:
-        f, v = state.in_flight, state.round
-        rs, js = np.nonzero((f["client"] != EMPTY) & (f["version"] == v))  # still in flight
-        dest = {(r, k): (True, j) for r, j, k in zip(rs.tolist(), js.tolist(), f["client"][rs, js].tolist())}
-        rs, ws = np.nonzero(valid & (cols["slot"] < 0))  # arrived and taken within the version
-        dest.update({(r, k): (False, w) for r, w, k in zip(rs.tolist(), ws.tolist(), cols["client"][rs, ws].tolist())})
-        for chunk in self.executor.local_updates(state.x, plan).updates:
-            # np.array copies: a Ray shard's reply is read-only memory, which torch will not wrap
-            rows = torch.as_tensor(np.array(chunk.replica, dtype=np.int64), device=state.x.device)
-            to = [dest[(int(r), int(k))] for r, k in zip(chunk.replica, chunk.clients)]
-            in_slot = torch.as_tensor([s for s, _ in to], dtype=torch.bool, device=state.x.device)
-            at = torch.as_tensor([i for _, i in to], dtype=torch.long, device=state.x.device)
-            update = chunk.delta.to(device=state.x.device, dtype=torch.float64)
-            if self.rule.mode == "fedasync":
-                update = update + state.x[rows].double()
-            f["update"][rows[in_slot], at[in_slot]] = update[in_slot]
-            held[rows[~in_slot], at[~in_slot]] = update[~in_slot]
-
-    def _flight_delta(self, state: RunState, cols: dict[str, np.ndarray], valid: np.ndarray,
-                      held: torch.Tensor) -> tuple[Coefficients, torch.Tensor]:
-        """The step's coefficients and Delta [R, dim] float64 from the taken updates, each weighted by s(tau).
-        FedBuff: the aggregator's coefficients of q_k (C / M) s(tau_k), summed exactly as a round's shards sum
-        (core/exact_sum.py), so C = M = K is a synchronous round's bits (s(0) = C / M = 1). FedAsync: _mixed."""
-        rule, x = self.rule, state.x
-        s = np.where(valid, rule.weight(state.round - cols["version"]), 0.0)
-        rs, ws = np.nonzero(valid)
-        replica = torch.as_tensor(rs, device=x.device)
-        taken = held[replica, torch.as_tensor(ws, device=x.device)]  # [n, dim]
-        if rule.mode == "fedasync":
-            return self._mixed(x, rule.alpha * s, valid, replica, taken)
-        stats = WeightStats(*(np.where(valid, cols[name], 1.0) for name in ("l1", "l2sq", "last", "scale")))
-        q = np.where(valid, cols["weight"], 0.0)
-        coefs = self.alg.aggregator.coefficients(q * (rule.concurrency / rule.buffer) * s, stats,
-                                                 np.where(valid, cols["tau"], 1))
-        if not valid.all():
-            coefs.idle(~valid.any(axis=1))
-        total = ShardResult(tuple(x.shape), x.device, grids=Grids(x, {}, rule.buffer))
-        if len(replica):
-            weight = torch.as_tensor(coefs.coef[valid], dtype=torch.float64, device=x.device)[:, None]
-            total.add_rows("delta", replica, taken * weight)
-        return coefs, total.delta
-
-    @staticmethod
-    def _mixed(x: torch.Tensor, a: np.ndarray, valid: np.ndarray, replica: torch.Tensor,
-               models: torch.Tensor) -> tuple[Coefficients, torch.Tensor]:
-        """FedAsync's Delta = a (x_k - x) of each replica's one arrival x_k, so the server's sgd step (server_lr 1)
-        gives x <- (1 - a) x + a x_k; a = alpha s(tau) [R, 1] (0 on a replica nothing arrived to)."""
-        nan = np.full(len(a), np.nan)
-        weight = torch.as_tensor(a[valid], dtype=torch.float64, device=x.device)[:, None]
-        delta = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
-        return (Coefficients(a, nan, nan.copy(), nan.copy()),
-                delta.index_add_(0, replica, weight * (models - x[replica].double())))
 
     def evaluate(self, state: RunState) -> list[dict]:
         rows = self._evaluate_series(state, state.x, "iterate", np.arange(len(self.layout)))
@@ -703,8 +486,7 @@ class BatchedEngine(Engine):
         state.server_state = {k: v[index] for k, v in state.server_state.items()}
         state.server_ctx = {k: v[index] for k, v in state.server_ctx.items()}
         state.counters = {k: v[rows] for k, v in state.counters.items()}
-        if state.in_flight:
-            state.in_flight = flight_rows(state.in_flight, rows)
+        state.in_flight = {k: v[index] if isinstance(v, torch.Tensor) else v[rows] for k, v in state.in_flight.items()}
         self._last_lr = self._last_lr[rows]
         if self._last_diag is not None:
             d = self._last_diag
@@ -712,30 +494,6 @@ class BatchedEngine(Engine):
                                       slowdown=d.slowdown[rows])
         self.executor.keep_replicas(rows)  # the slots (SCAFFOLD's c_i, FedBN's buffers) follow their replica
 
-
-
-def client_bytes(problem: Problem, solver: LocalSolver, stages: Stages) -> tuple[int, int]:
-    """(bytes down, bytes up) of one sampled client a round: the model (and a solver's control variates,
-    comm_factor, and extra_down's) down; the update as its stages encode it (a compressor's size) and the rest
-    dense, up."""
-    bytes_per_param = torch.finfo(problem.dtype).bits // 8
-    shared = problem.dim - solver.private_dim  # FedRep's and FedBABU's heads stay on the clients
-    dense = shared * bytes_per_param
-    extra = dense * (solver.comm_factor - 1)
-    return dense + extra + dense * solver.extra_down, stages.upload_bytes(shared, bytes_per_param) + extra
-
-
-def trained_clients(clients: np.ndarray, coef: np.ndarray, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per row of a round's plan [R, K]: how many distinct clients train and the sum of their local steps. A client
-    drawn twice trains once, with its first draw's tau; coefficient-0 entries (dropped out) do not train. One sort
-    of every row at once (stable, so a client's first draw leads its equal keys), not np.unique row by row."""
-    key = np.where(coef != 0, clients, -1)  # client ids are >= 0: -1 marks an entry that does not train
-    order = np.argsort(key, axis=1, kind="stable")
-    sorted_key = np.take_along_axis(key, order, axis=1)
-    first = np.ones(key.shape, dtype=bool)
-    first[:, 1:] = sorted_key[:, 1:] != sorted_key[:, :-1]
-    first &= sorted_key >= 0
-    return first.sum(axis=1), (np.take_along_axis(tau, order, axis=1) * first).sum(axis=1)
 
 
 def _finite_or_none(v):

@@ -17,7 +17,7 @@ only); a pickle that needs any other global (numpy arrays, OrderedDict, any clas
 global named.
 The same structure is read from JSON (a file whose first non-blank byte is `{`; client ids are then strings);
 convert() writes that JSON from a pickle. After loading, the structure is checked: the first problem found is one
-ConfigError whose key is systems.device_trace or systems.availability_trace and whose value is the path.
+ConfigError whose key is speed.file or availability.file and whose value is the path.
 
 Ids and their order: a client id (an int, at most 18 digits, or a string) is kept as a string, str(id). Entries are
 sorted by that string: numeric ids (an optional '-' then 1 to 18 digits) first, by integer value (equal values,
@@ -43,8 +43,8 @@ import numpy as np
 
 from fedharness.errors import ConfigError
 
-DEVICE_KEY = "systems.device_trace"
-AVAILABILITY_KEY = "systems.availability_trace"
+DEVICE_KEY = "speed.file"
+AVAILABILITY_KEY = "availability.file"
 EITHER_KEY = f"{DEVICE_KEY} or {AVAILABILITY_KEY}"  # convert(): the file's kind is known only once it is read
 _NUMERIC_ID = re.compile(r"-?[0-9]{1,18}")  # [0-9], not \d: int() must read it; 18 digits fit int64
 _MAX_INT_ID = 10**18
@@ -129,13 +129,13 @@ def _bisect_right(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, x: np.ndar
 
 
 def read_device_trace(path: Union[str, Path]) -> DeviceTrace:
-    """The device trace at `path` (FedScale's pickle or its JSON form); ConfigError(systems.device_trace, path)."""
+    """The device trace at `path` (FedScale's pickle or its JSON form); ConfigError(speed.file, path)."""
     path = Path(path)
     return _build(_device_from, _load_plain(path, DEVICE_KEY), path, DEVICE_KEY)
 
 
 def read_availability_trace(path: Union[str, Path]) -> AvailabilityTrace:
-    """The availability trace at `path` (pickle or JSON); ConfigError(systems.availability_trace, path)."""
+    """The availability trace at `path` (pickle or JSON); ConfigError(availability.file, path)."""
     path = Path(path)
     return _build(_availability_from, _load_plain(path, AVAILABILITY_KEY), path, AVAILABILITY_KEY)
 

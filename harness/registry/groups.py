@@ -10,6 +10,9 @@
 * `COMPRESSORS`: the options of `compress=` (what each client sends), each called with its own keys.
 * `STAGES`: a user's update stages by name (fedharness.register_stage), the entries of the `stages` key.
 * `METRICS`: a user's metrics by name (fedharness.register_metric).
+* `CADENCES`: the options of `cadence=` (the shape of a server step, contracts.Cadence: sync, fedbuff, fedasync).
+* `SPEEDS`, `AVAILABILITIES`: the options of `speed=` and `availability=` (each client's profile on the simulated
+  clock, algorithms/systems.py); `STALENESS`: of `staleness=` (s(tau) of a stale update).
 """
 
 from __future__ import annotations
@@ -50,6 +53,16 @@ COMPRESSORS = Registry("compress", common={"error_feedback": boolean(
 # with its entry's keys. `attack`, `dp` and `compress` are the built-in stages, built from their own sections.
 STAGES = Registry("stage", section="stages")
 BUILTIN_STAGES = ("attack", "dp", "compress")
+
+# `cadence=NAME` (algorithms/cadences.py): when the server steps; `cadence.retry_s` is every cadence's.
+CADENCES = Registry("cadence", common={"retry_s": number(
+    "how long a step lasts in which no client takes part (no deadline set, nobody online or in flight) (s)", lo=0,
+    lo_open=True)})
+# `speed=NAME`, `availability=NAME` (algorithms/systems.py): each client's step time and links, when it is online.
+SPEEDS = Registry("speed")
+AVAILABILITIES = Registry("availability")
+# `staleness=NAME` (algorithms/systems.py): s(tau), the weight of an update tau server versions stale.
+STALENESS = Registry("staleness")
 
 METRICS: dict[str, Metric] = {}  # name -> Metric, filled by fedharness.register_metric
 

@@ -16,7 +16,8 @@ from fedharness.references.closed_forms import heterogeneity
 from fedharness.contracts import Callback
 from fedharness.registry.groups import METRICS
 from fedharness.core.checkpoint import checkpointed, load_resume
-from fedharness.core.engine import BatchedEngine, Engine, NetworkModel, client_bytes
+from fedharness.core.engine import BatchedEngine, Engine
+from fedharness.core.planning import NetworkModel, client_bytes
 from fedharness.core.executors import InlineExecutor, LoopExecutor
 from fedharness.core.kernels import resolve_kernel
 from fedharness.core.personal import Personal
@@ -30,7 +31,7 @@ from fedharness.runs.lifecycle import (EvalFunction, RunInterrupted, RunRecord, 
                                        interrupts_raised)
 from fedharness.assembly.build import algorithm_for, build_parts, check_slots, stages_for
 from fedharness.assembly.privacy import calibrated
-from fedharness.assembly.systems import clock_for
+from fedharness.assembly.systems import cadence_for, clock_for
 from fedharness.base.runtime import apply_runtime, auto_threads, step_work, use_threads
 from fedharness.assembly.reference_policy import run_client_minima, run_reference
 from fedharness.errors import require
@@ -77,6 +78,7 @@ class Prepared:
     series: list
     stages: Any = None  # the update stages (core/stages.py Stages: attack, dp, a user's), in their order
     clock: Any = None  # the systems clock (core/clock.py SystemsClock); None: every client the network's
+    cadence: Any = None  # the shape of a server step (contracts.Cadence); None: synchronous rounds
 
 
 def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Prepared:
@@ -91,10 +93,11 @@ def prepare_run(settings: RunSettings, store: ResultsStore | None = None) -> Pre
     check_slots(settings, problem, algorithm.solver, stages)  # the clients' slots fit the budget, before any work
     resumed_kernel = checkpointed(settings, "kernel", store) if settings.resume else None
     settings = settings.replace(kernel=resolve_kernel(settings, problem, resumed_kernel))
+    cadence = cadence_for(settings, algorithm, problem, stages)
     clock = clock_for(settings, algorithm, problem, client_bytes(problem, algorithm.solver, stages or Stages()),
-                      stages)
+                      cadence)
     reference = run_reference(settings, problem)  # per `reference: auto | on | off`
-    return Prepared(settings, problem, algorithm, reference, layout, series, stages, clock)
+    return Prepared(settings, problem, algorithm, reference, layout, series, stages, clock, cadence)
 
 
 def prepare(settings: RunSettings):
@@ -160,6 +163,7 @@ def build_engine(run: Prepared, executor, hooks: Sequence[Sequence[Callback]] = 
     """The engine of a prepared run: alone (its own parts, replica layout and series), or the batch `slots` (several
     runs, trained with the prepared run's solver); `hooks[i]`: slot i's."""
     options = dict(reference=run.reference, network=NetworkModel.of(run.settings.network), clock=run.clock,
+                   cadence=run.cadence,
                    metrics=[METRICS[name] for name in run.settings.metrics], end_status=end_status,
                    stages=run.stages, client_eval=clients_to_evaluate(run.settings, run.problem),
                    personal=personal_of(run.settings),

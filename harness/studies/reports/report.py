@@ -219,7 +219,7 @@ def render_markdown(report: Report, results: Results, level: float) -> str:
           "it counts as +infinity, so a cell's median is finite only while fewer than half of its replicas are "
           "censored. MB are the run's own byte counters (up + down, all sampled clients); seconds are the "
           "simulated wall-clock `sim_s` (bandwidth and compute model, `network.*`, and each client's speed and "
-          "availability, `systems.*`).", ""]
+          "availability, `speed=`, `availability=`, `cadence=`).", ""]
     md += ["## Groups", "", markdown.table(report.tables["groups"]), ""]
     failed = runs[runs["status"] != "ok"]
     md += ["## Runs", "", f"{len(runs)} runs; not ok: {len(failed)}.", ""]

@@ -30,8 +30,9 @@ from fedharness.algorithms.aggregators import WeightedAverage
 from fedharness.algorithms.local_work import FixedSteps
 from fedharness.contracts import Algorithm, ReplicaLayout
 from fedharness.assembly.build import algorithm_for, compression_for
-from fedharness.assembly.systems import clock_for
-from fedharness.core.engine import Engine, NetworkModel, client_bytes
+from fedharness.assembly.systems import cadence_for, clock_for, systems_on
+from fedharness.core.engine import Engine
+from fedharness.core.planning import NetworkModel, client_bytes
 from fedharness.core.stages import Stages
 from fedharness.algorithms.series import build_series
 from fedharness.registry.binding import key_parameters
@@ -89,7 +90,8 @@ class Budget:
 # arguments. Nothing else (results_dir, eval, wandb, ...) changes a replay, so studies in one process that differ
 # only there (another results_dir) share their replays.
 PROBLEM_KEYS = ("dataset", "partition", "model", "seed", "dtype", "device")
-REPLAY_KEYS = (*PROBLEM_KEYS, "algorithm", "rounds", "replicas", "network", "systems", "compress")
+REPLAY_KEYS = (*PROBLEM_KEYS, "algorithm", "rounds", "replicas", "network", "cadence", "speed", "availability",
+               "staleness", "compress")
 
 
 def cost_key(cfg: dict[str, Any]) -> str:
@@ -118,9 +120,10 @@ def _cumulative_cost(cfg: dict[str, Any], kind: str, total: int) -> np.ndarray:
     settings = RunSettings.from_config(cfg)
     algorithm = algorithm_for(settings, problem)
     layout, _ = build_series(cfg["replicas"], **cfg["algorithm"])
-    require(settings.systems.mode == "sync", "systems.mode", settings.systems.mode, f"sync with a tune.budget in "
-            f"{kind}: the replay plans synchronous rounds (budget an asynchronous run in rounds, its server steps)")
-    if settings.systems.on:  # who takes part, and their steps, follow the clock: replay it, E's own
+    cadence = cadence_for(settings)
+    require(not cadence.spans_versions, "cadence", settings.cadence.name, f"sync with a tune.budget in {kind}: the "
+            "replay plans synchronous rounds (budget an asynchronous run in rounds, its server steps)")
+    if systems_on(settings, cadence):  # who takes part, and their steps, follow the clock: replay it, E's own
         return _replay(cfg, problem, algorithm, layout, kind, total)
     steps = cfg["algorithm"].get("local_steps")
     if steps != 1 and _scales_with_steps(cfg, algorithm, layout):
@@ -158,7 +161,7 @@ def _scales_with_steps(cfg: dict[str, Any], algorithm: Algorithm, layout: Replic
     """Whether a round's counters are E times those of E = 1 (bytes: equal), replica by replica, so that E's rounds
     follow from one replay. They are when every sampled client makes exactly E steps (the built-in `steps` local
     work, no FedAvg-min: tau = E x the layout's tau_factor), which clients train is the sampler's choice alone (the
-    FedAvg coefficients are the selection's weights q, whatever tau: Engine._count counts coefficient != 0), and no
+    FedAvg coefficients are the selection's weights q, whatever tau: Engine.count counts coefficient != 0), and no
     other part reads E (their factories' signatures; the replica layout compared): then local_steps adds E x
     tau_factor per round with a client, grad_evals E x tau_factor x b per client, bytes nothing that depends on E."""
     if type(algorithm.local_work) is not FixedSteps:
@@ -182,7 +185,8 @@ def _replay(cfg: dict[str, Any], problem, algorithm: Algorithm, layout: ReplicaL
     settings = RunSettings.from_config(cfg)
     compression = compression_for(settings, problem)
     stages = Stages([] if compression is None else [compression])
-    clock = clock_for(settings, algorithm, problem, client_bytes(problem, algorithm.solver, stages), stages)
+    clock = clock_for(settings, algorithm, problem, client_bytes(problem, algorithm.solver, stages),
+                      cadence_for(settings))
     engine = Engine(problem, algorithm, None, rounds=settings.rounds, seed=settings.seed, replicas=settings.replicas,
                     eval_every=1, layout=layout, network=NetworkModel.of(settings.network), stages=stages,
                     clock=clock)
@@ -190,7 +194,7 @@ def _replay(cfg: dict[str, Any], problem, algorithm: Algorithm, layout: ReplicaL
     spent: list[int] = []
     for rnd in range(MAX_ROUNDS):
         plan, _ = engine.plan_round(rnd, state.counters["sim_s"])
-        engine._count(state, plan)  # the engine's own accounting, so Parquet agrees with the plan
+        engine.count(state, plan)  # the engine's own accounting, so Parquet agrees with the plan
         c = state.counters
         cost = c["bytes_up"] + c["bytes_down"] if kind == "bytes" else c[kind]
         spent.append(int(np.max(cost)))

@@ -19,6 +19,17 @@ from fedharness.studies.sweep import expand, load_spec
 from fedharness.studies.table_spec import fields, read_spec
 
 TODAY = json.loads((Path(__file__).parent / "table_points.json").read_text())
+# The sweeps' systems.* keys as issue 52 renamed them (config/compose.py MOVED refuses the old spellings): the
+# points were recorded before the rename, their values are unchanged
+RENAMED = {"systems.mode": "cadence", "systems.speed": "speed", **{f"systems.{key}": f"cadence.{key}" for key in (
+    "deadline_s", "concurrency", "late_work", "over_selection", "buffer", "alpha")}}
+
+
+def renamed(point: dict) -> dict:
+    """deadline_s is now the sync cadence's own key: the asynchronous points no longer carry its null."""
+    asynchronous = point.get("systems.mode", "sync") != "sync"
+    return {RENAMED.get(key, key): value for key, value in point.items()
+            if not (asynchronous and key == "systems.deadline_s")}
 
 
 def plain(value):
@@ -34,7 +45,7 @@ def test_each_spec_gives_every_point_of_its_sweep_todays_row(name):
     spec = read_spec(name)
     jobs = expand(load_spec(spec["sweep"], []))
     today = TODAY[name]
-    assert [job.point for job in jobs] == [point for point, _ in today]  # the same points, in the same order
+    assert [job.point for job in jobs] == [renamed(point) for point, _ in today]  # the same points, in order
     cells = set()
     for job, (_, row) in zip(jobs, today):
         choices, values = choices_and_values(job.overrides)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable, Mapping
 
-from fedharness.algorithms import (aggregators, local_work, local_work_fixed, robust, samplers, schedules, server,
-                                   solvers)
+from fedharness.algorithms import (aggregators, local_work, local_work_fixed, personal, personalized, robust, samplers,
+                                   schedules, server, solvers)
 from fedharness.algorithms import attacks  # noqa: F401  (the attacks register themselves)
 from fedharness.algorithms import compression  # noqa: F401  (and the compressors)
 from fedharness.algorithms import series
@@ -27,7 +27,8 @@ KEYS: dict[str, Key] = {"batch_size": integer("minibatch size b", lo=1)}  # the 
 
 # The `algorithm` keys each module declares, in the order they are listed (help, errors).
 DECLARED: tuple[dict[str, Key], ...] = (samplers.KEYS, local_work.KEYS, KEYS, schedules.KEYS, server.KEYS, solvers.KEYS,
-                                        aggregators.KEYS, robust.KEYS, local_work_fixed.KEYS, series.KEYS)
+                                        personal.KEYS, aggregators.KEYS, robust.KEYS, local_work_fixed.KEYS, series.KEYS,
+                                        personalized.KEYS)
 
 
 def _declared() -> dict[str, Key]:

@@ -254,7 +254,7 @@ class MimeSGD(LocalSGD):
         self.beta, self.control = float(mime_momentum), control
         self.comm_factor, self.extra_down = 2, int(control)
         self.round_gradient = "before" if control else "after"
-        self.anchor_grads = control
+        self.grads_per_step = 1 + int(control)  # Mime's steps also take the minibatch's gradient at x
 
     def init_server_ctx(self, x: torch.Tensor) -> MimeContext:
         zeros = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
@@ -271,7 +271,7 @@ class MimeSGD(LocalSGD):
 
     def update(self, w: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: SolverState) -> torch.Tensor:
         if self.control:
-            g = g - state["anchor_g"] + state["c"]
+            g = g - state["grad_at"](state["w0"]) + state["c"]  # the same minibatch at x
         step = torch.add(state["held"], g, alpha=1.0 - self.beta)
         return w.addcmul_(step, lr, value=-1.0)
 

@@ -256,7 +256,13 @@ class SolverState(TypedDict, total=False):
     c: torch.Tensor  # SCAFFOLD: the server's control variate, per copy
     c_i: torch.Tensor  # SCAFFOLD: the client's own
     correction: torch.Tensor  # SCAFFOLD: c - c_i in the model's dtype
-    anchor_g: torch.Tensor  # Mime: this step's minibatch gradient at w0 (LocalSolver.anchor_grads)
+    # the step's minibatch gradient at other points of the copies, v [n, dim] -> [n, dim] (Mime's at w0, pFedMe's inner
+    # steps, Per-FedAvg's adapted point and Hessian-free product, APFL's mixture, Ditto's personal model)
+    grad_at: Callable[["torch.Tensor"], "torch.Tensor"]
+    v: torch.Tensor  # Ditto, APFL: each copy's personal model v_k [M, dim]
+    theta: torch.Tensor  # pFedMe: each copy's latest personal model theta [M, dim]
+    alpha: torch.Tensor  # APFL: each copy's alpha_k [M, 1]; v and alpha are views of its kept slot value `kept`
+    kept: torch.Tensor
     held: torch.Tensor  # Mime, MimeLite: beta m, the server's momentum term held fixed during the round
     mu: torch.Tensor  # a batch of slots: each copy's own proximal mu [M, 1] (else the solver's own)
     momentum: torch.Tensor  # a batch of slots: each copy's own client momentum [M, 1]
@@ -318,6 +324,9 @@ class Model(Protocol):
     # `batch_grad` returns their values after the step's forward pass there (core/buffers.py writes them in).
     buffer_dim: int = 0
     buffers: str = "average"  # average | local: shared through the server, or kept per client (FedBN)
+    # The head (FedRep's and FedBABU's per-client or frozen part): entries [lo, hi) of the flat vector, the
+    # parameters of the module the model names as its head (a linear model: all of it, its only layer); None: none.
+    head: tuple[int, int] | None = None
     stochastic: bool = False  # draws random numbers in training (dropout): batch_grad takes per-copy `seeds`
 
     def prepare(self, x: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor: ...
@@ -574,13 +583,19 @@ class Schedule(Protocol):
 class LocalSolver(Protocol):
     """The update each client applies at every local step, vectorized over client copies (algorithms/solvers.py)."""
 
+    # model entries a client never sends or receives (FedRep's and FedBABU's head): not counted in the bytes
+    private_dim: int = 0
+    # eval.personal=personal: the personal steps a client without a kept personal model takes (PersonalSolver);
+    # None: eval.finetune_steps (Per-FedAvg: 1, its one adaptation step)
+    personal_steps: int | None = None
+
     comm_factor: int = 1  # model-sized vectors each way per client and round (SCAFFOLD: 2, its control variate)
     extra_down: int = 0  # model-sized vectors sent down besides comm_factor's (Mime: the control variate c)
     # The round's clients' full-batch gradients at the server model, sum_k c_k grad F_k(x) (a ClientGradients
     # problem), reach update_server_ctx as extras["grad"]: "before" in a pass of their own ahead of the local steps,
     # also sent in the server context as "grad" (Mime's control variate c); "after" with the training (MimeLite).
     round_gradient: str = "none"
-    anchor_grads: bool = False  # each local step also takes the minibatch's gradient at w0: state["anchor_g"] (Mime)
+    grads_per_step: int = 1  # minibatch gradients a local step takes (state grad_at's besides g): grad_evals counts them
     # step_lrs and weight_stats also take step sizes [R, T], each row (replica) its own: a batch of slots then asks
     # once for all the alike slots' rows (harness/core/slots.py SlotSolver), not slot by slot
     rows_of_step_sizes: bool = False
@@ -599,6 +614,10 @@ class LocalSolver(Protocol):
         """The schedule's step sizes as the solver takes them within a round."""
         return base_lrs
 
+    def begin(self, w: torch.Tensor, state: SolverState) -> None:
+        """The copies w [M, dim] (w0's clones) set in place to where their local steps start (FedRep: each
+        client's own head); by default where the server's model is."""
+
     def finish(self, w0: torch.Tensor, w: torch.Tensor, lr_sum: torch.Tensor, state: SolverState,
                p: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         """New persistent client state and per-client sums to reduce (none for a stateless solver)."""
@@ -611,6 +630,24 @@ class LocalSolver(Protocol):
     def update_server_ctx(self, ctx: ServerContext, extras: dict[str, torch.Tensor]) -> ServerContext:
         """The server context after a round whose shards reduced `extras` (the sums `finish` returned)."""
         return ctx
+
+
+@runtime_checkable
+class PersonalSolver(Protocol):
+    """A solver whose clients each have a model of their own, which eval.personal=personal scores (Ditto, FedRep,
+    FedBABU; algorithms/personal.py; harness/core/personal.py scores it in the shard that owns the client).
+
+    A client that keeps `personal_slot` (it trained) is scored with personal_model(global, kept); any other (not yet
+    sampled, or unseen: dataset.unseen_clients) with the global model after eval.finetune_steps of `personal_step`
+    on its own minibatches. `personal_slot` None: every client is personalized so (FedBABU)."""
+
+    personal_slot: str | None
+
+    def personal_model(self, w: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        """[m, dim]: the personal models of copies of the global model w [m, dim] whose clients keep `kept`."""
+
+    def personal_step(self, v: torch.Tensor, g: torch.Tensor, lr: float, w: torch.Tensor) -> None:
+        """One step of personalization in place of copies v [m, dim] (gradient g) started from the global w."""
 
 
 @runtime_checkable

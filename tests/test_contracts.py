@@ -21,7 +21,7 @@ from fedharness.cli import main
 from fedharness.config.compose import defaults
 from fedharness.config.load import load_config
 from fedharness.registry.groups import PARTS, PROTOCOLS
-from fedharness.algorithms import series
+from fedharness.algorithms import personal, personalized, series
 from fedharness.errors import ConfigError
 from fedharness.problems.data import DataProblem
 from fedharness.problems.lazy import LazySyntheticProblem
@@ -30,14 +30,22 @@ from fedharness.problems.objectives import LinearRegression, SoftmaxRegression
 from fedharness.problems.quadratic import QuadraticProblem
 
 ROOT = Path(__file__).resolve().parent.parent
-KEY_MODULES = (samplers, local_work, local_work_fixed, schedules, solvers, aggregators, robust, server, series,
-               registry)
+KEY_MODULES = (samplers, local_work, local_work_fixed, schedules, solvers, personal, personalized, aggregators, robust,
+               server, series, registry)
 
 
 def _quadratic() -> QuadraticProblem:
     rng = np.random.default_rng(0)
     A = np.stack([np.diag(rng.uniform(0.5, 2.0, 3)) for _ in range(4)])
     return QuadraticProblem(A, rng.normal(size=(4, 3)), dtype=torch.float64)
+
+
+HEADED = ("fedrep", "fedbabu")
+
+
+def _logreg() -> DataProblem:
+    x, y = np.random.default_rng(1).normal(size=(40, 5)), np.arange(40) % 3
+    return DataProblem(SoftmaxRegression((5,), 3, 0.01), x, y, np.split(np.arange(40), 4), None, None, 4)
 
 
 def _algorithm_config(**changes) -> dict:
@@ -47,7 +55,7 @@ def _algorithm_config(**changes) -> dict:
 @pytest.mark.parametrize("kind,name", [(kind, name) for kind, names in registry.BUILTIN_PARTS.items()
                                        for name in sorted(names)])
 def test_every_builtin_part_satisfies_its_protocol(kind, name):
-    problem = _quadratic()
+    problem = _quadratic() if name not in HEADED else _logreg()  # FedRep, FedBABU: a model with a head
     built = registry.build_part(kind, _algorithm_config(**{kind: name}), {"problem": problem, "num_clients": 4,
                                                                           "rounds": 10})
     assert isinstance(built, PROTOCOLS[kind])

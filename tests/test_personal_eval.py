@@ -118,7 +118,8 @@ def test_finetuned_columns_same_on_3_shards_in_a_batch_and_resumed(run_config, t
 @pytest.mark.parametrize("override, message", [
     ("eval.finetune_steps=-1", "invalid value for 'eval.finetune_steps': -1 (an integer >= 0)"),
     ("eval.personal=[global,personal]", "invalid value for 'eval.personal': ['global', 'personal'] (global and/or "
-     "finetune: algorithm=fedavg keeps no personal model (the personal protocol needs an algorithm that does))"),
+     "finetune: algorithm.solver=sgd keeps no personal model (the personal protocol needs one that does: ditto, "
+     "fedrep, fedbabu, pfedme, perfedavg_fo, perfedavg_hf, apfl))"),
     ("eval.personal=[mine]", "invalid value for 'eval.personal': ['mine'] (one of global, finetune, personal, or a "
      "list of distinct ones)"),
     ("dataset.unseen_clients=1", "invalid value for 'dataset.unseen_clients': 1 (a finite number in [0, 1))"),

@@ -10,8 +10,8 @@ from fedharness.algorithms.registry import build_algorithm
 from fedharness.assembly.privacy import privacy_for
 from fedharness.assembly.systems import sampled_per_round
 from fedharness.config.schema import check_data_clients, stage_name
-from fedharness.contracts import Attack, Compressor, CopyEvaluation, IndependentInclusion, Labelled, UpdateAggregator, \
-    UpdateStage
+from fedharness.contracts import Attack, Compressor, CopyEvaluation, IndependentInclusion, Labelled, PersonalSolver, \
+    UpdateAggregator, UpdateStage
 from fedharness.core.buffers import buffer_dim
 from fedharness.core.client_store import declared_slots, require_slots_fit, slot_holders
 from fedharness.core.executors import entry_bytes, require_fits_budget
@@ -43,20 +43,20 @@ def build_parts(settings: RunSettings):
         check_data_clients(settings.config, problem.num_clients)
     algorithm = algorithm_for(settings, problem)
     require_fits_budget(problem, algorithm.solver)  # memory_budget_gb, before any reference solve or file
-    check_personal(settings, problem)
+    check_personal(settings, problem, algorithm.solver)
     return problem, algorithm
 
 
-def check_personal(settings: RunSettings, problem) -> None:
-    """ConfigError naming eval.personal unless the run can score each protocol: personal needs an algorithm that
-    keeps a personal model (none does yet), finetune a problem that scores each client's own model
-    (contracts.CopyEvaluation)."""
+def check_personal(settings: RunSettings, problem, solver) -> None:
+    """ConfigError naming eval.personal unless the run can score each protocol: personal needs a solver that keeps
+    a personal model (contracts.PersonalSolver: ditto, fedrep, fedbabu, pfedme, perfedavg_fo, perfedavg_hf, apfl);
+    finetune and personal a problem that scores each client's own model (contracts.CopyEvaluation)."""
     protocols = list(settings.eval.personal)
-    require("personal" not in protocols, "eval.personal", protocols,
-            f"global and/or finetune: algorithm={settings.algorithm.name} keeps no personal model (the personal "
-            "protocol needs an algorithm that does)")
-    require("finetune" not in protocols or isinstance(problem, CopyEvaluation), "eval.personal", protocols,
-            f"global: dataset={settings.dataset.name} cannot score a fine-tuned model per client")
+    require("personal" not in protocols or isinstance(solver, PersonalSolver), "eval.personal", protocols,
+            f"global and/or finetune: algorithm.solver={settings.algorithm.solver} keeps no personal model (the "
+            "personal protocol needs one that does: ditto, fedrep, fedbabu, pfedme, perfedavg_fo, perfedavg_hf, apfl)")
+    require(not {"finetune", "personal"} & set(protocols) or isinstance(problem, CopyEvaluation), "eval.personal",
+            protocols, f"global: dataset={settings.dataset.name} cannot score a model of each client's own")
 
 
 def adversary_for(settings: RunSettings, algorithm, problem) -> Adversary | None:

@@ -297,6 +297,22 @@ def mime_composes(cfg: dict[str, Any]) -> None:
     require(cfg["systems"]["mode"] == "sync", "systems.mode", cfg["systems"]["mode"], f"sync {why}")
 
 
+OWN_STEP_SOLVERS = ("pfedme", "perfedavg_fo", "perfedavg_hf", "apfl")  # algorithms/personalized.py
+
+
+def own_step_plain(cfg: dict[str, Any]) -> None:
+    """pFedMe, Per-FedAvg and APFL take their papers' local steps, averaged by FedAvg's weights: no momentum,
+    prox term, weight decay or lr decay of the sgd solver's, and the fedavg aggregator."""
+    acfg = cfg["algorithm"]
+    solver = acfg["solver"]
+    if solver not in OWN_STEP_SOLVERS:
+        return
+    why = f"with algorithm.solver={solver} (its local step is its paper's; the models are averaged)"
+    for key, plain in (("momentum", 0), ("mu", 0), ("weight_decay", 0), ("lr_decay", 1), ("nesterov", False)):
+        require(acfg[key] == plain, f"algorithm.{key}", acfg[key], f"{str(plain).lower()} {why}")
+    require(acfg["aggregator"] == "fedavg", "algorithm.aggregator", acfg["aggregator"], f"fedavg {why}")
+
+
 def per_client_steps(cfg: dict[str, Any]) -> None:
     acfg, n = cfg["algorithm"], cfg["dataset"]["num_clients"]
     if acfg["local_work"] == "per_client":
@@ -455,6 +471,29 @@ def feddyn_composes(cfg: dict[str, Any]) -> None:
             "g_k saw)")
 
 
+PERSONAL_SOLVERS = ("ditto", "fedrep", "fedbabu", *OWN_STEP_SOLVERS)  # algorithms/personal.py, personalized.py
+
+
+def personal_composes(cfg: dict[str, Any]) -> None:
+    """A personal solver goes with server optimizers and samplers only (for now): not with dp, an attack,
+    compression, a deadline or an asynchronous schedule."""
+    acfg, systems = cfg["algorithm"], cfg["systems"]
+    solver = acfg["solver"]
+    if solver not in PERSONAL_SOLVERS:
+        return
+    why = f"with algorithm.solver={solver}"
+    dp = cfg["dp"]
+    for key in ("noise_multiplier", "target_epsilon"):
+        require(dp[key] is None, f"dp.{key}", dp[key], f"null {why} (its personal models are not privatized)")
+    for section in ("attack", "compress"):
+        name = (cfg.get(section) or {}).get("name", NONE)
+        require(name == NONE, section, name, f"none {why} (not yet combined with personal models)")
+    require(systems["deadline_s"] is None, "systems.deadline_s", systems["deadline_s"], f"null {why} (a cut-off "
+            "client's personal model would be half-trained)")
+    require(systems["mode"] == "sync", "systems.mode", systems["mode"], f"sync {why} (its clients train from the "
+            "round's global model)")
+
+
 CLIENT_RULES = (shards_within_clients, sampled_within_clients, per_client_steps, unseen_leave_a_round)  # the rules that need N
 
 
@@ -468,9 +507,9 @@ def check_data_clients(cfg: dict[str, Any], num_clients: int) -> None:
 RULES: tuple[Callable[[dict[str, Any]], None], ...] = (
     metrics_registered, model_fits_dataset, partition_fits_dataset, ray_keys_need_ray, shards_within_clients,
     sampled_within_clients, unseen_leave_a_round,
-    ranges_ordered, per_client_steps, fedexp_composes, mime_composes, part_groups_known, attack_known, stages_known, device_available,
+    ranges_ordered, per_client_steps, fedexp_composes, mime_composes, own_step_plain, part_groups_known, attack_known, stages_known, device_available,
     results_dir_writable,
-    dp_covered, feddyn_composes,
+    dp_covered, feddyn_composes, personal_composes,
 )
 
 

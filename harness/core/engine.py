@@ -200,7 +200,7 @@ class Engine:
         distinct, work = trained_clients(plan.clients, plan.coef, plan.tau)
         c["local_steps"] += np.where(distinct > 0, np.where(plan.coef != 0, plan.tau, 0).max(1), 0)
         solver = self.alg.solver
-        c["grad_evals"] += work * self.alg.batch_size * (2 if solver.anchor_grads else 1)
+        c["grad_evals"] += work * self.alg.batch_size * solver.grads_per_step
         if solver.round_gradient != "none":  # one pass over each trained client's samples
             c["grad_evals"] += self._full_batch_samples(plan)
         down, up = self._client_bytes
@@ -421,32 +421,34 @@ class Engine:
         return {**scores.part(training, False).columns(i, protocol),
                 **scores.part(training, True).columns(i, protocol, unseen=True)}
 
-    def _finetune_scores(self, rnd: int, x: torch.Tensor,
-                         replica_ids: np.ndarray) -> tuple[dict[int, int], ClientScores] | None:
-        """eval.personal's finetune at this evaluation (core/personal.py), of the rows due (each slot's last round,
-        and multiples of finetune_every): {position in replica_ids: row of the scores}, the scores; None: none
-        due."""
+    def _finetune_scores(self, rnd: int, x: torch.Tensor, replica_ids: np.ndarray,
+                         protocol: str = "finetune") -> tuple[dict[int, int], ClientScores] | None:
+        """eval.personal's finetune (or personal) at this evaluation (core/personal.py), of the rows due (each
+        slot's last round, and multiples of finetune_every): {position in replica_ids: row of the scores}, the
+        scores; None: none due."""
         spec = self.personal
-        due = np.flatnonzero(spec.finetune_due(rnd, self.slots.per_row(self.slots.rounds)[replica_ids]))
+        due = np.flatnonzero(spec.finetune_due(rnd, self.slots.per_row(self.slots.rounds)[replica_ids], protocol))
         if not len(due):
             return None
         ids = replica_ids[due]
         lrs = self.slots.per_row([a.schedule.client_lr if spec.lr is None else spec.lr
                                   for a in self.slots.algorithms])
         plan = FineTune(spec.steps, lrs[ids], rnd, self.row_seeds()[ids], self.stream_replicas[ids],
-                        self.client_eval)
+                        self.client_eval, protocol)
         scores = self.executor.client_scores(x[torch.as_tensor(due, device=x.device)], ids, self.client_eval, plan)
-        self._tuned = (ids, scores)
+        if protocol == "finetune":
+            self._tuned = (ids, scores)
         return {int(i): j for j, i in enumerate(due)}, scores
 
     def _evaluate_series(self, state: RunState, x: torch.Tensor, series: str, replica_ids: np.ndarray) -> list[dict]:
         ev = self.problem.evaluate(x) if self.grad_norm else self.problem.evaluate(x, grad_norm=False)
         ev.extra.update({m.name: m.values(self.problem, x) for m in self.metrics})
-        scores = tuned = None
+        scores = tuned = own = None
         if series == "iterate" and self.client_eval is not None:
             if "global" in self.personal.protocols:
                 scores = self._client_scores(x, replica_ids)
             tuned = self._finetune_scores(state.round, x, np.asarray(replica_ids))
+            own = self._finetune_scores(state.round, x, np.asarray(replica_ids), "personal")
         subopt = dist = None
         if self.reference is not None:  # exact F where train_loss is an estimate yet F has a closed form
             subopt = (ev.train_loss if ev.exact_train_loss is None else ev.exact_train_loss) - self.reference.f_star
@@ -479,6 +481,8 @@ class Engine:
                 row.update(self._client_columns(scores, i, "global"))
             if tuned is not None and i in tuned[0]:
                 row.update(self._client_columns(tuned[1], tuned[0][i], "finetune"))
+            if own is not None and i in own[0]:
+                row.update(self._client_columns(own[1], own[0][i], "personal"))
             rows.append({k: _finite_or_none(v) for k, v in row.items()})
         return rows
 
@@ -715,9 +719,10 @@ def client_bytes(problem: Problem, solver: LocalSolver, stages: Stages) -> tuple
     comm_factor, and extra_down's) down; the update as its stages encode it (a compressor's size) and the rest
     dense, up."""
     bytes_per_param = torch.finfo(problem.dtype).bits // 8
-    dense = problem.dim * bytes_per_param
+    shared = problem.dim - solver.private_dim  # FedRep's and FedBABU's heads stay on the clients
+    dense = shared * bytes_per_param
     extra = dense * (solver.comm_factor - 1)
-    return dense + extra + dense * solver.extra_down, stages.upload_bytes(problem.dim, bytes_per_param) + extra
+    return dense + extra + dense * solver.extra_down, stages.upload_bytes(shared, bytes_per_param) + extra
 
 
 def trained_clients(clients: np.ndarray, coef: np.ndarray, tau: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -22,7 +22,7 @@ from fedharness.core.buffers import STATE_KEY as BUFFERS_KEY, buffer_dim, load_c
     take_buffers
 from fedharness.core.client_store import ClientStore, declared_slots, decode_part, encode_part
 from fedharness.core.exact_sum import ExactSum, FloatSum, Grids
-from fedharness.core.personal import FineTune, finetuned
+from fedharness.core.personal import FineTune, finetuned, personal_models
 from fedharness.contracts import (ClientKeys, ClientScores, ClientWork, LocalSolver, Problem, RoundPlan,
                                   SolverState, UpdateChunk)
 from fedharness.errors import require
@@ -246,8 +246,10 @@ class ClientShard:
         if local_buffers(problem):
             load_client_buffers(w, saved, b)
         state = solver.init_state(w0, ctx, saved)
+        solver.begin(w, state)
         p = torch.as_tensor(problem.weights[e.clients], dtype=torch.float64, device=dev)
         state["p"] = p  # each copy's client weight p_k (FedDyn scales f_k by N p_k)
+        state["tau"] = torch.as_tensor(e.tau, device=dev)  # each copy's local steps this round (FedRep's phases)
         steps = int(e.tau[0])
         seed = plan.seed if np.ndim(plan.seed) == 0 else plan.seed[e.replica]  # streams broadcast over seeds
         batches = problem.round_batches(ClientKeys(e.clients, plan.stream_replicas[e.replica], plan.round, seed,
@@ -263,8 +265,7 @@ class ClientShard:
                 w_t, scale_t, state_t = w[:n], scale[:n], prefix_state(state, n)
                 lr_t = lr_rows[:n] if per_replica else None
             g = grad_fn(w_t, batches, t)
-            if solver.anchor_grads:  # the same minibatch's gradient at the round's start (Mime)
-                state_t["anchor_g"] = grad_fn(w0[:n], batches, t)
+            state_t.update(step_oracles(grad_fn, batches, t, b))
             new_buffers = take_buffers(g, b) if b else None
             solver.update(w_t, g, scale_t * (lr_t[:, t:t + 1] if per_replica else float(plan.step_lrs[t])), state_t)
             if new_buffers is not None:
@@ -346,12 +347,13 @@ class ClientShard:
                 buffers.update({(j, int(k)): v.to(x.device) for k, v in zip(clients, own) if v is not None})
         if finetune is None:
             return self.problem.client_scores(x, clients, buffers)
-        return self.finetune_scores(x, clients, buffers or {}, finetune)
+        return self.finetune_scores(x, replicas, clients, buffers or {}, finetune)
 
-    def finetune_scores(self, x: torch.Tensor, clients: np.ndarray,
+    def finetune_scores(self, x: torch.Tensor, replicas: np.ndarray, clients: np.ndarray,
                         buffers: Mapping[tuple[int, int], torch.Tensor], spec: FineTune) -> ClientScores:
         """`clients` scored with their models fine-tuned from each row of x (core/personal.py), a row at a time:
-        a copy's bits then depend on neither the shard split nor the other rows of a batch of slots."""
+        a copy's bits then depend on neither the shard split nor the other rows of a batch of slots. Protocol
+        personal: with their personal models (the solver's slot of executor row `replicas[j]`, where kept)."""
         loss, acc = np.zeros((len(x), len(clients))), np.zeros((len(x), len(clients)))
         n = np.zeros(len(clients), dtype=np.int64)
         b = buffer_dim(self.problem)
@@ -361,9 +363,16 @@ class ClientShard:
             for m, k in enumerate(clients.tolist() if buffers else []):  # FedBN: from the client's own buffers
                 if (j, k) in buffers:
                     w0[m, -b:] = buffers[(j, k)]
-            w = finetuned(self.problem, w0, clients, spec, j, chunk)
+            if spec.protocol == "personal":
+                slot = self.solver.personal_slot
+                kept = [None] * len(clients) if slot is None else \
+                    self.store.get(slot, np.full(len(clients), replicas[j]), clients)
+                w = personal_models(self.problem, self.solver, w0, kept, clients, spec, j, chunk)
+            else:
+                w = finetuned(self.problem, w0, clients, spec, j, chunk)
             n, loss[j], acc[j] = self.problem.copy_scores(w, clients)
-        return ClientScores(np.asarray(clients, dtype=np.int64), n, loss, acc, self.problem.num_clients, "finetune")
+        return ClientScores(np.asarray(clients, dtype=np.int64), n, loss, acc, self.problem.num_clients,
+                            spec.protocol)
 
     def get_state(self) -> dict:
         """Every kept slot value by (replica, client): for inspection (tests); the engine never asks."""
@@ -376,6 +385,18 @@ class ClientShard:
 def transforms(plan: RoundPlan) -> bool:
     """Whether a stage transforms the updates this round (one that only chooses a view does not)."""
     return any(type(work).transform is not ClientWork.transform for work in plan.stages)
+
+
+def step_oracles(grad_fn, batches, t: int, b: int) -> SolverState:
+    """Local step t's minibatch gradient at any points v [n, dim] of the copies (grad_at), one batched call; the
+    last b entries (buffers: the forward pass's statistics, not gradients) come back 0."""
+    def grad_at(v: torch.Tensor) -> torch.Tensor:
+        g = grad_fn(v, batches, t)
+        if b:
+            g[:, -b:] = 0
+        return g
+
+    return {"grad_at": grad_at}
 
 
 def prefix_state(state: SolverState, n: int) -> SolverState:

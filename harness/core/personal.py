@@ -1,5 +1,6 @@
-"""eval.personal's `finetune` protocol: each evaluated client fine-tunes the global model on its own data, in the
-shard that owns it, and is scored with the result (docs/results.md, Personalized evaluation).
+"""eval.personal's `finetune` and `personal` protocols: each evaluated client is scored, in the shard that owns it,
+with the global model fine-tuned on its own data (finetune) or with its personal model (personal: an algorithm's
+that keeps one, contracts.PersonalSolver; docs/results.md, Personalized evaluation).
 
 Fine-tuning is `steps` steps of plain SGD (w <- w - lr g: no momentum, prox term, control variate or decay) on
 minibatches of the problem's batch size, from each replica's global model (FedBN's clients with their own buffers,
@@ -8,17 +9,23 @@ as training left them). Every (replica, client) pair is one copy of a batched co
 training streams of the seed stream_key(seed, FINETUNE): a stream of fine-tuning's own, keyed by (seed, replica,
 evaluated round, client), so training's draws are untouched and a copy's draws do not depend on which shard or
 chunk it is in. Nothing is written to the client store: fine-tuning never changes the training trajectory.
+
+`personal`: a client that keeps the solver's personal slot is scored with personal_model(global, kept); any other
+(not yet sampled; unseen) with the global model after `steps` of the solver's personal_step on the same
+minibatches fine-tuning draws (Ditto: its personal objective; FedRep, FedBABU: the head on the frozen body). Every
+(replica, client) pair is again one copy of a batched computation, so its bits depend on no shard or chunk.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 import torch
 
 from fedharness.base import streams
-from fedharness.contracts import ClientKeys, Problem
+from fedharness.contracts import ClientKeys, PersonalSolver, Problem
 from fedharness.core.buffers import buffer_dim, take_buffers
 
 
@@ -33,9 +40,10 @@ class Personal:
     lr: float | None
     every: int | None
 
-    def finetune_due(self, rnd: int, last: np.ndarray) -> np.ndarray:
-        """[S] whether rows whose slots end at rounds `last` [S] fine-tune at evaluated round `rnd`."""
-        if "finetune" not in self.protocols:
+    def finetune_due(self, rnd: int, last: np.ndarray, protocol: str = "finetune") -> np.ndarray:
+        """[S] whether rows whose slots end at rounds `last` [S] are scored under `protocol` (finetune, personal)
+        at evaluated round `rnd`."""
+        if protocol not in self.protocols:
             return np.zeros(len(last), dtype=bool)
         return (last == rnd) | (self.every is not None and rnd % self.every == 0)
 
@@ -44,7 +52,8 @@ class Personal:
 class FineTune:
     """One evaluation's fine-tuning: `steps` SGD steps at `lrs` [S], for the models of executor rows whose streams
     are `stream_replicas` [S] and `seeds` [S] (the run's seed on every row of a run alone), at evaluated round
-    `round`; `evaluated`: every client the evaluation scores, ascending (where a shard's clients rank)."""
+    `round`; `evaluated`: every client the evaluation scores, ascending (where a shard's clients rank).
+    `protocol`: finetune, or personal (the solver's personal models, started the same way where a client has none)."""
 
     steps: int
     lrs: np.ndarray
@@ -52,6 +61,7 @@ class FineTune:
     seeds: np.ndarray
     stream_replicas: np.ndarray
     evaluated: np.ndarray
+    protocol: str = "finetune"
 
 
 def finetune_seeds(seeds: np.ndarray) -> np.ndarray:
@@ -60,11 +70,13 @@ def finetune_seeds(seeds: np.ndarray) -> np.ndarray:
 
 
 def finetuned(problem: Problem, w0: torch.Tensor, clients: np.ndarray, spec: FineTune, row: int,
-              chunk: int) -> torch.Tensor:
+              chunk: int, step: Callable[[torch.Tensor, torch.Tensor, float, torch.Tensor], None] | None = None
+              ) -> torch.Tensor:
     """Copies w0 [m, dim] of `clients` (consecutive among spec.evaluated: a shard's), all of executor row `row`,
     after spec.steps plain SGD steps on each client's own minibatches, `chunk` copies at a time; a new tensor.
     A copy's bits do not depend on its batch or its place in it: the problems' batched gradients see to that
-    (problems/objectives.py aligned_blocks, a lone copy batched as two; tests/test_batch_position.py)."""
+    (problems/objectives.py aligned_blocks, a lone copy batched as two; tests/test_batch_position.py).
+    `step(w, g, lr, start)`: a step other than plain SGD, in place (a PersonalSolver's personal_step)."""
     seed = int(finetune_seeds(spec.seeds[row]))
     b, lr = buffer_dim(problem), float(spec.lrs[row])
     out = w0.clone()
@@ -74,10 +86,34 @@ def finetuned(problem: Problem, w0: torch.Tensor, clients: np.ndarray, spec: Fin
         keys = ClientKeys(clients[at], np.full(len(at), spec.stream_replicas[row]), spec.round, seed)
         batches = problem.round_batches(keys, spec.steps)
         w = out[start:start + size]  # a view: trained in place
+        first = w0[start:start + size]
         for t in range(spec.steps):
             g = problem.grad(w, batches, t)
             new_buffers = take_buffers(g, b) if b else None
-            w.sub_(g, alpha=lr)
+            if step is None:
+                w.sub_(g, alpha=lr)
+            else:
+                step(w, g, lr, first)
             if new_buffers is not None:
                 w[:, -b:] = new_buffers
+    return out
+
+
+def personal_models(problem: Problem, solver: PersonalSolver, w0: torch.Tensor, kept: list[torch.Tensor | None],
+                    clients: np.ndarray, spec: FineTune, row: int, chunk: int) -> torch.Tensor:
+    """Each client's personal model [m, dim] from copies w0 [m, dim] of executor row `row`'s global model: from
+    its kept slot value where it has one (`kept`: the store's, None where none), else after spec.steps personal
+    steps from w0 (the solver's personal_steps where it fixes them). The clients without one are one batch
+    (`chunk` copies at a time), in `clients`' order."""
+    held = np.array([value is not None for value in kept], dtype=bool)
+    out = torch.empty_like(w0)
+    if held.any():
+        at = torch.as_tensor(np.flatnonzero(held), device=w0.device)
+        values = torch.stack([value for value in kept if value is not None]).to(w0.device)
+        out[at] = solver.personal_model(w0[at], values).to(w0.dtype)
+    if not held.all():
+        fresh = np.flatnonzero(~held)
+        at = torch.as_tensor(fresh, device=w0.device)
+        steps = spec if solver.personal_steps is None else replace(spec, steps=solver.personal_steps)
+        out[at] = finetuned(problem, w0[at], clients[fresh], steps, row, chunk, solver.personal_step)
     return out

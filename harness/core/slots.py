@@ -212,7 +212,8 @@ class SlotSolver(LocalSolver):
     def __init__(self, slots: SlotSet, trainer: LocalSolver):
         self.slots, self.trainer = slots, trainer
         self.comm_factor, self.extra_down = trainer.comm_factor, trainer.extra_down
-        self.round_gradient, self.anchor_grads = trainer.round_gradient, trainer.anchor_grads
+        self.round_gradient, self.grads_per_step = trainer.round_gradient, trainer.grads_per_step
+        self.private_dim = trainer.private_dim
         self.runs: list[tuple[LocalSolver, slice]] = []  # alike solvers taking each row's step sizes: one call
         for solver, run in _alike_positions([a.solver for a in slots.algorithms]):
             if solver.rows_of_step_sizes:
@@ -243,6 +244,9 @@ class SlotSolver(LocalSolver):
 
     def update(self, w, g, lr, state):
         return self.trainer.update(w, g, lr, state)
+
+    def begin(self, w, state):
+        self.trainer.begin(w, state)
 
     def finish(self, w0, w, lr_sum, state, p):
         return self.trainer.finish(w0, w, lr_sum, state, p)

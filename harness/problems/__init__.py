@@ -57,8 +57,8 @@ def build_model(settings: RunSettings, in_shape: tuple[int, ...], num_classes: i
     net = require_net(option.name, made)
     kernel = "vmap" if settings.kernel == "auto" else settings.kernel  # auto: core/kernels.py resolves it for the run
     return NetObjective(net, option.name, option.params.get("l2", 0.0), in_shape, autocast_dtype(settings.precision),
-                        kernel, option.params.get("buffers", "average"),  # a `_target_` model may leave both out
-                        tokens)
+                        kernel, option.params.get("buffers", "average"),  # a `_target_` model may leave these out
+                        tokens, option.params.get("head"))
 
 
 def _partition_name(settings: RunSettings, pooled: PooledData) -> str:

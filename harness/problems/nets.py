@@ -36,6 +36,8 @@ def _pair(size: int | tuple[int, int]) -> tuple[int, int]:
 class TwoNN(nn.Module):
     """Two hidden layers of ReLU units (McMahan et al.'s "2NN")."""
 
+    head_module = "fc3"  # the head (FedRep, FedBABU): the last layer
+
     def __init__(self, in_features: int = 784, hidden: int = 200, num_classes: int = 10):
         super().__init__()
         self.fc1 = nn.Linear(in_features, hidden)
@@ -59,6 +61,8 @@ def _cnn_out(size: int) -> int:
 
 class CNN(nn.Module):
     """conv5x5x32 - relu - pool2 - conv5x5x64 - relu - pool2 - fc512 - relu - fc."""
+
+    head_module = "fc2"  # the head (FedRep, FedBABU): the last layer
 
     def __init__(
         self,
@@ -86,6 +90,8 @@ class FemnistCNN(nn.Module):
     """LEAF's FEMNIST CNN (femnist/cnn.py): conv5x5x32 "same" - relu - pool2 - conv5x5x64 "same" - relu - pool2 -
     fc2048 - relu - fc. On 28x28 the maps are 14x14 then 7x7, so fc2048 has 7*7*64 inputs."""
 
+    head_module = "fc2"  # the head (FedRep, FedBABU): the last layer
+
     def __init__(self, in_channels: int = 1, image_size: int | tuple[int, int] = 28, num_classes: int = 62):
         super().__init__()
         h, w = (s // 4 for s in _pair(image_size))  # two 2x2 pools; "same" convs keep the size
@@ -110,6 +116,8 @@ VGG11_CONFIG: list[int | str] = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M"
 
 class VGG11(nn.Module):
     """VGG-11 without batch norm, classifier as in FedNova's code minus dropout."""
+
+    head_module = "classifier.4"  # the head (FedRep, FedBABU): the last layer
 
     def __init__(
         self,
@@ -181,6 +189,8 @@ class ResNet18(nn.Module):
     two groups (Hsieh et al. 2020; Reddi et al. 2021); ``norm="batch"`` puts
     BatchNorm in its place (kuangliu's original).
     """
+
+    head_module = "linear"  # the head (FedRep, FedBABU): the last layer
 
     def __init__(self, in_channels: int = 3, num_classes: int = 10, norm_groups: int = 2, norm: str = "group"):
         super().__init__()

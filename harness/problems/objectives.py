@@ -46,6 +46,7 @@ class SoftmaxRegression(Model):
         self.num_classes = num_classes
         self.l2 = l2
         self.dim = self.d * num_classes
+        self.head = (0, self.dim)  # a linear model's last layer is all of it (FedRep: local training)
         self._minus_ones: dict[tuple, torch.Tensor] = {}
         self._aligned: dict[tuple, tuple] = {}  # (M, dtype, device) -> _aligned_matrix's buffer, flat and [M, C, d]
 
@@ -325,7 +326,7 @@ class NetObjective(Model):
 
     def __init__(self, net: nn.Module, name: str, l2: float, in_shape: tuple[int, ...],
                  autocast: torch.dtype | None = None, kernel: str = "vmap", buffers: str = "average",
-                 tokens: bool = False):
+                 tokens: bool = False, head: str | None = None):
         self.net, self.name, self.l2, self.tokens = net, name, l2, tokens
         require(buffers in ("average", "local"), "model.buffers", buffers, "average | local")
         self.in_shape, self.autocast, self.buffers = in_shape, autocast, buffers
@@ -333,6 +334,7 @@ class NetObjective(Model):
         self.names, self.shapes, self.numels = self.layout.names, self.layout.shapes, self.layout.numels
         self.param_dim, self.buffer_dim = self.layout.param_dim, self.layout.buffer_dim
         self.dim = self.param_dim + self.buffer_dim
+        self.head = head_range(net, self.names, self.numels, head)
         self._check_forward()
         self.sites = dropout_sites(net, self.inputs(2), name)
         self._sample_activations: int | None = None
@@ -578,6 +580,20 @@ class NetObjective(Model):
             self._sample_activations = max(ACTIVATION_FACTOR * _leaf_outputs(self.net, sample),
                                            SAVED_FACTOR * _saved_for_backward(self.net, sample))
         return batch * self._sample_activations * itemsize
+
+
+def head_range(net: nn.Module, names: list[str], numels: list[int], head: str | None) -> tuple[int, int] | None:
+    """Entries [lo, hi) of the flat vector holding the parameters of module `head` (model.head; a built-in net's
+    head_module); None without one. A module's parameters are consecutive in named_parameters' order."""
+    head = head if head is not None else getattr(net, "head_module", None)
+    if head is None:
+        return None
+    modules = [n for n, m in net.named_modules() if n and any(True for _ in m.parameters())]
+    shown = ", ".join(modules[:12]) + (f", ... ({len(modules)} in all)" if len(modules) > 12 else "")
+    require(head in modules, "model.head", head, f"a module of the model with parameters: {shown}")
+    starts = np.cumsum([0, *numels])
+    at = [i for i, n in enumerate(names) if n.startswith(head + ".")]
+    return int(starts[at[0]]), int(starts[at[-1] + 1])
 
 
 def _leaf_outputs(net: nn.Module, sample: torch.Tensor) -> int:

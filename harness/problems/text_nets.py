@@ -126,6 +126,8 @@ class CharLSTM(nn.Module):
     """LEAF's Shakespeare next-character model: embedding 8, two LSTM layers of 256, a dense layer on the last
     output to the vocabulary (the 80 characters LEAF uses)."""
 
+    head_module = "fc"  # the head (FedRep, FedBABU): the last layer
+
     def __init__(self, vocab_size: int = 80, embed: int = 8, hidden: int = 256, layers: int = 2):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, embed)
@@ -141,6 +143,8 @@ class WordLSTM(nn.Module):
     of 670, a dense projection to 96 (no activation), a dense layer to the vocabulary (its 10,000 words and the
     pad, out-of-vocabulary, beginning and end ids). Here one next token per sequence, read from the last output;
     steps on `pad_id` are skipped, as Keras' mask_zero does."""
+
+    head_module = "fc"  # the head (FedRep, FedBABU): the last layer
 
     def __init__(self, vocab_size: int = 10_004, embed: int = 96, hidden: int = 670, pad_id: int | None = 0):
         super().__init__()
@@ -159,6 +163,8 @@ class SentLSTM(nn.Module):
     """LEAF's Sent140 model: an embedding of the `token_vocab` ids (the data set's: its words, pad 0 and oov 1),
     two LSTM layers, dense 128 with ReLU, dense to the classes, from the last output; steps on `pad_id` are
     skipped, so a tweet padded after its words is classified by the state its words leave."""
+
+    head_module = "fc"  # the head (FedRep, FedBABU): the last layer
 
     def __init__(self, num_classes: int = 2, token_vocab: int = 10_002, embed: int = 100, hidden: int = 100,
                  pad_id: int | None = 0):

@@ -32,7 +32,7 @@ DATASETS = Registry("dataset", common={"num_clients": integer("N, the number of 
                                        "unseen_clients": number("the share of the clients set apart: never "
                                                                 "trained, evaluated as unseen_client_* "
                                                                 "(problems/unseen.py)", lo=0, hi=1, hi_open=True)})
-MODELS = Registry("model", reserved=("l2", "buffers"))  # l2, buffers: the harness's NetObjective reads them
+MODELS = Registry("model", reserved=("l2", "buffers", "head"))  # the harness's NetObjective reads these
 PARTITIONERS = Registry("partition")
 
 # `attack=NAME` (algorithms/attacks.py): what the Byzantine clients send; `attack.fraction` is every attack's.

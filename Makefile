@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all test-kernels bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages bench-compression bench-client-store bench-systems reproduce robustness compression systems async-table async-speedup drift mutants list clean
+.PHONY: run test test-all test-kernels bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages bench-compression bench-client-store bench-systems bench-personal reproduce robustness compression systems async-table async-speedup drift mutants list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -70,6 +70,9 @@ bench-population: $(STAMP)  ## N = 10^3, 10^6, 10^8 lazily generated clients: se
 
 bench-client-eval: $(STAMP)  ## per-client evaluation at 3,550 clients: vectorized vs a loop over clients (docs/performance.md)
 	$(BIN)/python benchmarks/bench_client_eval.py $(ARGS)
+
+bench-personal: $(STAMP)  ## a Ditto round at K = 10 on the 2NN: batched vs client by client, the personal slots' bytes (docs/performance.md)
+	$(BIN)/python benchmarks/bench_personal.py $(ARGS)
 
 reproduce: $(STAMP)  ## every paper claim at smoke scale over 5 data draws: docs/reproductions/*.png, results.json (docs/reproductions.md)
 	$(BIN)/python -m fedharness.studies.reproduce $(ARGS)

@@ -27,17 +27,25 @@ KEYS: dict[str, Key] = {
 
 
 def model_name(problem: Problem) -> str:
-    """The model's name, as the `model` key names it (an analytic problem's: its objective's)."""
-    return "the data set's objective" if problem.objective is None else problem.objective.name
+    """The model's name, as the `model` key names it (an analytic problem's: its data set's objective)."""
+    return "the data set's own objective" if problem.objective is None else f"model={problem.objective.name}"
 
 
 def require_head(problem: Problem, solver: str) -> tuple[int, int]:
     """The head's entries [lo, hi) of the flat vector; ConfigError naming the model and the solver without one."""
     head = None if problem.objective is None else problem.objective.head
     if head is None:
-        raise ConfigError("model", model_name(problem), f"a model that declares its head for algorithm.solver="
-                          f"{solver} (built-in nets name their last layer; a user's model names it in model.head)")
+        raise ConfigError("algorithm.solver", solver, f"a solver that needs no head: {model_name(problem)} declares "
+                          "none (built-in nets name their last layer; a user's model names it in model.head)")
     return int(head[0]), int(head[1])
+
+
+def refuse_buffers(problem: Problem, solver: str) -> None:
+    """ConfigError naming the solver for a model with buffers (BatchNorm statistics): a personal model of the
+    solver's would need its own."""
+    if problem.objective is not None and problem.objective.buffer_dim:
+        raise ConfigError("algorithm.solver", solver, f"a solver other than {solver} with {model_name(problem)}: "
+                          "its buffers (BatchNorm statistics) would need a personal copy of their own")
 
 
 def _global_copy(w0: torch.Tensor, server_ctx) -> torch.Tensor:
@@ -67,9 +75,7 @@ class DittoSGD(LocalSGD):
     def __init__(self, problem: Problem, ditto_lambda: float = 0.1, momentum: float = 0.0, nesterov: bool = False,
                  mu: float = 0.0, weight_decay: float = 0.0, lr_decay: float = 1.0):
         super().__init__(momentum, nesterov, mu, weight_decay, lr_decay)
-        if problem.objective is not None and problem.objective.buffer_dim:
-            raise ConfigError("model", model_name(problem), "a model without buffers (BatchNorm statistics) for "
-                              "algorithm.solver=ditto: its personal models would need their own")
+        refuse_buffers(problem, "ditto")
         self.lam = float(ditto_lambda)
 
     def client_slots(self, problem: Problem) -> tuple[ClientSlot, ...]:

@@ -3,17 +3,18 @@ solvers, vectorized over client copies like the others (algorithms/solvers.py).
 
 Each local step takes gradients at points other than the copy's w: the shard hands every step the minibatch's
 gradient at any points of the copies (SolverState grad_at: one batched call for all copies, not a loop over
-clients). The methods' personal models are kept as personal slots of
-the client store (harness/core/client_store.py) or formed at evaluation. A step moves w along one direction, so
-the weighting vector (Wang et al.) is plain SGD's, a = [1, ..., 1] (LocalSGD's with no momentum or prox term).
+clients). The personal models (contracts.PersonalSolver) are kept in the client store's slot `personal`
+(harness/core/client_store.py) or formed at evaluation. A step moves w along one direction, so the weighting
+vector (Wang et al.) is plain SGD's, a = [1, ..., 1] (LocalSGD's with no momentum or prox term).
 """
 
 from __future__ import annotations
 
 import torch
 
+from fedharness.algorithms.personal import refuse_buffers
 from fedharness.algorithms.solvers import LocalSGD
-from fedharness.contracts import ClientSlot, ClientState, ServerContext, SolverState
+from fedharness.contracts import ClientSlot, ClientState, Problem, ServerContext, SolverState
 from fedharness.keys import Key, boolean, integer, number
 from fedharness.registry.groups import part
 
@@ -139,8 +140,9 @@ class APFL(LocalSGD):
 
     personal_slot = "personal"
 
-    def __init__(self, apfl_alpha: float = 0.25, apfl_adaptive: bool = False):
+    def __init__(self, problem: Problem, apfl_alpha: float = 0.25, apfl_adaptive: bool = False):
         super().__init__()
+        refuse_buffers(problem, "apfl")  # v_bar would mix the buffers of two rounds' models
         self.alpha, self.adaptive = float(apfl_alpha), apfl_adaptive
         self.grads_per_step = 2
 

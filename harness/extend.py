@@ -56,12 +56,13 @@ def _add(group: str, name: str, factory: Callable[..., Any]) -> None:
 
 
 def register_model(name: str, factory: Callable[..., Any], l2: float = 0.0, buffers: str = "average",
-                   **defaults: Any) -> None:
+                   head: str | None = None, **defaults: Any) -> None:
     """`factory(in_shape, num_classes, **params) -> nn.Module` (a module class fits); `defaults` are its params,
     settable as `model.KEY=V`. Any module: BatchNorm's buffers are averaged (`buffers=local`: kept per client),
-    nn.Dropout draws from the run's streams (docs/extending.md)."""
+    nn.Dropout draws from the run's streams; `head`: the name of its head module (FedRep, FedBABU; None: the
+    module's `head_module` attribute if it has one) (docs/extending.md)."""
     _add("model", name, factory)
-    _store("model", name, {"l2": l2, "buffers": buffers, **defaults})
+    _store("model", name, {"l2": l2, "buffers": buffers, "head": head, **defaults})
 
 
 def register_dataset(name: str, factory: Callable[..., Any], num_clients: int = 10, **defaults: Any) -> None:

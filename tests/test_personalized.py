@@ -20,6 +20,7 @@ from fedharness.core.personal import FineTune
 from fedharness.problems.quadratic import QuadraticProblem
 from fedharness.runs.batch import Slot
 from fedharness.runs.execute import execute, execute_runs, prepare
+from test_client_eval import bn_mlp  # noqa: F401  (the fixture: an MLP with BatchNorm, registered for a test)
 from test_client_store import CrashAt
 
 QUADRATIC = ("dataset=quadratic", "dataset.num_clients=6", "dataset.dim=3", "dataset.curvature=random",
@@ -253,13 +254,15 @@ def test_pfedme_same_bits_on_ray(local_ray, run_config):
      "integer >= 1)"),
     ("algorithm=pfedme algorithm.momentum=0.9", "invalid value for 'algorithm.momentum': 0.9 (0 with "
      "algorithm.solver=pfedme (its local step is its paper's; the models are averaged))"),
+    ("algorithm=apfl model=bn_mlp", "invalid value for 'algorithm.solver': 'apfl' (a solver other than apfl with "
+     "model=bn_mlp: its buffers (BatchNorm statistics) would need a personal copy of their own)"),
     ("algorithm=apfl algorithm.aggregator=median", "invalid value for 'algorithm.aggregator': 'median' (fedavg with "
      "algorithm.solver=apfl (its local step is its paper's; the models are averaged))"),
 ])
-def test_bad_input_exits_2_in_one_line_writing_nothing(tmp_path, capsys, override, message):
+def test_bad_input_exits_2_in_one_line_writing_nothing(tmp_path, capsys, override, message, bn_mlp):
     results = tmp_path / "results"
-    assert main(["run", f"results_dir={results}", "dataset=quadratic", "rounds=2", "progress=false",
-                 *override.split()]) == 2
+    data = ["dataset=digits"] if "bn_mlp" in override else ["dataset=quadratic"]
+    assert main(["run", f"results_dir={results}", *data, "rounds=2", "progress=false", *override.split()]) == 2
     err = capsys.readouterr().err
     assert err == f"fedharness: error: {message}\n"
     assert not results.exists()

@@ -2,11 +2,11 @@
 stage (contracts.UpdateStage).
 
 In each replica, floor(fraction n) of the n clients that returned are Byzantine: those with the smallest uniform of
-the stream keyed by (seed, BYZANTINE, replica, round, client), ties to the lower id. The draw depends on nothing
-but those keys and the set of returned clients, so the same clients are Byzantine with 1 shard or 16, inline or on
-Ray, fresh or resumed. With `attack.fixed` the draw is once per replica instead, over the N training clients with
-round key FIXED_ROUND (`fixed_byzantine`): those clients are Byzantine in every round they return, as the
-malicious devices of Li et al. 2021. An attack that forges updates (contracts.Attack) replaces theirs at the driver, where the
+the stream keyed by (seed, BYZANTINE, replica, round, client), ties to the lower id. The draw depends on nothing but
+those keys and the set of returned clients, so the same clients are Byzantine with 1 shard or 16, inline or on Ray,
+fresh or resumed. With `attack.fixed` the draw is once per replica instead, over the N training clients with round
+key FIXED_ROUND (`fixed_byzantine`): those clients are Byzantine in every round they return, as the malicious
+devices of Li et al. 2021. An attack that forges updates (contracts.Attack) replaces theirs at the driver, where the
 shards' updates meet the aggregator (`on_updates`), so it needs an aggregator that sees them ("updates"); a data
 poisoning attack (contracts.DataPoisoning: label_flip) has them train on its view of the data in the shards
 (`client_work`) and needs what that view needs ("labels").

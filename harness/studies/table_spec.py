@@ -2,13 +2,14 @@
 (run, replica), a cell's statistics over its seeds, and the cells' order.
 
 A seed row starts from what every table can read: the run's flattened config keys (`systems.speed`), its problem
-(data set) and target, `status`, `replica`, `reached`, `round` and the spec's `costs` to the target (time_to_target's
-columns at the first evaluated round meeting it; NaN when censored), `last_round`, `last_sim_s`, `sim_s_per_round`
-(last_sim_s / last_round), `participants` (its mean over rounds 1..last), the final `test_acc` and each rounds/
-column the spec's `read` names at that last evaluated round (NaN where null or absent: a per-client statistic
-the run did not compute); the spec's measures and fields add to it. A cell's statistics (seed_stats) are the seeds, the seeds that reached the target,
-the last round, whether a seed diverged, mean and std (ddof 1) of the final test accuracy (%) over every seed and of
-each `to_target` column over the seeds that reached the target only (a censored seed has no value to average).
+(data set) and target, `status`, `replica`, `reached`, `round` and the spec's `costs` to the target
+(time_to_target's columns at the first evaluated round meeting it; NaN when censored), `last_round`, `last_sim_s`,
+`sim_s_per_round` (last_sim_s / last_round), `participants` (its mean over rounds 1..last), the final `test_acc` and
+each rounds/ column the spec's `read` names at that last evaluated round (NaN where null or absent: a per-client
+statistic the run did not compute); the spec's measures and fields add to it. A cell's statistics (seed_stats) are
+the seeds, the seeds that reached the target, the last round, whether a seed diverged, mean and std (ddof 1) of the
+final test accuracy (%) over every seed and of each `to_target` column over the seeds that reached the target only
+(a censored seed has no value to average).
 """
 
 from __future__ import annotations

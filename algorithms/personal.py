@@ -119,12 +119,9 @@ class HeadSolver(LocalSGD):
         body[self.lo:self.hi] = 0
         self.masks = torch.stack([body, 1 - body])  # [body, head]
 
-    @property
-    def rows_of_step_sizes(self) -> bool:
-        return False
-
     def weight_stats(self, tau: np.ndarray, step_lrs: np.ndarray, lr_scale: np.ndarray | None = None) -> WeightStats:
-        """Those of local SGD with the same keys (a step's weight in the delta, read on unit gradients)."""
+        """Those of local SGD with the same keys (a step's weight in the delta, read on unit gradients; the masks
+        fit the model's vectors, not weight_stats' unit ones)."""
         plain = LocalSGD(self.momentum, self.nesterov, self.mu, self.weight_decay, self.lr_decay)
         return plain.weight_stats(tau, step_lrs, lr_scale)
 

@@ -5,6 +5,8 @@ input and the combinations not yet supported refused in one line."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -30,6 +32,15 @@ QUADRATIC = ("dataset=quadratic", "dataset.num_clients=5", "dataset.dim=3", "dat
              "algorithm.sampler=full", "algorithm.client_lr=0.3", "algorithm.ditto_lambda=0.5", "reference=off",
              "progress=false")
 WEIGHTS = np.array([0.35, 0.1, 0.25, 0.2, 0.1])
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Engines built here run outside `execute`, which sets threads=1: small batched products only contend."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _engine(cfg, problem, rounds: int, num_shards: int = 1, **options) -> Engine:
@@ -129,7 +140,7 @@ def _own(rows) -> np.ndarray:
     return _frame(rows)[["round", "replica", "bytes_up", *OWN]].to_numpy(float)
 
 
-@pytest.mark.parametrize("algorithm", ["ditto", "fedrep"])
+@pytest.mark.parametrize("algorithm", ["ditto", pytest.param("fedrep", marks=pytest.mark.slow)])
 def test_personal_columns_same_on_3_shards_chunked_in_a_batch_and_resumed(run_config, tmp_path, algorithm):
     """The personal columns and bytes, bit for bit (train_loss is not among them: the pooled evaluation's own
     chunks follow the memory budget)."""
@@ -215,3 +226,62 @@ def test_bad_input_exits_2_in_one_line_writing_nothing(tmp_path, capsys, headed_
     assert main(["run", *overrides, f"results_dir={results}"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [f"fedharness: error: {message}"]
     assert not results.exists()
+
+
+# --- FedRep on the linear-representation problem (Collins et al. 2021, Section 5.1 and Figure 2) -----------------
+
+D, K, N, M, SIGMA = 20, 2, 100, 10, 1e-3  # dimension, rank, clients, samples a client, label noise
+
+
+class LinearRepresentation(QuadraticProblem):
+    """y = w_i*^T B*^T x + sigma z on client i's m samples, x ~ N(0, I_d); the model y^ = h^T B^T x with body B
+    [d, k] (the flat vector's first d k entries) and head h [k] (the last k); loss 1/(2m) ||X_i B h - y_i||^2,
+    full-batch gradients. A quadratic problem's bookkeeping (weights 1/N, one sample a client) with this loss."""
+
+    def __init__(self, X: np.ndarray, y: np.ndarray, start: np.ndarray):
+        dim = D * K + K
+        super().__init__(np.repeat(np.eye(dim)[None], N, 0), np.zeros((N, dim)), dtype=torch.float64)
+        self.X, self.y, self.start = torch.as_tensor(X), torch.as_tensor(y), torch.as_tensor(start)
+        self.objective = SimpleNamespace(name="linear_representation", head=(D * K, dim), buffer_dim=0)
+
+    def init_params(self, replicas: int, seed: int) -> torch.Tensor:
+        return self.start.expand(replicas, -1).clone()
+
+    def grad(self, w: torch.Tensor, batches, step: int) -> torch.Tensor:
+        clients = torch.as_tensor(batches[:len(w)])
+        B, h = w[:, :D * K].reshape(-1, D, K), w[:, D * K:]
+        X = self.X[clients]
+        r = torch.einsum("cmd,cdk,ck->cm", X, B, h) - self.y[clients]
+        return torch.cat([torch.einsum("cmd,cm,ck->cdk", X, r, h).reshape(len(w), -1) / M,
+                          torch.einsum("cdk,cmd,cm->ck", B, X, r) / M], 1)
+
+
+def test_fedrep_learns_the_shared_representation(run_config):
+    """Collins et al.'s linear-representation setting (d = 20, k = 2, N = 100 clients of m = 10 samples, noise
+    sigma = 1e-3, B* a random orthonormal [d, k], w_i* ~ N(0, I_k)), B initialized by the method of moments as in
+    their Algorithm 1 (the top-k eigenvectors of (1/Nm) sum y^2 x x^T) and h at 0; full participation, step 0.1.
+    FedRep (10 head steps on the fixed body, then 1 body step: share 0.91 of 11) brings the principal-angle
+    distance ||B_perp^T B*||_2 of its orthonormalized body from 0.54 to below 0.05 in 100 rounds (measured
+    0.0029); FedAvg training body and head jointly on the global objective (one local step: a single head h for
+    every client, so B moves along h alone) stays above 0.3 (measured 0.50). FedAvg with FedRep's 11 local steps
+    does learn it here (measured 0.028 at 100 rounds): the local heads drift apart within a round."""
+    rng = np.random.default_rng(0)
+    b_star = np.linalg.qr(rng.normal(size=(D, K)))[0]
+    X = rng.normal(size=(N, M, D))
+    y = np.einsum("nmd,dk,nk->nm", X, b_star, rng.normal(size=(N, K))) + SIGMA * rng.normal(size=(N, M))
+    moments = np.einsum("nm,nmd,nme->de", y ** 2, X, X) / (N * M)
+    start = np.concatenate([np.linalg.eigh(moments)[1][:, -K:].reshape(-1), np.zeros(K)])
+    problem = LinearRepresentation(X, y, start)
+
+    def distance(w: np.ndarray) -> float:
+        q = np.linalg.qr(w[:D * K].reshape(D, K))[0]
+        return float(np.linalg.norm(b_star - q @ (q.T @ b_star), 2))
+
+    def trained(*overrides: str) -> np.ndarray:
+        cfg = run_config("dataset=quadratic", f"dataset.num_clients={N}", f"dataset.dim={D * K + K}", "dtype=float64",
+                         "algorithm.sampler=full", "algorithm.client_lr=0.1", "reference=off", *overrides)
+        return _engine(cfg, problem, 100).run().state.x.numpy()[0]
+
+    assert 0.5 < distance(start) < 0.6  # measured 0.54
+    assert distance(trained("algorithm=fedrep", "algorithm.local_steps=11", "algorithm.fedrep_head_share=0.91")) < 0.05
+    assert distance(trained("algorithm=fedavg", "algorithm.local_steps=1")) > 0.3

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-all test-kernels bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages bench-compression bench-client-store bench-systems bench-personal reproduce robustness compression systems async-table async-speedup drift mutants list clean
+.PHONY: run test test-all test-kernels bench bench-cluster bench-gpu bench-population bench-client-eval bench-federated-data bench-tune bench-writer bench-stages bench-compression bench-client-store bench-systems bench-personal reproduce robustness personalization compression systems async-table async-speedup drift mutants list clean
 
 $(STAMP): pyproject.toml constraints.txt  ## every extra, at the tested versions (constraints.txt)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
@@ -80,6 +80,11 @@ reproduce: $(STAMP)  ## every paper claim at smoke scale over 5 data draws: docs
 robustness: $(STAMP)  ## every aggregation rule against every attack on digits (260 runs): docs/robustness/ table and figure
 	$(BIN)/fedharness sweep sweep=robustness $(ARGS)
 	$(BIN)/python -m fedharness.studies.tables robustness results/sweeps/robustness --out docs/robustness
+
+personalization: $(STAMP)  ## FedAvg + fine-tuning, Ditto, FedRep, FedBABU, APFL, pFedMe, Per-FedAvg per client on digits Dirichlet(0.1) and Synthetic(1,1), Ditto under label flipping (18 runs of 5 seeds): docs/personalization/ tables
+	$(BIN)/fedharness sweep sweep=personalization $(ARGS)
+	$(BIN)/python -m fedharness.studies.tables personalization results/sweeps/personalization --out docs/personalization
+	$(BIN)/python -m fedharness.studies.tables personalization_label_flip results/sweeps/personalization --out docs/personalization/label_flip
 
 compression: $(STAMP)  ## every compressor at two ratios or levels, with and without error feedback, on W1 and the 2NN on digits (30 runs of 5 seeds): docs/compression/ table and figure
 	$(BIN)/fedharness sweep sweep=compression $(ARGS)

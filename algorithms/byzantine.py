@@ -2,9 +2,11 @@
 stage (contracts.UpdateStage).
 
 In each replica, floor(fraction n) of the n clients that returned are Byzantine: those with the smallest uniform of
-the stream keyed by (seed, BYZANTINE, replica, round, client), ties to the lower id. The draw depends on nothing
-but those keys and the set of returned clients, so the same clients are Byzantine with 1 shard or 16, inline or on
-Ray, fresh or resumed. An attack that forges updates (contracts.Attack) replaces theirs at the driver, where the
+the stream keyed by (seed, BYZANTINE, replica, round, client), ties to the lower id. The draw depends on nothing but
+those keys and the set of returned clients, so the same clients are Byzantine with 1 shard or 16, inline or on Ray,
+fresh or resumed. With `attack.fixed` the draw is once per replica instead, over the N training clients with round
+key FIXED_ROUND (`fixed_byzantine`): those clients are Byzantine in every round they return, as the malicious
+devices of Li et al. 2021. An attack that forges updates (contracts.Attack) replaces theirs at the driver, where the
 shards' updates meet the aggregator (`on_updates`), so it needs an aggregator that sees them ("updates"); a data
 poisoning attack (contracts.DataPoisoning: label_flip) has them train on its view of the data in the shards
 (`client_work`) and needs what that view needs ("labels").
@@ -27,6 +29,14 @@ class Adversary(UpdateStage):
 
     attack: Attack
     fraction: float
+    fixed: bool = False  # attack.fixed: the same clients every round (fixed_byzantine)
+    clients: int = 0  # the training clients the fixed ones are drawn from
+
+    def mask(self, seed: int, replica: int, rnd: int, ids: np.ndarray) -> np.ndarray:
+        """[n] bool over `ids` (one replica's returned clients): the Byzantine ones of round `rnd`."""
+        if self.fixed:
+            return np.isin(ids, fixed_byzantine(self.fraction, seed, replica, self.clients))
+        return byzantine_mask(self.fraction, seed, replica, rnd, ids)
 
     @property
     def flips_labels(self) -> bool:
@@ -76,12 +86,21 @@ def byzantine_mask(fraction: float, seed: int, replica: int, rnd: int, ids: np.n
     return mask
 
 
+FIXED_ROUND = -1  # attack.fixed's round key: no round of training has it
+
+
+def fixed_byzantine(fraction: float, seed: int, replica: int, clients: int) -> np.ndarray:
+    """attack.fixed: the floor(fraction N) Byzantine training clients of a replica, ascending (N = `clients`)."""
+    ids = np.arange(clients)
+    return ids[byzantine_mask(fraction, seed, replica, FIXED_ROUND, ids)]
+
+
 def byzantine_draws(adversary: Adversary, plan: RoundPlan) -> np.ndarray:
     """[R, K] bool: the plan's draws that belong to a Byzantine client (every draw of one drawn twice)."""
     out = np.zeros(plan.clients.shape, dtype=bool)
     for r in range(len(plan.clients)):
         ids, _ = plan.returned(r)
-        bad = byzantine_mask(adversary.fraction, plan.replica_seed(r), int(plan.stream_replicas[r]), plan.round, ids)
+        bad = adversary.mask(plan.replica_seed(r), int(plan.stream_replicas[r]), plan.round, ids)
         out[r] = np.isin(plan.clients[r], ids[bad]) & (plan.coef[r] != 0)
     return out
 
@@ -94,7 +113,7 @@ def forge_updates(adversary: Adversary, plan: RoundPlan, chunks: list[UpdateChun
     for r in range(len(plan.clients)):
         ids, _ = plan.returned(r)
         seed, replica = plan.replica_seed(r), int(plan.stream_replicas[r])
-        bad = byzantine_mask(adversary.fraction, seed, replica, plan.round, ids)
+        bad = adversary.mask(seed, replica, plan.round, ids)
         if not bad.any():
             continue
         spots = [where[(r, int(k))] for k in ids]

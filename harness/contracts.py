@@ -1045,6 +1045,7 @@ class RoundContext:
     state: Any = None
     clients: ClientScores | None = None  # eval.per_client: the evaluated clients' scores (on_evaluation only)
     tuned: ClientScores | None = None  # eval.personal's finetune: their fine-tuned scores, where it ran
+    own: ClientScores | None = None  # eval.personal's personal: their personal models' scores, where it ran
 
 
 class Callback(Protocol):

@@ -88,7 +88,7 @@ def register_attack(name: str, factory: Callable[..., Any], fraction: float = 0.
     what the round's Byzantine clients send); `attack=name` selects it, `attack.fraction` (default `fraction`)
     is the share of Byzantine clients, `defaults` its params, settable as `attack.KEY=V` (docs/robustness.md)."""
     _add("attack", name, factory)
-    _store("attack", name, {"fraction": fraction, **defaults})
+    _store("attack", name, {"fraction": fraction, "fixed": False, **defaults})
 
 
 def register_compressor(name: str, factory: Callable[..., Any], error_feedback: bool = False,

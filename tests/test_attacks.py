@@ -155,7 +155,7 @@ def test_the_robust_rules_run_under_attack_and_record_it(run_config, tmp_path, n
                              "attack=ipm", "attack.epsilon=0.5", "rounds=2", "eval_every=1"])
     row = result.runs.loc[0]
     assert row["status"] == "ok"
-    assert json.loads(row["config_json"])["attack"] == {"name": "ipm", "fraction": 0.2, "epsilon": 0.5}
+    assert json.loads(row["config_json"])["attack"] == {"name": "ipm", "fraction": 0.2, "fixed": False, "epsilon": 0.5}
     assert result.rounds["train_loss"].notna().all()
 
 
@@ -163,7 +163,7 @@ def test_the_robust_rules_run_under_attack_and_record_it(run_config, tmp_path, n
 
 BAD = [
     (["algorithm=fedavg_median", "attack=sign_flip", "attack.fraction=0.5"], "attack.fraction", "[0, 0.5)"),
-    (["algorithm=fedavg_median", "attack=alie", "attack.fraction=-0.1"], "attack.fraction", "[0, 0.5)"),
+    (["algorithm=fedavg_median", "attack=alie", "attack.fraction=-0.1"], "attack.fraction", "[0, 1)"),
     (["attack=alie"], "algorithm.aggregator", "needs one that sees them"),
     (["attack=sign_flip", "algorithm=fednova"], "algorithm.aggregator", "needs one that sees them"),
     (["attack=none", "attack.fraction=0.1"], "attack.fraction", "0 with attack=none"),

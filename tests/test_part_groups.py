@@ -19,7 +19,7 @@ from fedharness.keys import number
 from fedharness.registry.binding import Registry
 from fedharness.registry.groups import ATTACKS
 
-FRACTION = ATTACKS.common["fraction"].doc
+FRACTION, FIXED = ATTACKS.common["fraction"].doc, ATTACKS.common["fixed"].doc
 WIDTH = 34  # help.py's "key = default" column
 
 
@@ -29,9 +29,9 @@ def _line(key: str, doc: str) -> str:
 
 # Each option's keys as `attack=OPTION attack.nope=1` names them (sorted), and as `config attack OPTION` lists them.
 ATTACK_KEYS = {
-    "none": ["fraction"], "label_flip": ["fraction"], "sign_flip": ["fraction"],
-    "gaussian": ["fraction", "noise_std"], "scaling": ["factor", "fraction"], "alie": ["fraction", "z"],
-    "ipm": ["epsilon", "fraction"],
+    "none": ["fixed", "fraction"], "label_flip": ["fixed", "fraction"], "sign_flip": ["fixed", "fraction"],
+    "gaussian": ["fixed", "fraction", "noise_std"], "scaling": ["factor", "fixed", "fraction"],
+    "alie": ["fixed", "fraction", "z"], "ipm": ["epsilon", "fixed", "fraction"],
 }
 
 
@@ -69,6 +69,7 @@ def test_config_attack_alie_lists_its_keys(capsys):
         "coordinate-wise mean and standard deviation (unbiased, as torch.std and Blades); z: z_max of the round's "
         "n and b unless set.",
         _line("  attack.fraction = 0.2", FRACTION),
+        _line("  attack.fixed = false", FIXED),
         _line("  attack.z = null", "the standard deviations below the honest mean")]
 
 
@@ -114,7 +115,7 @@ def test_an_unknown_attack_key_names_that_attacks_keys(attack, tmp_path, capsys,
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["attack=alie", "+attack.nope=1"], "'attack.nope': 1 (no such key; keys of 'attack': fraction, z)"),
+    (["attack=alie", "+attack.nope=1"], "'attack.nope': 1 (no such key; keys of 'attack': fraction, fixed, z)"),
     (["attack.nope=1"], "'attack.nope': '1' (no such key: no attack is chosen; choose one first, attack=NAME "
                         "(one of: alie, gaussian, ipm, label_flip, none, scaling, sign_flip))"),
     (["dataset=mnist", "dataset.nope=1"], "'dataset.nope': '1' (no such key; keys of 'dataset': data_dir, "
@@ -151,11 +152,12 @@ def test_a_users_attack_is_described_and_its_keys_checked(registered_damped, tmp
         "what it does, and its keys (key = default  doc), set as attack.KEY=value:",
         "attack=damped: Byzantine clients send their own update times `gain`.",
         _line("  attack.fraction = 0.3", FRACTION),
+        _line("  attack.fixed = false", FIXED),
         _line("  attack.gain = 0.25", schema.UNDECLARED)]
-    for argv, shown in ((["attack=damped", "attack.nope=1"], "'1'"), (["attack=damped", "+attack.nope=1"], "1")):
+    for argv, shown, keys in ((["attack=damped", "attack.nope=1"], "'1'", "fixed, fraction, gain"),
+                              (["attack=damped", "+attack.nope=1"], "1", "fraction, fixed, gain")):
         assert _refused(["run", *argv], tmp_path, capsys, monkeypatch) == (
-            f"fedharness: error: invalid value for 'attack.nope': {shown} (no such key; keys of 'attack': "
-            "fraction, gain)")
+            f"fedharness: error: invalid value for 'attack.nope': {shown} (no such key; keys of 'attack': {keys})")
 
 
 # --- any part group: the next stage groups are one entry of schema.PART_GROUPS -----------------------------

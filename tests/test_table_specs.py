@@ -58,7 +58,8 @@ def test_each_spec_gives_every_point_of_its_sweep_todays_row(name):
 
 
 def test_the_specs_are_the_tables():
-    assert group_options("table") == ["async", "compression", "robustness", "systems"]  # _clients is included only
+    assert group_options("table") == ["async", "compression", "personalization", "personalization_label_flip",
+                                      "robustness", "systems"]  # _clients is included only
 
 
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
@@ -66,7 +67,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
     assert tables.main(["nosuch", str(tmp_path), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["fedharness.studies.tables: error: invalid value for 'table': 'nosuch' (one of: async, "
-                   "compression, robustness, systems)"]
+                   "compression, personalization, personalization_label_flip, robustness, systems)"]
     bad = tmp_path / "bad.yaml"
     bad.write_text("sweep: systems\ncolums: []\n")
     assert tables.main([str(bad), str(tmp_path), "--out", str(out)]) == 2

@@ -12,7 +12,7 @@ from fedharness.assembly.privacy import privacy_for
 from fedharness.assembly.systems import cadence_for
 from fedharness.config.schema import check_data_clients, stage_name
 from fedharness.contracts import SHARDS, Attack, Compressor, CopyEvaluation, IndependentInclusion, Labelled, \
-    PersonalSolver, UpdateAggregator, UpdateStage
+    PersonalSolver, UpdateAggregator, UpdateStage, training_clients
 from fedharness.core.buffers import buffer_dim
 from fedharness.core.client_store import declared_slots, require_slots_fit, slot_holders
 from fedharness.core.executors import entry_bytes, require_fits_budget
@@ -67,7 +67,8 @@ def adversary_for(settings: RunSettings, algorithm, problem) -> Adversary | None
     built = ATTACKS.build(attack.name, attack.as_dict(), {})
     require(isinstance(built, Attack), "attack", attack.name,
             "its factory must build an object with forge(own, honest, keys) (fedharness.contracts.Attack)")
-    adversary = Adversary(built, float(attack.fraction))
+    fixed = bool(attack.as_dict().get("fixed", False))
+    adversary = Adversary(built, float(attack.fraction), fixed, training_clients(problem))
     check_needs(adversary, "attack", attack.name, settings, algorithm, problem)
     return adversary
 

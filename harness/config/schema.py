@@ -349,11 +349,15 @@ def part_groups_known(cfg: dict[str, Any]) -> None:
 
 
 def attack_known(cfg: dict[str, Any]) -> None:
-    """A fraction in [0, 0.5) (a user's attack's too, whatever it declares); attack=none has fraction 0."""
+    """A fraction in [0, 0.5), or [0, 1) with attack.fixed (a user's attack's too, whatever it declares);
+    attack=none has fraction 0."""
     if cfg.get("attack") is None:
         return
     attack = cfg["attack"]
     ATTACKS.common["fraction"].require("attack.fraction", attack.get("fraction"))
+    if not attack.get("fixed", False):  # a majority of a round's clients would outvote every robust rule
+        require(attack["fraction"] < 0.5, "attack.fraction", attack["fraction"], "a finite number in [0, 0.5) "
+                "(or in [0, 1) with attack.fixed=true: a fixed share of the training clients)")
     if attack["name"] == NONE:
         require(attack["fraction"] == 0, "attack.fraction", attack["fraction"],
                 f"0 with attack=none; name an attack for Byzantine clients: one of {', '.join(ATTACKS)}")
@@ -480,11 +484,14 @@ def feddyn_composes(cfg: dict[str, Any]) -> None:
 
 
 PERSONAL_SOLVERS = ("ditto", "fedrep", "fedbabu", *OWN_STEP_SOLVERS)  # algorithms/personal.py, personalized.py
+# The attacks a personal solver takes: Ditto's label poisoning (Li et al. 2021), the clients training on poisoned
+# data, their personal models too; a forged update has no personal model behind it.
+PERSONAL_ATTACKS = {"ditto": ("label_flip",)}
 
 
 def personal_composes(cfg: dict[str, Any]) -> None:
-    """A personal solver goes with server optimizers and samplers only (for now): not with dp, an attack,
-    compression, a deadline or an asynchronous schedule."""
+    """A personal solver goes with server optimizers and samplers only (for now): not with dp, an attack (but
+    Ditto's label flipping), compression, a deadline or an asynchronous schedule."""
     acfg, cadence = cfg["algorithm"], cfg["cadence"]
     solver = acfg["solver"]
     if solver not in PERSONAL_SOLVERS:
@@ -493,9 +500,12 @@ def personal_composes(cfg: dict[str, Any]) -> None:
     dp = cfg["dp"]
     for key in ("noise_multiplier", "target_epsilon"):
         require(dp[key] is None, f"dp.{key}", dp[key], f"null {why} (its personal models are not privatized)")
-    for section in ("attack", "compress"):
-        name = (cfg.get(section) or {}).get("name", NONE)
-        require(name == NONE, section, name, f"none {why} (not yet combined with personal models)")
+    attack = (cfg.get("attack") or {}).get("name", NONE)
+    allowed = (NONE, *PERSONAL_ATTACKS.get(solver, ()))
+    require(attack in allowed, "attack", attack, f"{' or '.join(allowed)} {why} (not yet combined with personal "
+            "models)")
+    compress = (cfg.get("compress") or {}).get("name", NONE)
+    require(compress == NONE, "compress", compress, f"none {why} (not yet combined with personal models)")
     require(cadence["name"] == "sync", "cadence", cadence["name"], f"sync {why} (its clients train from the "
             "round's global model)")
     require(cadence.get("deadline_s") is None, "cadence.deadline_s", cadence.get("deadline_s"), f"null {why} (a "

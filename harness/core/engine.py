@@ -113,6 +113,7 @@ class Engine(Planning):
         self.grad_norm = grad_norm
         self._scores: tuple[np.ndarray, ClientScores] | None = None  # the last evaluation's, with its replica ids
         self._tuned: tuple[np.ndarray, ClientScores] | None = None  # its fine-tuned scores (eval.personal), likewise
+        self._own: tuple[np.ndarray, ClientScores] | None = None  # its personal models' scores, likewise
         self.rounds_done = 0  # the last completed round, also when an exception ends the run
 
     def initial_state(self) -> RunState:
@@ -221,6 +222,8 @@ class Engine(Planning):
         scores = self.executor.client_scores(x[torch.as_tensor(due, device=x.device)], ids, self.client_eval, plan)
         if protocol == "finetune":
             self._tuned = (ids, scores)
+        else:
+            self._own = (ids, scores)
         return {int(i): j for j, i in enumerate(due)}, scores
 
     def _evaluate_series(self, state: RunState, x: torch.Tensor, series: str, replica_ids: np.ndarray) -> list[dict]:
@@ -317,7 +320,7 @@ class Engine(Planning):
         """Evaluate the due slots in one pass and hand each its rows; which of them end and how."""
         if not due:
             return {}
-        self._scores = self._tuned = None
+        self._scores = self._tuned = self._own = None
         rows = self.evaluate_replicas(state, self.slots.kept_rows(due))
         with atomic():  # a signal waits until every hook has the rows: the round done is the round recorded
             return self._hand_rows(state, due, stops, rows)
@@ -330,8 +333,8 @@ class Engine(Planning):
         for i in due:
             mine = self.slot_rows(rows, i)
             self.rows[s.ids[i]].extend(mine)
-            stop, err = self._tell(state, i, _evaluation, mine, self.hooks, self.slot_scores(i),
-                                   self.slot_scores(i, tuned=True))
+            stop, err = self._tell(state, i, _evaluation, mine, self.hooks, *(self.slot_scores(i, protocol)
+                                   for protocol in ("global", "finetune", "personal")))
             if err is not None:  # a hook's failure or an Optuna prune ends this slot only
                 ends[i] = self._outcome(state, i, self.end_status(err), rnd, err)
             elif rnd > 0 and any(r["train_loss"] is None for r in mine if r["series"] == "iterate"):
@@ -344,15 +347,15 @@ class Engine(Planning):
 
     def _tell(self, state: RunState, i: int, event: Callable[[Callback, RoundContext], bool | None],
               rows: list[dict], hooks: dict[int, list[Callback]],
-              clients: ClientScores | None = None,
-              tuned: ClientScores | None = None) -> tuple[bool, Exception | None]:
+              clients: ClientScores | None = None, tuned: ClientScores | None = None,
+              own: ClientScores | None = None) -> tuple[bool, Exception | None]:
         """Call `event` on slot i's hooks (every one, also after one asked to stop): whether one asked to stop,
         or the exception that ends the slot."""
         listeners = hooks[self.slots.ids[i]]
         if not listeners:
             return False, None
         mine = self.slot_state(state, i)  # the slot's models only, replicas numbered as in its solo run
-        context = RoundContext(state.round, int(self.slots.rounds[i]), mine.x, rows, mine, clients, tuned)
+        context = RoundContext(state.round, int(self.slots.rounds[i]), mine.x, rows, mine, clients, tuned, own)
         try:
             return any([bool(event(hook, context)) for hook in listeners]), None
         except Exception as err:
@@ -371,10 +374,15 @@ class Engine(Planning):
         """Slot i's state (a run alone: the whole)."""
         return state
 
-    def slot_scores(self, i: int, tuned: bool = False) -> ClientScores | None:
-        """Slot i's per-client scores of this evaluation (a run alone: all; None: eval.per_client is off), `tuned`:
-        its fine-tuned ones (None: not fine-tuned at this evaluation)."""
-        held = self._tuned if tuned else self._scores
+    def held_scores(self, protocol: str) -> tuple[np.ndarray, ClientScores] | None:
+        """This evaluation's per-client scores under `protocol` (global, finetune, personal), with their replica
+        ids; None where it did not score them."""
+        return {"global": self._scores, "finetune": self._tuned, "personal": self._own}[protocol]
+
+    def slot_scores(self, i: int, protocol: str = "global") -> ClientScores | None:
+        """Slot i's per-client scores of this evaluation (a run alone: all; None: eval.per_client is off) under
+        `protocol` (None: not scored so at this evaluation)."""
+        held = self.held_scores(protocol)
         return None if held is None else held[1]
 
     def _end(self, slot: int, outcome: RunOutcome) -> None:
@@ -453,10 +461,10 @@ class BatchedEngine(Engine):
         own = {} if server_lr is None else {"server_lr": server_lr}  # None: the row's own (an adaptive eta_g)
         return [{**r, "replica": r["replica"] - rng.start, **own} for r in rows if rng.start <= r["replica"] < rng.stop]
 
-    def slot_scores(self, i: int, tuned: bool = False) -> ClientScores | None:
-        """Slot i's replica rows of this evaluation's per-client scores (`tuned`: fine-tuned), in its replicas'
-        order; None where it has none."""
-        held = self._tuned if tuned else self._scores
+    def slot_scores(self, i: int, protocol: str = "global") -> ClientScores | None:
+        """Slot i's replica rows of this evaluation's per-client scores under `protocol`, in its replicas' order;
+        None where it has none."""
+        held = self.held_scores(protocol)
         if held is None:
             return None
         replica_ids, scores = held

@@ -39,9 +39,13 @@ MODELS = Registry("model", reserved=("l2", "buffers", "head"))  # the harness's 
 PARTITIONERS = Registry("partition")
 
 # `attack=NAME` (algorithms/attacks.py): what the Byzantine clients send; `attack.fraction` is every attack's.
-ATTACKS = Registry("attack", common={"fraction": number("the share of each round's returned clients that are "
-                                                        "Byzantine (floor(fraction n), drawn from the streams)",
-                                                        lo=0, hi=0.5, hi_open=True)})
+ATTACKS = Registry("attack", common={
+    "fraction": number("the share of each round's returned clients that are Byzantine (floor(fraction n), drawn "
+                       "from the streams), below 0.5; with fixed: the share of the training clients", lo=0, hi=1,
+                       hi_open=True),
+    "fixed": boolean("true: the same floor(fraction N) training clients are Byzantine in every round they return "
+                     "(the malicious devices of Li et al. 2021, drawn once per replica from the streams); false: "
+                     "drawn anew each round")})
 
 # `compress=NAME` (algorithms/compression.py): what each client sends in place of its update (contracts.Compressor);
 # `compress.error_feedback` is every compressor's.

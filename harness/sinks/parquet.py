@@ -120,7 +120,8 @@ class ParquetSink(Callback):
     def on_evaluation(self, context: RoundContext) -> None:
         self.add_rounds(context.rows)
         if self.clients_table:
-            self.pending_clients.extend((context.round, s) for s in (context.clients, context.tuned) if s is not None)
+            self.pending_clients.extend((context.round, s) for s in (context.clients, context.tuned, context.own)
+                                        if s is not None)
 
     def on_end(self, outcome) -> None:
         self.flush()

@@ -2,12 +2,14 @@
 (run, replica), a cell's statistics over its seeds, and the cells' order.
 
 A seed row starts from what every table can read: the run's flattened config keys (`systems.speed`), its problem
-(data set) and target, `status`, `replica`, `reached`, `round` and the spec's `costs` to the target (time_to_target's
-columns at the first evaluated round meeting it; NaN when censored), `last_round`, `last_sim_s`, `sim_s_per_round`
-(last_sim_s / last_round), `participants` (its mean over rounds 1..last) and the final `test_acc`; the spec's
-measures and fields add to it. A cell's statistics (seed_stats) are the seeds, the seeds that reached the target,
-the last round, whether a seed diverged, mean and std (ddof 1) of the final test accuracy (%) over every seed and of
-each `to_target` column over the seeds that reached the target only (a censored seed has no value to average).
+(data set) and target, `status`, `replica`, `reached`, `round` and the spec's `costs` to the target
+(time_to_target's columns at the first evaluated round meeting it; NaN when censored), `last_round`, `last_sim_s`,
+`sim_s_per_round` (last_sim_s / last_round), `participants` (its mean over rounds 1..last), the final `test_acc` and
+each rounds/ column the spec's `read` names at that last evaluated round (NaN where null or absent: a per-client
+statistic the run did not compute); the spec's measures and fields add to it. A cell's statistics (seed_stats) are
+the seeds, the seeds that reached the target, the last round, whether a seed diverged, mean and std (ddof 1) of the
+final test accuracy (%) over every seed and of each `to_target` column over the seeds that reached the target only
+(a censored seed has no value to average).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from fedharness.studies.reports.analysis import Target, parse_target, time_to_ta
 from fedharness.studies.reports.data import Results
 from fedharness.studies.table_text import matches, text
 
-SPEC_KEYS = {"description", "sweep", "out", "include", "status", "targets", "costs", "fields", "measures", "cell",
-             "carry", "to_target", "means", "baseline", "order", "tables", "columns", "pivot", "figure"}
+SPEC_KEYS = {"description", "sweep", "out", "include", "status", "targets", "costs", "read", "fields", "measures",
+             "cell", "carry", "to_target", "means", "stds", "baseline", "order", "tables", "columns", "pivot",
+             "figure"}
 
 
 # ---------------------------------------------------------------- the spec
@@ -66,6 +69,7 @@ class Replica:
     replica: int
     last: pd.Series
     hit: pd.Series | None
+    store: Any = None  # the results directory (measures that read more than runs/ and rounds/)
 
     def cells(self, costs: list[str]) -> dict[str, Any]:
         """The columns every seed row has; censored or target-less: reached False and NaN round and costs."""
@@ -96,7 +100,8 @@ def replicas(results: Results, targets: dict[str, str], status: list[str]) -> It
             fin = last[last["run_id"] == run.run_id].set_index("replica")
             hit = ttt[ttt["run_id"] == run.run_id].set_index("replica") if ttt is not None else None
             for rep, row in fin.iterrows():
-                yield Replica(problem, target, run, int(rep), row, hit.loc[rep] if hit is not None else None)
+                yield Replica(problem, target, run, int(rep), row, hit.loc[rep] if hit is not None else None,
+                              results.store)
 
 
 TYPES = {"float": lambda v: math.nan if v is None else float(v), "int": int, "str": str, "bool": bool}
@@ -128,6 +133,10 @@ def fields(spec: dict[str, Any], names: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _number(value: Any) -> float:
+    return math.nan if value is None or pd.isna(value) else float(value)
+
+
 def seed_rows(spec: dict[str, Any], results: Results, targets: dict[str, str] | None = None) -> pd.DataFrame:
     """One row per finished (run, replica): the common columns (module doc), the spec's measures and fields."""
     rounds = iterate_rounds(results)
@@ -140,6 +149,7 @@ def seed_rows(spec: dict[str, Any], results: Results, targets: dict[str, str] | 
         row = {**rep.cells(spec.get("costs", [])), "last_sim_s": float(rep.last["sim_s"]),
                "participants": float(participants.get((rep.run.run_id, rep.replica), math.nan))}
         row["sim_s_per_round"] = row["last_sim_s"] / row["last_round"] if row["last_round"] else math.nan
+        row.update({c: _number(rep.last.get(c)) for c in spec.get("read", [])})
         for measure in spec.get("measures", []):
             row.update(MEASURES[measure].seed(rep, cache))
         rows.append({**row, **fields(spec, {**rep.run.cfg, **row})})
@@ -177,24 +187,34 @@ def order(spec: dict[str, Any], df: pd.DataFrame) -> pd.DataFrame:
 
 def summary(spec: dict[str, Any], seeds: pd.DataFrame) -> pd.DataFrame:
     """One row per cell (the spec's `cell` keys): the keys, the `carry` columns of its first seed, its statistics,
-    the mean over seeds of each `means` column, the measures' columns and the `baseline` ratio, in `order`."""
+    the mean over seeds of each `means` column and the std (ddof 1) of each `stds` column (a mapping name: seed
+    column, or a list of seed columns named as themselves), the measures' columns and the `baseline`, in
+    `order`."""
     keys, rows = spec["cell"], []
     for key, g in seeds.groupby(keys, sort=False, dropna=False):
         first = g.iloc[0]
         row = {**dict(zip(keys, key)), **{c: first[c] for c in spec.get("carry", [])},
                **seed_stats(g, **spec.get("to_target", {})),
-               **{name: g[column].mean() for name, column in spec.get("means", {}).items()}}
+               **{name: g[column].mean() for name, column in _named(spec.get("means", {})).items()},
+               **{name: g[column].std() for name, column in _named(spec.get("stds", {})).items()}}
         for measure in spec.get("measures", []):
             row.update(MEASURES[measure].cell(g))
         rows.append(row)
     table = order(spec, pd.DataFrame(rows)).reset_index(drop=True)
-    if "baseline" in spec:  # a statistic over the baseline row's, the one matching the row on `match`
-        b = spec["baseline"]
+    if "baseline" in spec:  # the baseline row's `stat` (the one matching the row on `match`) over the row's `of`
+        b = spec["baseline"]  # (default: stat), or with `op: difference` the row's `of` less the baseline's `stat`
         base = table[[matches(r, b["where"]) for r in table.to_dict("records")]].set_index(b["match"])[b["stat"]]
         base = base[~base.index.duplicated()]
-        table[b["name"]] = [base.get(tuple(r[m] for m in b["match"]), math.nan) / r[b["stat"]]
-                            for r in table.to_dict("records")]
+        key = (lambda r: tuple(r[m] for m in b["match"])) if len(b["match"]) > 1 else (lambda r: r[b["match"][0]])
+        rows = [(base.get(key(r), math.nan), r[b.get("of", b["stat"])])
+                for r in table.to_dict("records")]
+        table[b["name"]] = [own - of_base if b.get("op") == "difference" else of_base / own
+                            for of_base, own in rows]
     return table
+
+
+def _named(columns: dict[str, str] | list[str]) -> dict[str, str]:
+    return columns if isinstance(columns, dict) else {c: c for c in columns}
 
 
 # ---------------------------------------------------------------- measures a spec adds by name
@@ -234,4 +254,40 @@ class Upload:
                 "up_share": float(up[0]) / g["dense_bytes"].iloc[0] if len(up) == 1 else math.nan}
 
 
-MEASURES = {"upload": Upload}
+class Benign:
+    """An attack.fixed run's benign clients (eval.clients_table): each protocol's mean accuracy over the training
+    clients never Byzantine (algorithms/byzantine.py fixed_byzantine, of the run's seed and the replica) that have
+    held-out samples, at the last evaluated round (`benign_global`, `benign_finetune`, `benign_personal`, NaN where
+    the run did not score the protocol or wrote no clients/; a cell: their means over seeds and `_std`s, ddof 1)."""
+
+    PROTOCOLS = ("global", "finetune", "personal")
+
+    @staticmethod
+    def seed(rep: Replica, cache: dict[str, Any]) -> dict[str, float]:
+        from fedharness.algorithms.byzantine import fixed_byzantine
+        from fedharness.results import layout
+        from fedharness.results.tables import read_run_table, run_table_keys
+
+        cfg, run_id = rep.run.cfg, rep.run.run_id
+        if ("clients", run_id) not in cache:
+            cache["clients", run_id] = read_run_table(rep.store, run_table_keys(rep.store, layout.CLIENTS, [run_id]))
+        rows = cache["clients", run_id]
+        if not len(rows):  # a run without clients/ (eval.clients_table=false): no client's score to read
+            return {f"benign_{p}": math.nan for p in Benign.PROTOCOLS}
+        n = int(cfg["dataset.num_clients"])
+        training = n - math.floor(float(cfg.get("dataset.unseen_clients") or 0) * n)
+        bad = (fixed_byzantine(float(cfg["attack.fraction"]), int(cfg["seed"]), rep.replica, training)
+               if cfg.get("attack.fixed") else np.array([], dtype=np.int64))
+        rows = rows[(rows["replica"] == rep.replica) & (rows["round"] == int(rep.last["round"]))
+                    & (rows["client"] < training) & ~rows["client"].isin(bad) & rows["acc"].notna()]
+        return {f"benign_{p}": _number(rows.loc[rows["protocol"] == p, "acc"].mean()) for p in Benign.PROTOCOLS}
+
+    @staticmethod
+    def cell(g: pd.DataFrame) -> dict[str, float]:
+        out = {}
+        for p in Benign.PROTOCOLS:
+            out[f"benign_{p}"], out[f"benign_{p}_std"] = g[f"benign_{p}"].mean(), g[f"benign_{p}"].std()
+        return out
+
+
+MEASURES = {"upload": Upload, "benign": Benign}

@@ -56,10 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     folder = Path(args.out or spec["out"])
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "table.md").write_text(text)
-    figure = folder / spec["figure"]["file"]
-    draw(spec, results, seeds, table, figure)
+    written = [folder / "table.md"]
+    if "figure" in spec:
+        written.append(folder / spec["figure"]["file"])
+        draw(spec, results, seeds, table, written[-1])
     print(text)
-    print(f"{len(seeds)} (run, seed) results; written: {folder / 'table.md'}, {figure}")
+    print(f"{len(seeds)} (run, seed) results; written: {', '.join(map(str, written))}")
     return 0
 
 

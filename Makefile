@@ -55,7 +55,7 @@ bench-systems: $(STAMP)  ## the systems clock: quadratic_lazy at N = 10^8 agains
 bench-writer: $(STAMP)  ## a 20-run sweep over 2 Ray nodes: the driver as the writer vs direct writes (docs/performance.md)
 	$(BIN)/python benchmarks/bench_results_writer.py $(WRITER_ARGS)
 
-bench-tune: $(STAMP)  ## a 64-trial study sequential vs tune.batch=16 and 64, on W1 and the smoke CNN (docs/performance.md)
+bench-tune: $(STAMP)  ## a 64-trial study sequential vs tune.batch=16 and 64, on W1 and the smoke CNN, in one process and (W1) as whole `fedharness tune` processes (docs/performance.md)
 	cd benchmarks && ../$(BIN)/python bench_tune.py $(ARGS)
 
 bench-gpu: $(STAMP)  ## nets at paper scale, kernels, GPU-sharing shards, determinism (CUDA; ARGS="--device cpu --smoke" on CPU)

@@ -12,12 +12,17 @@ every mode finds the same best trial (number and parameters). Writes benchmarks/
     python benchmarks/bench_tune.py --sections quality [--seeds 10]         # search quality, batched vs sequential
     python benchmarks/bench_tune.py --sections speed [--speed-trials 1000]  # a long study, sequential vs batch=64
     python benchmarks/bench_tune.py --sections hyperband [--hyperband-seeds 3]  # Hyperband vs full-budget trials
+    python benchmarks/bench_tune.py --sections process [--process-pairs 5]  # as a user runs it: whole processes
 
 Quality (issue 26): over study seeds 0..seeds-1, 64-trial studies of sequential TPE, TPE with tune.batch=16,
 CMA-ES with tune.batch=16 (popsize 16) and TPE with batch-native Hyperband (tune.pruner.name=hyperband, batch 16),
 each workload; the median, the quartiles and the range of the best value (--modes picks some).
 Speed: a `--speed-trials` study with tune.batch=64 against the sequential study (random sampler, so both run the same
 trials); `--speed-sequential-trials N` runs the sequential one on N trials only and extrapolates its rate.
+
+Process (issue 54): the 64-trial W1 study as `fedharness tune` runs it, each study a whole process of its own (its
+imports, composition, storage and exit included), sequential and tune.batch=64 in turn after one warm-up pair; the
+medians of the wall and CPU seconds and of the pairs' ratios.
 
 Sections are functions `section_*(args) -> dict` listed in SECTIONS; each returns its record and prints its lines.
 """
@@ -189,6 +194,12 @@ def _load() -> str:
 STARTUP_RUN = ["run", "rounds=1", "reference=off", "heterogeneity=false"]  # issue 18's one-round run
 
 
+def _command() -> list[str]:
+    """The installed `fedharness` command beside this interpreter (python -m fedharness.cli without one)."""
+    script = Path(sys.executable).parent / "fedharness"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "fedharness.cli"]
+
+
 def _child_seconds(cmd: list[str], cwd: str) -> tuple[float, float]:
     """Wall and CPU (user + system) seconds of one whole process."""
     before = os.times()
@@ -202,8 +213,7 @@ def _child_seconds(cmd: list[str], cwd: str) -> tuple[float, float]:
 def section_startup(args) -> dict:
     """A one-round run's whole process against `python -c "import torch"`, in turn (torch, run, torch, run, ...)
     after one warm-up each, so that a machine whose speed drifts shifts both; the medians of the pairs' ratios."""
-    script = Path(sys.executable).parent / "fedharness"
-    run = [str(script), *STARTUP_RUN] if script.exists() else [sys.executable, "-m", "fedharness.cli", *STARTUP_RUN]
+    run = [*_command(), *STARTUP_RUN]
     torch_only = [sys.executable, "-c", "import torch"]
     pairs = []
     with tempfile.TemporaryDirectory() as tmp:  # the run's results/ lands here
@@ -217,15 +227,47 @@ def section_startup(args) -> dict:
               "torch_import_wall_s": statistics.median(b[0] for b, _ in pairs),
               "run_wall_s": statistics.median(w[0] for _, w in pairs)}
     print(f"\nstart-up: `fedharness {' '.join(STARTUP_RUN)}` vs `python -c 'import torch'`, {len(pairs)} pairs "
-          f"in turn (goal <= 1.5x)")
+          f"in turn (goal <= 1.2x)")
     print(f"  median wall s: run {record['run_wall_s']:.2f}, torch import {record['torch_import_wall_s']:.2f}; "
           f"median ratio: wall {wall:.2f}x, cpu {cpu:.2f}x")
     return record
 
 
+def section_process(args) -> dict:
+    """`fedharness tune` for the 64-trial W1 study (run_study's overrides), sequential and tune.batch=64, each a whole
+    process in a fresh results folder, in turn (sequential, batched, ...) after one warm-up pair: a machine whose
+    speed drifts shifts both of a pair. The medians of each mode's wall and CPU seconds and of the pairs' ratios."""
+    w1 = WORKLOADS["W1"]
+    study = [*_command(), "tune", *STUDY, *w1["tune"], f"tune.n_trials={args.trials}", "progress=false", *w1["run"]]
+    pairs = []
+    for i in range(args.process_pairs + 1):
+        pair = []
+        for batch in (1, min(64, args.trials)):
+            with tempfile.TemporaryDirectory() as tmp:
+                pair.append(_child_seconds([*study, f"tune.batch={batch}", f"results_dir={tmp}/results"], tmp))
+        if i:  # the first pair warms the file cache (and the exact reference's cache after a code change)
+            pairs.append(pair)
+    record = {"pairs": len(pairs), "load_after": _load(),
+              "sequential_wall_s": statistics.median(s[0] for s, _ in pairs),
+              "batched_wall_s": statistics.median(b[0] for _, b in pairs),
+              "sequential_cpu_s": statistics.median(s[1] for s, _ in pairs),
+              "batched_cpu_s": statistics.median(b[1] for _, b in pairs),
+              "ratio_wall": statistics.median(s[0] / b[0] for s, b in pairs),
+              "ratio_cpu": statistics.median(s[1] / b[1] for s, b in pairs),
+              "ratios_wall": [s[0] / b[0] for s, b in pairs]}
+    print(f"\nW1: a {args.trials}-trial study as `fedharness tune` runs it (whole processes), {len(pairs)} pairs in "
+          f"turn; load {_load()}")
+    print(f"  median wall s: sequential {record['sequential_wall_s']:.2f}, tune.batch=64 {record['batched_wall_s']:.2f}"
+          f"; median CPU s: {record['sequential_cpu_s']:.2f}, {record['batched_cpu_s']:.2f}")
+    print(f"  median ratio: wall {record['ratio_wall']:.2f}x, cpu {record['ratio_cpu']:.2f}x (goal >= 5x); pairs' wall "
+          f"ratios {', '.join(f'{r:.2f}' for r in record['ratios_wall'])}")
+    return record
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict]] = {"batched_studies": section_batched_studies,
                                                          "startup": section_startup, "quality": section_quality,
-                                                         "speed": section_speed, "hyperband": section_hyperband}
+                                                         "speed": section_speed, "hyperband": section_hyperband,
+                                                         "process": section_process}
 
 
 def warm_up(args) -> None:
@@ -251,6 +293,7 @@ def main() -> None:
     parser.add_argument("--speed-trials", type=int, default=1000)
     parser.add_argument("--speed-sequential-trials", type=int, default=None,
                         help="run the sequential study of the speed section on fewer trials, extrapolating its rate")
+    parser.add_argument("--process-pairs", type=int, default=5, help="pairs of whole processes, process section")
     parser.add_argument("--hyperband-seeds", type=int, default=3, help="study seeds of the hyperband section")
     parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated: " + ", ".join(SECTIONS))
     args = parser.parse_args()

@@ -100,3 +100,34 @@ def test_a_run_config_is_composed_once(monkeypatch):
     load_config(["rounds=1"])
     assert len(calls) == 1
     assert compose.own_section_defaults("ray") == compose.defaults()["ray"]  # what validate() compared with before
+
+
+def test_the_command_ends_after_threads_handlers_and_flushes(tmp_path):
+    """The installed command (cli.entry) skips the interpreter's teardown, not what a normal exit does before it:
+    a non-daemon thread still running when main returns finishes, atexit handlers run, buffered stdout arrives, and
+    main's status is the process's. Its main runs with the command's collector thresholds."""
+    import tomllib
+    from pathlib import Path
+
+    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["fedharness"] == "fedharness.cli:entry"
+    code = textwrap.dedent(f"""
+        import atexit, sys, threading, time
+        from pathlib import Path
+        from fedharness import cli
+        out = Path({str(tmp_path)!r})
+        def late():
+            time.sleep(0.3)
+            (out / "thread").write_text("done")
+        threading.Thread(target=late).start()
+        atexit.register(lambda: (out / "atexit").write_text("ran"))
+        import gc
+        cli.main = lambda: (sys.stdout.write("x" * 100000 + repr(gc.get_threshold())), 3)[1]  # more than a pipe holds
+        sys.argv = ["fedharness"]
+        cli.entry()
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    from fedharness.cli import GC_THRESHOLDS
+
+    assert (done.returncode, done.stdout, done.stderr) == (3, "x" * 100000 + repr(GC_THRESHOLDS), "")
+    assert (tmp_path / "thread").read_text() == "done" and (tmp_path / "atexit").read_text() == "ran"

@@ -17,9 +17,9 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from fedharness.contracts import (Algorithm, Cadence, Callback, ClientGradients, ClientScores, Coefficients, LocalSolver,
-                                  Metric, Problem, ReplicaLayout, RoundContext, RoundPlan, RunOutcome, RunState,
-                                  SeriesHook, UpdateAggregator, training_clients)
+from fedharness.contracts import (Algorithm, Cadence, Callback, ClientGradients, ClientScores, Coefficients,
+                                  LocalSolver, Metric, Problem, ReplicaLayout, RoundContext, RoundPlan, RunOutcome,
+                                  RunState, SeriesHook, UpdateAggregator, training_clients)
 from fedharness.base.interrupts import atomic
 from fedharness.errors import require
 from fedharness.core.buffers import average_into, buffer_dim, local_buffers
@@ -76,14 +76,13 @@ class Engine(Planning):
                metrics: Sequence[Metric] = (), end_status: Callable[[BaseException], str] = _failed,
                stages: Stages | None = None, client_eval: np.ndarray | None = None, grad_norm: bool = True,
                personal: Personal | None = None, cadence: Cadence | None = None) -> None:
-        """`cadence` (the cadence group): the shape of a server step (None: synchronous rounds).
-        `clock` (core/clock.py, from the speed and availability groups): clients' own speeds and availability, deadlines and
+        """`cadence` (the cadence group): the shape of a server step (None: synchronous rounds). `clock`
+        (core/clock.py, the speed and availability groups): clients' speeds and availability, deadlines and
         over-selection on each replica's sim_s; None: every client the `network`'s, always online, no deadline.
-        `stages` (the `stages` key): what happens to the updates between training and the server optimizer
-        (core/stages.py). `client_eval` (eval.per_client): the clients each evaluation scores on their own
-        held-out data (the problem is a contracts.ClientEvaluation); None: none. `personal` (eval.personal): the
-        protocols they are scored with (None: global). `grad_norm` (eval.grad_norm): whether evaluations compute
-        grad_norm_sq (else null)."""
+        `stages`: what happens to the updates between training and the server optimizer (core/stages.py).
+        `client_eval` (eval.per_client): the clients each evaluation scores on their own held-out data (the problem
+        is a contracts.ClientEvaluation); None: none. `personal` (eval.personal): the protocols they are scored
+        with (None: global). `grad_norm` (eval.grad_norm): whether evaluations compute grad_norm_sq (else null)."""
         self.problem, self.alg, self.executor, self.reference = problem, algorithm, executor, reference
         require(algorithm.solver.round_gradient == "none" or isinstance(problem, ClientGradients), "algorithm.solver",
                 algorithm.name, "a problem that gives each client's full-batch gradient (quadratic, the data sets)")

@@ -53,7 +53,7 @@ def _global_copy(w0: torch.Tensor, server_ctx) -> torch.Tensor:
     return w0.clone()
 
 
-def _stacked(saved: list[ClientState] | None, name: str, start: torch.Tensor) -> torch.Tensor:
+def stacked_slot(saved: list[ClientState] | None, name: str, start: torch.Tensor) -> torch.Tensor:
     """The copies' kept values of slot `name` [M, ...] (the slot's initial value where first seen), else `start`."""
     if not saved:
         return start.clone()
@@ -85,7 +85,7 @@ class DittoSGD(LocalSGD):
     def init_state(self, w0: torch.Tensor, server_ctx: ServerContext | None = None,
                    saved: list[ClientState] | None = None) -> SolverState:
         state = super().init_state(w0, server_ctx, saved)
-        state["v"] = _stacked(saved, self.personal_slot, w0)
+        state["v"] = stacked_slot(saved, self.personal_slot, w0)
         return state
 
     def update(self, w: torch.Tensor, g: torch.Tensor, lr: torch.Tensor, state: SolverState) -> torch.Tensor:
@@ -154,7 +154,7 @@ class FedRepSGD(HeadSolver):
                    saved: list[ClientState] | None = None) -> SolverState:
         state = super().init_state(w0, server_ctx, saved)
         start = w0.clone()  # the global body and each client's own head (also the prox term's anchor)
-        start[:, self.lo:self.hi] = _stacked(saved, self.personal_slot, w0[:, self.lo:self.hi])
+        start[:, self.lo:self.hi] = stacked_slot(saved, self.personal_slot, w0[:, self.lo:self.hi])
         state["w0"] = start
         state["step"] = torch.zeros(len(w0), dtype=torch.int64, device=w0.device)  # each copy's steps so far
         return state

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from fedharness.algorithms.personal import refuse_buffers
+from fedharness.algorithms.personal import refuse_buffers, stacked_slot
 from fedharness.algorithms.solvers import LocalSGD
 from fedharness.contracts import ClientSlot, ClientState, Problem, ServerContext, SolverState
 from fedharness.keys import Key, boolean, integer, number
@@ -156,7 +156,7 @@ class APFL(LocalSGD):
     def init_state(self, w0: torch.Tensor, server_ctx: ServerContext | None = None,
                    saved: list[ClientState] | None = None) -> SolverState:
         state = super().init_state(w0, server_ctx, saved)
-        kept = torch.stack([s[self.personal_slot] for s in saved]).to(w0) if saved else self.first_personal(w0, None)
+        kept = stacked_slot(saved, self.personal_slot, self.first_personal(w0, None))
         state["v"], state["alpha"] = kept[:, :-1], kept[:, -1:]  # views of `kept`: the steps update it in place
         state["kept"] = kept
         return state

@@ -39,12 +39,13 @@ TARGETS: dict[str, Target] = {
         "tests/test_privacy.py", "tests/test_mutation_kills.py", "tests/test_privacy_defaults.py", "-k",
         "rdp_and_pld or target_epsilon_is_reached or studys_trials_compose or spends_nothing or root_handler")),
     "samplers": Target(("algorithms/samplers.py",), (
-        "tests/test_samplers.py", "tests/test_privacy.py", "tests/test_mutation_kills.py", "-k",
-        "unbiased or original_scheme or scheme_ii_weights or yang_strategies or depend_only or dropout_rescales "
+        "tests/test_samplers.py", "tests/test_privacy.py", "tests/test_mutation_kills.py", "tests/test_unseen_clients.py",
+        "-k", "full_participation_trains or unbiased or original_scheme or scheme_ii_weights or yang_strategies or depend_only or dropout_rescales "
         "or dropout_is_keyed or poisson or bad_sampler or beyond_the_shuffle or wraps_the_sampler "
         "or declares_with_replacement or online or offline")),
     "attacks": Target(("algorithms/attacks.py", "algorithms/byzantine.py"), (
-        "tests/test_attacks.py", "tests/test_mutation_kills.py", "-k", "equals_numpy or gaussian_noise or read_what "
+        "tests/test_attacks.py", "tests/test_mutation_kills.py", "tests/test_personalization_table.py", "-k",
+        "fixed_byzantine or equals_numpy or gaussian_noise or read_what "
         "or byzantine_set or continued_from or label_flip or zero_strength or labels_alone or one_honest "
         "or without_byzantine or as_a_stage or poisoned_clients_work")),
     "exact_sum": Target(("harness/core/exact_sum.py",), (
